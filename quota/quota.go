@@ -1,0 +1,263 @@
+package quota
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/pgquota/pgquota/db"
+)
+
+// Window is the period a quota's counters cover.
+type Window string
+
+// The windows a quota can have. Boundaries are computed by the database
+// clock in the quota's IANA time zone: day, week (ISO weeks, starting
+// Monday) and month windows start at local midnight, so a day window is 23
+// or 25 hours long on a daylight-saving change day; hour windows start at
+// the local full hour. WindowNone is a lifetime cap that never resets.
+const (
+	WindowNone  Window = "none"
+	WindowHour  Window = "hour"
+	WindowDay   Window = "day"
+	WindowWeek  Window = "week"
+	WindowMonth Window = "month"
+)
+
+// Windows lists every valid Window, shortest first, with WindowNone last.
+var Windows = []Window{WindowHour, WindowDay, WindowWeek, WindowMonth, WindowNone}
+
+func (w Window) valid() bool {
+	for _, v := range Windows {
+		if w == v {
+			return true
+		}
+	}
+	return false
+}
+
+// Definition describes a quota for DefineQuota.
+type Definition struct {
+	// Name identifies the quota: 1 to MaxNameBytes bytes, no control
+	// characters.
+	Name string
+	// Window is the period each counter covers. Required.
+	Window Window
+	// TimeZone is the IANA zone the window boundaries are cut in, such as
+	// "Europe/Berlin"; it must be a zone the database knows
+	// (pg_timezone_names) and is matched without regard to case. Defaults
+	// to "UTC".
+	TimeZone string
+	// DefaultLimit is the limit for members without an override when a
+	// grant names none. nil means no default: such grants fail with
+	// ErrNoLimit. 0 is a valid limit that denies every grant.
+	DefaultLimit *int64
+}
+
+// Quota is a defined quota.
+type Quota struct {
+	Name         string
+	Window       Window
+	TimeZone     string
+	DefaultLimit *int64
+	CreatedAt    time.Time
+	UpdatedAt    time.Time
+}
+
+// MemberLimit is a per-member limit override.
+type MemberLimit struct {
+	Quota     string
+	Member    string
+	Limit     int64
+	UpdatedAt time.Time
+}
+
+// DefineQuota creates the quota, or redefines it when it exists. Counters of
+// a redefined quota restart when its window or time zone changes (counters
+// are kept per window, and the new windows are new rows).
+//
+// Errors: *InputError (ErrInvalidInput) for a bad name, window, time zone or
+// default limit; ErrSchemaMissing; database errors.
+func (c *Client) DefineQuota(ctx context.Context, d Definition) (Quota, error) {
+	return c.defineQuota(ctx, c.pool, d)
+}
+
+// DefineQuotaTx is DefineQuota inside the caller's transaction: it commits
+// or rolls back with tx.
+func (c *Client) DefineQuotaTx(ctx context.Context, tx pgx.Tx, d Definition) (Quota, error) {
+	return c.defineQuota(ctx, tx, d)
+}
+
+func (c *Client) defineQuota(ctx context.Context, x db.DBTX, d Definition) (Quota, error) {
+	if err := checkName("quota name", d.Name); err != nil {
+		return Quota{}, err
+	}
+	if d.Window == "" {
+		return Quota{}, inputError("window", "is required (one of hour, day, week, month, none)")
+	}
+	if !d.Window.valid() {
+		return Quota{}, inputError("window", "%q is not one of hour, day, week, month, none", string(d.Window))
+	}
+	tz := d.TimeZone
+	if tz == "" {
+		tz = "UTC"
+	}
+	if err := checkName("time zone", tz); err != nil {
+		return Quota{}, err
+	}
+	var def pgtype.Int8
+	if d.DefaultLimit != nil {
+		if err := checkUnits("default limit", *d.DefaultLimit, 0); err != nil {
+			return Quota{}, err
+		}
+		def = pgtype.Int8{Int64: *d.DefaultLimit, Valid: true}
+	}
+	row, err := c.queries.QuotaDefine(ctx, x, db.QuotaDefineParams{
+		Name:         d.Name,
+		WindowUnit:   string(d.Window),
+		TimeZone:     tz,
+		DefaultLimit: def,
+	})
+	if isNoRows(err) {
+		return Quota{}, inputError("time zone", "%q is not an IANA time zone the database knows (see pg_timezone_names)", tz)
+	}
+	if err != nil {
+		return Quota{}, dbError("define quota", err)
+	}
+	return quotaFromRow(db.QuotaRow(row)), nil
+}
+
+// Quota returns the quota named name.
+//
+// Errors: *InputError for a bad name; ErrQuotaNotFound; ErrSchemaMissing;
+// database errors.
+func (c *Client) Quota(ctx context.Context, name string) (Quota, error) {
+	if err := checkName("quota name", name); err != nil {
+		return Quota{}, err
+	}
+	row, err := c.queries.QuotaGet(ctx, c.pool, name)
+	if isNoRows(err) {
+		return Quota{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, name)
+	}
+	if err != nil {
+		return Quota{}, dbError("get quota", err)
+	}
+	return quotaFromRow(row), nil
+}
+
+// Quotas lists every defined quota, ordered by name.
+//
+// Errors: ErrSchemaMissing; database errors.
+func (c *Client) Quotas(ctx context.Context) ([]Quota, error) {
+	rows, err := c.queries.QuotaList(ctx, c.pool)
+	if err != nil {
+		return nil, dbError("list quotas", err)
+	}
+	out := make([]Quota, len(rows))
+	for i, r := range rows {
+		out[i] = quotaFromRow(r)
+	}
+	return out, nil
+}
+
+func quotaFromRow(r db.QuotaRow) Quota {
+	q := Quota{
+		Name:      r.Name,
+		Window:    Window(r.WindowUnit),
+		TimeZone:  r.TimeZone,
+		CreatedAt: timeFromPG(r.CreatedAt),
+		UpdatedAt: timeFromPG(r.UpdatedAt),
+	}
+	if r.DefaultLimit.Valid {
+		v := r.DefaultLimit.Int64
+		q.DefaultLimit = &v
+	}
+	return q
+}
+
+// SetMemberLimit sets a member's own limit for a quota, which applies to
+// grants that name no limit, in place of the quota's default. limit 0 denies
+// every grant to the member.
+//
+// Errors: *InputError for a bad quota name, member or limit;
+// ErrQuotaNotFound; ErrSchemaMissing; database errors.
+func (c *Client) SetMemberLimit(ctx context.Context, quota, member string, limit int64) (MemberLimit, error) {
+	return c.setMemberLimit(ctx, c.pool, quota, member, limit)
+}
+
+// SetMemberLimitTx is SetMemberLimit inside the caller's transaction.
+func (c *Client) SetMemberLimitTx(ctx context.Context, tx pgx.Tx, quota, member string, limit int64) (MemberLimit, error) {
+	return c.setMemberLimit(ctx, tx, quota, member, limit)
+}
+
+func (c *Client) setMemberLimit(ctx context.Context, x db.DBTX, quota, member string, limit int64) (MemberLimit, error) {
+	if err := checkName("quota name", quota); err != nil {
+		return MemberLimit{}, err
+	}
+	if err := checkName("member", member); err != nil {
+		return MemberLimit{}, err
+	}
+	if err := checkUnits("limit", limit, 0); err != nil {
+		return MemberLimit{}, err
+	}
+	row, err := c.queries.QuotaOverrideSet(ctx, x, db.QuotaOverrideSetParams{
+		QuotaName: quota, Member: member, LimitValue: limit,
+	})
+	if err != nil {
+		if isForeignKeyViolation(err) {
+			return MemberLimit{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, quota)
+		}
+		return MemberLimit{}, dbError("set member limit", err)
+	}
+	return MemberLimit{Quota: row.QuotaName, Member: row.Member, Limit: row.LimitValue, UpdatedAt: timeFromPG(row.UpdatedAt)}, nil
+}
+
+// ClearMemberLimit removes a member's own limit, so the quota's default
+// applies again. It reports whether there was one.
+//
+// Errors: *InputError for a bad quota name or member; ErrSchemaMissing;
+// database errors.
+func (c *Client) ClearMemberLimit(ctx context.Context, quota, member string) (bool, error) {
+	return c.clearMemberLimit(ctx, c.pool, quota, member)
+}
+
+// ClearMemberLimitTx is ClearMemberLimit inside the caller's transaction.
+func (c *Client) ClearMemberLimitTx(ctx context.Context, tx pgx.Tx, quota, member string) (bool, error) {
+	return c.clearMemberLimit(ctx, tx, quota, member)
+}
+
+func (c *Client) clearMemberLimit(ctx context.Context, x db.DBTX, quota, member string) (bool, error) {
+	if err := checkName("quota name", quota); err != nil {
+		return false, err
+	}
+	if err := checkName("member", member); err != nil {
+		return false, err
+	}
+	n, err := c.queries.QuotaOverrideDelete(ctx, x, db.QuotaOverrideDeleteParams{QuotaName: quota, Member: member})
+	if err != nil {
+		return false, dbError("clear member limit", err)
+	}
+	return n > 0, nil
+}
+
+// MemberLimits lists a quota's per-member limits, ordered by member.
+//
+// Errors: *InputError for a bad quota name; ErrSchemaMissing; database
+// errors.
+func (c *Client) MemberLimits(ctx context.Context, quota string) ([]MemberLimit, error) {
+	if err := checkName("quota name", quota); err != nil {
+		return nil, err
+	}
+	rows, err := c.queries.QuotaOverrideList(ctx, c.pool, quota)
+	if err != nil {
+		return nil, dbError("list member limits", err)
+	}
+	out := make([]MemberLimit, len(rows))
+	for i, r := range rows {
+		out[i] = MemberLimit{Quota: r.QuotaName, Member: r.Member, Limit: r.LimitValue, UpdatedAt: timeFromPG(r.UpdatedAt)}
+	}
+	return out, nil
+}

@@ -1,0 +1,359 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/dbutil"
+)
+
+// CampaignKind tells how a campaign hands out vouchers.
+type CampaignKind string
+
+const (
+	// KindCounted is a pool with a total: a claim takes one unit while
+	// claimed < total. Created by CreateVoucherPool.
+	KindCounted CampaignKind = "counted"
+	// KindCodes is a set of pre-loaded distinct codes: a claim takes one
+	// unclaimed code. Created by ImportCodes.
+	KindCodes CampaignKind = "codes"
+)
+
+// Pool is a voucher campaign and its totals.
+type Pool struct {
+	Campaign string
+	Kind     CampaignKind
+	// Total is the number of units (counted pool) or imported codes.
+	Total int64
+	// Claimed is the number of units or codes handed out.
+	Claimed int64
+	// Remaining is Total - Claimed.
+	Remaining int64
+	// SoldOut reports Remaining == 0.
+	SoldOut   bool
+	CreatedAt time.Time
+}
+
+// Claim is the outcome of a voucher claim. A sold-out campaign is a result
+// (Claimed false), not an error.
+type Claim struct {
+	Campaign string
+	Member   string
+	// Claimed reports whether the member holds a voucher of the campaign
+	// after the call. False means sold out.
+	Claimed bool
+	// Repeat reports that the member's voucher was claimed by an earlier
+	// call; that first claim is what this result describes, and no second
+	// unit was taken.
+	Repeat bool
+	// Seq is the unit's number in a counted pool, 1 to Total; 0 for codes.
+	Seq int64
+	// Code is the code handed out by a code campaign; "" for counted pools.
+	Code      string
+	ClaimedAt time.Time
+	// Total is the campaign's total (units, or imported codes).
+	Total int64
+}
+
+// ImportResult reports what ImportCodes did.
+type ImportResult struct {
+	Campaign string
+	// Imported is the number of new codes stored.
+	Imported int64
+	// Duplicates is the number of codes skipped because they were already
+	// in the campaign or repeated in the input.
+	Duplicates int64
+	// Total is the campaign's number of codes after the import.
+	Total int64
+}
+
+// CreateVoucherPool creates a counted voucher pool of total units. Creating
+// a pool that exists with the same total returns it unchanged.
+//
+// Errors: *InputError for a bad campaign or a total below 1;
+// ErrCampaignExists when it exists with another total or as a code
+// campaign; ErrSchemaMissing; database errors.
+func (c *Client) CreateVoucherPool(ctx context.Context, campaign string, total int64) (Pool, error) {
+	return c.createVoucherPool(ctx, c.pool, campaign, total)
+}
+
+// CreateVoucherPoolTx is CreateVoucherPool inside the caller's transaction.
+func (c *Client) CreateVoucherPoolTx(ctx context.Context, tx pgx.Tx, campaign string, total int64) (Pool, error) {
+	return c.createVoucherPool(ctx, tx, campaign, total)
+}
+
+func (c *Client) createVoucherPool(ctx context.Context, x db.DBTX, campaign string, total int64) (Pool, error) {
+	if err := checkName("campaign", campaign); err != nil {
+		return Pool{}, err
+	}
+	if err := checkUnits("total", total, 1); err != nil {
+		return Pool{}, err
+	}
+	row, err := c.queries.VoucherPoolCreate(ctx, x, db.VoucherPoolCreateParams{
+		Campaign: campaign, Kind: string(KindCounted), Total: total,
+	})
+	if err == nil {
+		return poolFromRow(row, row.Claimed), nil
+	}
+	if !isNoRows(err) {
+		return Pool{}, dbError("create voucher pool", err)
+	}
+	existing, err := c.queries.VoucherPoolGet(ctx, x, campaign)
+	if err != nil {
+		return Pool{}, dbError("create voucher pool", err)
+	}
+	if CampaignKind(existing.Kind) != KindCounted || existing.Total != total {
+		return Pool{}, fmt.Errorf("%w: %q is a %s campaign with total %d", ErrCampaignExists, campaign, existing.Kind, existing.Total)
+	}
+	return poolFromRow(existing, existing.Claimed), nil
+}
+
+func poolFromRow(r db.PgquotaVoucherPool, claimed int64) Pool {
+	return Pool{
+		Campaign:  r.Campaign,
+		Kind:      CampaignKind(r.Kind),
+		Total:     r.Total,
+		Claimed:   claimed,
+		Remaining: max(r.Total-claimed, 0),
+		SoldOut:   claimed >= r.Total,
+		CreatedAt: timeFromPG(r.CreatedAt),
+	}
+}
+
+// VoucherStatus returns a campaign's totals.
+//
+// Errors: *InputError for a bad campaign; ErrCampaignNotFound;
+// ErrSchemaMissing; database errors.
+func (c *Client) VoucherStatus(ctx context.Context, campaign string) (Pool, error) {
+	if err := checkName("campaign", campaign); err != nil {
+		return Pool{}, err
+	}
+	row, err := c.queries.VoucherPoolStatus(ctx, c.pool, campaign)
+	if isNoRows(err) {
+		return Pool{}, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
+	}
+	if err != nil {
+		return Pool{}, dbError("voucher status", err)
+	}
+	return poolFromRow(db.PgquotaVoucherPool{
+		Campaign: row.Campaign, Kind: row.Kind, Total: row.Total, CreatedAt: row.CreatedAt,
+	}, row.Claimed), nil
+}
+
+// ClaimVoucher claims one unit of a counted pool for member, in one SQL
+// statement. A member holds at most one unit per campaign: a repeated claim
+// (a double-click, a retry, a concurrent duplicate) returns the first claim
+// with Repeat set and takes nothing. The pool's total is never exceeded.
+//
+// Errors: *InputError for a bad campaign or member; ErrCampaignNotFound;
+// ErrCampaignKind for a code campaign; ErrSchemaMissing; database errors.
+func (c *Client) ClaimVoucher(ctx context.Context, campaign, member string) (Claim, error) {
+	return c.claimVoucher(ctx, c.pool, campaign, member)
+}
+
+// ClaimVoucherTx is ClaimVoucher inside the caller's transaction. The unit
+// stays locked by tx until it ends; other claimers of the pool wait for it.
+func (c *Client) ClaimVoucherTx(ctx context.Context, tx pgx.Tx, campaign, member string) (Claim, error) {
+	return c.claimVoucher(ctx, tx, campaign, member)
+}
+
+func (c *Client) claimVoucher(ctx context.Context, x db.DBTX, campaign, member string) (Claim, error) {
+	if err := checkName("campaign", campaign); err != nil {
+		return Claim{}, err
+	}
+	if err := checkName("member", member); err != nil {
+		return Claim{}, err
+	}
+	row, err := c.queries.VoucherClaimCounted(ctx, x, db.VoucherClaimCountedParams{Campaign: campaign, Member: member})
+	if isNoRows(err) {
+		return Claim{}, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
+	}
+	if err != nil {
+		return Claim{}, dbError("claim voucher", err)
+	}
+	if CampaignKind(row.Kind) != KindCounted {
+		return Claim{}, fmt.Errorf("%w: %q holds codes: use ClaimCode", ErrCampaignKind, campaign)
+	}
+	return Claim{
+		Campaign:  campaign,
+		Member:    member,
+		Claimed:   row.Seq > 0,
+		Repeat:    row.Seq > 0 && !row.ClaimedNow,
+		Seq:       row.Seq,
+		ClaimedAt: timeFromPG(row.ClaimedAt),
+		Total:     row.Total,
+	}, nil
+}
+
+// ErrCodesBusy is returned by ClaimCode and ClaimCodeTx when unclaimed codes
+// remain but every one of them stayed locked by other claims in progress for
+// longer than Config.CodeClaimWait (or the context's deadline). The
+// campaign is not sold out; try again.
+var ErrCodesBusy = errors.New("pgquota: every unclaimed code is locked by a claim in progress")
+
+// ClaimCode hands one unclaimed code of a code campaign to member. Concurrent
+// claimers take different codes (FOR UPDATE SKIP LOCKED) instead of queueing.
+// A member holds at most one code per campaign: a repeated claim returns the
+// first code with Repeat set. The result is sold out (Claimed false) only
+// when no unclaimed code is left: codes passed over because another claim
+// holds them locked are waited for, since that claim may roll back.
+//
+// Errors: *InputError for a bad campaign or member; ErrCampaignNotFound;
+// ErrCampaignKind for a counted pool; ErrCodesBusy; the context's error;
+// ErrSchemaMissing; database errors.
+func (c *Client) ClaimCode(ctx context.Context, campaign, member string) (Claim, error) {
+	return c.claimCode(ctx, c.pool, campaign, member)
+}
+
+// ClaimCodeTx is ClaimCode inside the caller's transaction. The code stays
+// locked by tx until it ends; other claimers take other codes meanwhile.
+func (c *Client) ClaimCodeTx(ctx context.Context, tx pgx.Tx, campaign, member string) (Claim, error) {
+	return c.claimCode(ctx, tx, campaign, member)
+}
+
+// errCodesLocked marks an attempt that found only locked codes; it is
+// retried with backoff.
+var errCodesLocked = errors.New("codes locked")
+
+func (c *Client) claimCode(ctx context.Context, x db.DBTX, campaign, member string) (Claim, error) {
+	if err := checkName("campaign", campaign); err != nil {
+		return Claim{}, err
+	}
+	if err := checkName("member", member); err != nil {
+		return Claim{}, err
+	}
+	attempt := func() (Claim, error) {
+		row, err := c.queries.VoucherCodeClaim(ctx, x, db.VoucherCodeClaimParams{Campaign: campaign, Member: member})
+		if isNoRows(err) {
+			return Claim{}, backoff.Permanent(fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign))
+		}
+		if err != nil {
+			return Claim{}, backoff.Permanent(dbError("claim code", err))
+		}
+		if CampaignKind(row.Kind) != KindCodes {
+			return Claim{}, backoff.Permanent(fmt.Errorf("%w: %q is a counted pool: use ClaimVoucher", ErrCampaignKind, campaign))
+		}
+		if row.CodesLeft {
+			return Claim{}, errCodesLocked
+		}
+		return Claim{
+			Campaign:  campaign,
+			Member:    member,
+			Claimed:   row.Code != "",
+			Repeat:    row.Code != "" && !row.ClaimedNow,
+			Code:      row.Code,
+			ClaimedAt: timeFromPG(row.ClaimedAt),
+			Total:     row.Total,
+		}, nil
+	}
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     2 * time.Millisecond,
+		RandomizationFactor: 0.5,
+		Multiplier:          2,
+		MaxInterval:         100 * time.Millisecond,
+	}
+	claim, err := backoff.Retry(ctx, attempt,
+		backoff.WithBackOff(b),
+		backoff.WithMaxElapsedTime(c.cfg.CodeClaimWait))
+	if errors.Is(err, errCodesLocked) {
+		return Claim{}, fmt.Errorf("%w (campaign %q)", ErrCodesBusy, campaign)
+	}
+	return claim, err
+}
+
+// ImportCodes adds codes to a code campaign, creating the campaign when it
+// does not exist. The codes are streamed with COPY into a temporary table
+// and merged in one transaction, so thousands of codes take one round trip
+// each way; codes already in the campaign, or repeated in codes, are
+// skipped and counted. Every code is validated first: one bad code rejects
+// the whole import and nothing is written.
+//
+// Errors: *InputError for a bad campaign or code (naming its index), or an
+// empty list; ErrCampaignExists when the campaign is a counted pool;
+// ErrSchemaMissing; database errors.
+func (c *Client) ImportCodes(ctx context.Context, campaign string, codes []string) (ImportResult, error) {
+	if err := checkImport(campaign, codes); err != nil {
+		return ImportResult{}, err
+	}
+	return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (ImportResult, error) {
+		return c.importCodes(ctx, tx, campaign, codes)
+	})
+}
+
+// ImportCodesTx is ImportCodes inside the caller's transaction.
+func (c *Client) ImportCodesTx(ctx context.Context, tx pgx.Tx, campaign string, codes []string) (ImportResult, error) {
+	if err := checkImport(campaign, codes); err != nil {
+		return ImportResult{}, err
+	}
+	return c.importCodes(ctx, tx, campaign, codes)
+}
+
+func checkImport(campaign string, codes []string) error {
+	if err := checkName("campaign", campaign); err != nil {
+		return err
+	}
+	if len(codes) == 0 {
+		return inputError("codes", "the list is empty")
+	}
+	for i, code := range codes {
+		if err := checkName(fmt.Sprintf("code %d", i+1), code); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Client) importCodes(ctx context.Context, tx pgx.Tx, campaign string, codes []string) (ImportResult, error) {
+	pool, err := c.queries.VoucherPoolCreate(ctx, tx, db.VoucherPoolCreateParams{
+		Campaign: campaign, Kind: string(KindCodes), Total: 0,
+	})
+	if isNoRows(err) {
+		pool, err = c.queries.VoucherPoolGet(ctx, tx, campaign)
+	}
+	if err != nil {
+		return ImportResult{}, dbError("import codes", err)
+	}
+	if CampaignKind(pool.Kind) != KindCodes {
+		return ImportResult{}, fmt.Errorf("%w: %q is a counted pool, it cannot hold codes", ErrCampaignExists, campaign)
+	}
+	// The staging table lives in this transaction only, so the import keeps
+	// no session state (and works behind a transaction-mode pooler).
+	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE pgquota_code_import (code text NOT NULL) ON COMMIT DROP`); err != nil {
+		return ImportResult{}, dbError("import codes", err)
+	}
+	_, err = tx.CopyFrom(ctx, pgx.Identifier{"pgquota_code_import"}, []string{"code"},
+		pgx.CopyFromSlice(len(codes), func(i int) ([]any, error) { return []any{codes[i]}, nil }))
+	if err != nil {
+		return ImportResult{}, dbError("import codes", err)
+	}
+	var imported, total int64
+	err = tx.QueryRow(ctx, `
+		WITH ins AS (
+			INSERT INTO pgquota.voucher_code (campaign, code)
+			SELECT DISTINCT $1::text, code FROM pgquota_code_import
+			ON CONFLICT (campaign, code) DO NOTHING
+			RETURNING 1
+		)
+		UPDATE pgquota.voucher_pool
+		SET total = total + (SELECT count(*) FROM ins)
+		WHERE campaign = $1::text
+		RETURNING (SELECT count(*) FROM ins), total`, campaign).Scan(&imported, &total)
+	if err != nil {
+		return ImportResult{}, dbError("import codes", err)
+	}
+	if _, err := tx.Exec(ctx, `DROP TABLE pgquota_code_import`); err != nil {
+		return ImportResult{}, dbError("import codes", err)
+	}
+	return ImportResult{
+		Campaign:   campaign,
+		Imported:   imported,
+		Duplicates: int64(len(codes)) - imported,
+		Total:      total,
+	}, nil
+}
