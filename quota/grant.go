@@ -31,26 +31,26 @@ type GrantRequest struct {
 // GrantResult is the outcome of a grant. A denial is a result, not an error.
 type GrantResult struct {
 	// Granted reports whether the units were granted.
-	Granted bool
-	Quota   string
-	Member  string
+	Granted bool   `json:"granted"`
+	Quota   string `json:"quota"`
+	Member  string `json:"member"`
 	// Amount is the number of units asked for.
-	Amount int64
+	Amount int64 `json:"amount"`
 	// Used is the number of units the member has used in the window after
 	// the call. After a denial it is read with a fresh snapshot, so it
 	// includes a concurrent grant that won the race; Used + Amount > Limit
 	// held when the denial was decided.
-	Used int64
+	Used int64 `json:"used"`
 	// Limit is the limit the call was decided against.
-	Limit int64
+	Limit int64 `json:"limit"`
 	// Remaining is Limit - Used, or 0 when Used exceeds a since-lowered
 	// Limit.
-	Remaining int64
+	Remaining int64 `json:"remaining"`
 	// WindowStart and WindowEnd bound the window the counter belongs to,
 	// [WindowStart, WindowEnd), as computed by the database clock in the
 	// quota's time zone. Both are zero for WindowNone.
-	WindowStart time.Time
-	WindowEnd   time.Time
+	WindowStart time.Time `json:"window_start,omitzero"`
+	WindowEnd   time.Time `json:"window_end,omitzero"`
 }
 
 // Grant grants req.Amount units of req.Quota to req.Member if that keeps
@@ -135,16 +135,16 @@ type RevokeRequest struct {
 
 // RevokeResult is the outcome of a revoke.
 type RevokeResult struct {
-	Quota  string
-	Member string
+	Quota  string `json:"quota"`
+	Member string `json:"member"`
 	// Amount is the number of units asked for; Revoked the number given
 	// back (less when the counter held fewer).
-	Amount  int64
-	Revoked int64
+	Amount  int64 `json:"amount"`
+	Revoked int64 `json:"revoked"`
 	// Used is the member's counter in the window after the call.
-	Used        int64
-	WindowStart time.Time
-	WindowEnd   time.Time
+	Used        int64     `json:"used"`
+	WindowStart time.Time `json:"window_start,omitzero"`
+	WindowEnd   time.Time `json:"window_end,omitzero"`
 }
 
 // Revoke gives back up to req.Amount units of the member's counter in the
@@ -195,17 +195,17 @@ func (c *Client) revoke(ctx context.Context, x db.DBTX, req RevokeRequest) (Revo
 
 // Usage is a member's counter in the current window.
 type Usage struct {
-	Quota  string
-	Member string
-	Used   int64
+	Quota  string `json:"quota"`
+	Member string `json:"member"`
+	Used   int64  `json:"used"`
 	// Limit is the limit that applies when a grant names none: the
 	// member's own limit, else the quota's default. HasLimit is false when
 	// neither exists.
-	Limit       int64
-	HasLimit    bool
-	Remaining   int64
-	WindowStart time.Time
-	WindowEnd   time.Time
+	Limit       int64     `json:"limit"`
+	HasLimit    bool      `json:"has_limit"`
+	Remaining   int64     `json:"remaining"`
+	WindowStart time.Time `json:"window_start,omitzero"`
+	WindowEnd   time.Time `json:"window_end,omitzero"`
 }
 
 // Usage reads a member's counter in the current window.

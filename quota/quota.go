@@ -59,20 +59,20 @@ type Definition struct {
 
 // Quota is a defined quota.
 type Quota struct {
-	Name         string
-	Window       Window
-	TimeZone     string
-	DefaultLimit *int64
-	CreatedAt    time.Time
-	UpdatedAt    time.Time
+	Name         string    `json:"name"`
+	Window       Window    `json:"window"`
+	TimeZone     string    `json:"time_zone"`
+	DefaultLimit *int64    `json:"default_limit"`
+	CreatedAt    time.Time `json:"created_at"`
+	UpdatedAt    time.Time `json:"updated_at"`
 }
 
 // MemberLimit is a per-member limit override.
 type MemberLimit struct {
-	Quota     string
-	Member    string
-	Limit     int64
-	UpdatedAt time.Time
+	Quota     string    `json:"quota"`
+	Member    string    `json:"member"`
+	Limit     int64     `json:"limit"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // DefineQuota creates the quota, or redefines it when it exists. Counters of

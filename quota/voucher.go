@@ -27,50 +27,50 @@ const (
 
 // Pool is a voucher campaign and its totals.
 type Pool struct {
-	Campaign string
-	Kind     CampaignKind
+	Campaign string       `json:"campaign"`
+	Kind     CampaignKind `json:"kind"`
 	// Total is the number of units (counted pool) or imported codes.
-	Total int64
+	Total int64 `json:"total"`
 	// Claimed is the number of units or codes handed out.
-	Claimed int64
+	Claimed int64 `json:"claimed"`
 	// Remaining is Total - Claimed.
-	Remaining int64
+	Remaining int64 `json:"remaining"`
 	// SoldOut reports Remaining == 0.
-	SoldOut   bool
-	CreatedAt time.Time
+	SoldOut   bool      `json:"sold_out"`
+	CreatedAt time.Time `json:"created_at"`
 }
 
 // Claim is the outcome of a voucher claim. A sold-out campaign is a result
 // (Claimed false), not an error.
 type Claim struct {
-	Campaign string
-	Member   string
+	Campaign string `json:"campaign"`
+	Member   string `json:"member"`
 	// Claimed reports whether the member holds a voucher of the campaign
 	// after the call. False means sold out.
-	Claimed bool
+	Claimed bool `json:"claimed"`
 	// Repeat reports that the member's voucher was claimed by an earlier
 	// call; that first claim is what this result describes, and no second
 	// unit was taken.
-	Repeat bool
+	Repeat bool `json:"repeat"`
 	// Seq is the unit's number in a counted pool, 1 to Total; 0 for codes.
-	Seq int64
+	Seq int64 `json:"seq"`
 	// Code is the code handed out by a code campaign; "" for counted pools.
-	Code      string
-	ClaimedAt time.Time
+	Code      string    `json:"code"`
+	ClaimedAt time.Time `json:"claimed_at,omitzero"`
 	// Total is the campaign's total (units, or imported codes).
-	Total int64
+	Total int64 `json:"total"`
 }
 
 // ImportResult reports what ImportCodes did.
 type ImportResult struct {
-	Campaign string
+	Campaign string `json:"campaign"`
 	// Imported is the number of new codes stored.
-	Imported int64
+	Imported int64 `json:"imported"`
 	// Duplicates is the number of codes skipped because they were already
 	// in the campaign or repeated in the input.
-	Duplicates int64
+	Duplicates int64 `json:"duplicates"`
 	// Total is the campaign's number of codes after the import.
-	Total int64
+	Total int64 `json:"total"`
 }
 
 // CreateVoucherPool creates a counted voucher pool of total units. Creating

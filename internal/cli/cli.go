@@ -1,0 +1,214 @@
+// Package cli implements the pgquota command. Run is the whole program:
+// main only wires it to the process, so tests call Run with buffers.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/pgquota/pgquota/quota"
+)
+
+// Exit statuses.
+const (
+	ExitOK     = 0 // success, or granted
+	ExitError  = 1 // any other error
+	ExitUsage  = 2 // usage error or bad input
+	ExitDenied = 3 // denied: limit reached, sold out, lease held, stale token
+)
+
+// app is the state shared by every command of one Run.
+type app struct {
+	stdout, stderr io.Writer
+
+	databaseURL    string
+	json           bool
+	connectTimeout time.Duration
+
+	pool   *pgxpool.Pool
+	client *quota.Client
+}
+
+// usageError marks an error that exits with ExitUsage.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+// errDenied makes a command exit with ExitDenied after it printed its
+// result.
+var errDenied = errors.New("denied")
+
+// Run runs the pgquota command line args (without the program name),
+// writing output to stdout and errors to stderr, and returns the exit
+// status.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	a := &app{stdout: stdout, stderr: stderr}
+	defer func() {
+		if a.pool != nil {
+			a.pool.Close()
+		}
+	}()
+	root := a.rootCommand()
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	if errors.Is(err, errDenied) {
+		return ExitDenied
+	}
+	fmt.Fprintln(stderr, "pgquota: "+oneLine(strings.TrimPrefix(err.Error(), "pgquota: ")))
+	var ue usageError
+	switch {
+	case errors.As(err, &ue), isCobraUsageError(err), isBadInput(err):
+		return ExitUsage
+	}
+	return ExitError
+}
+
+// isBadInput reports errors that say the command named something wrong:
+// they exit with ExitUsage like a malformed flag.
+func isBadInput(err error) bool {
+	for _, target := range []error{
+		quota.ErrInvalidInput, quota.ErrQuotaNotFound, quota.ErrNoLimit,
+		quota.ErrCampaignNotFound, quota.ErrCampaignKind, quota.ErrCampaignExists,
+	} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
+}
+
+// oneLine keeps error output to one line.
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
+
+// isCobraUsageError recognises the errors cobra and pflag return for bad
+// command lines, which carry no type of their own.
+func isCobraUsageError(err error) bool {
+	msg := err.Error()
+	for _, prefix := range []string{
+		"unknown command", "unknown flag", "unknown shorthand flag", "invalid argument",
+		"required flag", "flag needs an argument", "accepts ", "requires at least", "bad flag syntax",
+		"if any flags in the group",
+	} {
+		if strings.HasPrefix(msg, prefix) || strings.Contains(msg, " "+prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *app) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "pgquota",
+		Short: "Make check-then-act safe on PostgreSQL: quotas, vouchers, leases and fencing tokens",
+		Long: `pgquota grants quota, hands out vouchers and issues fencing tokens on PostgreSQL,
+so that a limit checked by one statement still holds when the write lands.
+
+Connection: --database-url, else $DATABASE_URL, else the libpq PG* variables
+(PGHOST, PGPORT, PGUSER, PGDATABASE, ...).
+
+Exit status: 0 success or granted; 3 denied (limit reached, sold out, lease
+held, stale token); 2 usage error or bad input; 1 any other error.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	pf := root.PersistentFlags()
+	pf.StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL, else the libpq PG* variables)")
+	pf.BoolVar(&a.json, "json", false, "print JSON instead of aligned text")
+	pf.DurationVar(&a.connectTimeout, "connect-timeout", 10*time.Second, "give up connecting after this long")
+
+	root.AddCommand(
+		a.migrateCommand(),
+		a.quotaCommand(),
+		a.grantCommand(),
+		a.revokeCommand(),
+		a.usageCommand(),
+		a.voucherCommand(),
+	)
+	return root
+}
+
+// connect opens the pool on first use.
+func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
+	if a.pool != nil {
+		return a.pool, nil
+	}
+	dsn, source := a.databaseURL, "--database-url"
+	if dsn == "" {
+		dsn, source = os.Getenv("DATABASE_URL"), "DATABASE_URL"
+	}
+	if dsn == "" {
+		source = "the PG* environment variables"
+	}
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, usagef("invalid %s: %v", source, unwrapAll(err))
+	}
+	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > a.connectTimeout {
+		cfg.ConnConfig.ConnectTimeout = a.connectTimeout
+	}
+	cfg.MaxConns = 4
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	a.pool = pool
+	return pool, nil
+}
+
+// quotaClient connects and checks that the schema is migrated.
+func (a *app) quotaClient(ctx context.Context) (*quota.Client, error) {
+	if a.client != nil {
+		return a.client, nil
+	}
+	pool, err := a.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	client, err := quota.New(pool, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := client.CheckSchema(ctx); err != nil {
+		var sv *quota.SchemaVersionError
+		if !errors.As(err, &sv) || errors.Is(err, quota.ErrSchemaMissing) {
+			return nil, err
+		}
+		// A newer schema than this build knows still serves it.
+		fmt.Fprintln(a.stderr, "pgquota: warning: "+strings.TrimPrefix(err.Error(), "pgquota: "))
+	}
+	a.client = client
+	return client, nil
+}
+
+// unwrapAll returns the innermost error's text: pgx's parse errors repeat
+// the whole connection string, which may hold a password.
+func unwrapAll(err error) error {
+	for {
+		next := errors.Unwrap(err)
+		if next == nil {
+			return err
+		}
+		err = next
+	}
+}

@@ -1,0 +1,177 @@
+package cli
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/spf13/cobra"
+
+	"github.com/pgquota/pgquota/migrations"
+)
+
+func (a *app) migrateCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Apply, roll back or inspect pgquota's migrations (schema pgquota)",
+		Long: `Apply, roll back or inspect pgquota's goose migrations. They live in the
+pgquota schema, with goose's version table pgquota.goose_db_version, so an
+application that also uses goose never collides with them. Replicas that
+migrate at once wait for each other's lock; each migration runs once.`,
+	}
+	cmd.AddCommand(
+		&cobra.Command{
+			Use:   "up",
+			Short: "Apply every pending migration",
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				return a.withProvider(cmd.Context(), func(ctx context.Context, _ *sql.DB, p *goose.Provider) error {
+					res, err := p.Up(ctx)
+					if err != nil {
+						return fmt.Errorf("migrate up: %w", err)
+					}
+					return a.printResults(ctx, p, res)
+				})
+			},
+		},
+		&cobra.Command{
+			Use:   "down",
+			Short: "Roll back the newest applied migration",
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				return a.withProvider(cmd.Context(), func(ctx context.Context, _ *sql.DB, p *goose.Provider) error {
+					res, err := p.Down(ctx)
+					if err != nil {
+						return fmt.Errorf("migrate down: %w", err)
+					}
+					return a.printResults(ctx, p, []*goose.MigrationResult{res})
+				})
+			},
+		},
+		&cobra.Command{
+			Use:   "status",
+			Short: "List every migration and whether it is applied",
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				return a.withProvider(cmd.Context(), func(ctx context.Context, _ *sql.DB, p *goose.Provider) error {
+					st, err := p.Status(ctx)
+					if err != nil {
+						return fmt.Errorf("migrate status: %w", err)
+					}
+					type item struct {
+						Version   int64      `json:"version"`
+						File      string     `json:"file"`
+						Applied   bool       `json:"applied"`
+						AppliedAt *time.Time `json:"applied_at,omitempty"`
+					}
+					items := make([]item, len(st))
+					for i, s := range st {
+						items[i] = item{Version: s.Source.Version, File: s.Source.Path, Applied: s.State == goose.StateApplied}
+						if items[i].Applied {
+							at := s.AppliedAt
+							items[i].AppliedAt = &at
+						}
+					}
+					return a.output(items, func(w *tabwriter.Writer) {
+						row(w, "VERSION", "FILE", "APPLIED")
+						for _, it := range items {
+							applied := "pending"
+							if it.AppliedAt != nil {
+								applied = stamp(*it.AppliedAt)
+							}
+							row(w, it.Version, it.File, applied)
+						}
+					})
+				})
+			},
+		},
+		&cobra.Command{
+			Use:   "version",
+			Short: "Print the database's migration version and the one this build needs",
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				return a.withProvider(cmd.Context(), func(ctx context.Context, _ *sql.DB, p *goose.Provider) error {
+					return a.printVersion(ctx, p)
+				})
+			},
+		},
+	)
+	return cmd
+}
+
+// withProvider runs fn with a goose provider on the target database.
+func (a *app) withProvider(ctx context.Context, fn func(context.Context, *sql.DB, *goose.Provider) error) error {
+	pool, err := a.connect(ctx)
+	if err != nil {
+		return err
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	if err := db.PingContext(ctx); err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	// goose keeps its version table in the pgquota schema (and creates that
+	// table even for status), so the schema must exist first.
+	if err := migrations.EnsureSchema(ctx, db); err != nil {
+		return err
+	}
+	p, err := migrations.NewProvider(db)
+	if err != nil {
+		return err
+	}
+	return fn(ctx, db, p)
+}
+
+func (a *app) printResults(ctx context.Context, p *goose.Provider, res []*goose.MigrationResult) error {
+	type item struct {
+		Version   int64   `json:"version"`
+		File      string  `json:"file"`
+		Direction string  `json:"direction"`
+		Seconds   float64 `json:"seconds"`
+	}
+	items := make([]item, 0, len(res))
+	for _, r := range res {
+		if r == nil {
+			continue
+		}
+		items = append(items, item{Version: r.Source.Version, File: r.Source.Path, Direction: r.Direction, Seconds: r.Duration.Seconds()})
+	}
+	current, err := p.GetDBVersion(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate: read version: %w", err)
+	}
+	out := struct {
+		Applied []item `json:"applied"`
+		Version int64  `json:"version"`
+		Latest  int64  `json:"latest"`
+	}{items, current, migrations.Latest()}
+	return a.output(out, func(w *tabwriter.Writer) {
+		if len(items) == 0 {
+			row(w, "no migrations to apply")
+		}
+		for _, it := range items {
+			row(w, it.Direction, it.File, strconv.FormatFloat(it.Seconds, 'f', 3, 64)+"s")
+		}
+		row(w, "version", fmt.Sprintf("%d (this build needs %d)", current, out.Latest))
+	})
+}
+
+func (a *app) printVersion(ctx context.Context, p *goose.Provider) error {
+	current, err := p.GetDBVersion(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate version: %w", err)
+	}
+	out := struct {
+		Version int64 `json:"version"`
+		Latest  int64 `json:"latest"`
+	}{current, migrations.Latest()}
+	return a.output(out, func(w *tabwriter.Writer) {
+		row(w, "version", current)
+		row(w, "latest", out.Latest)
+	})
+}

@@ -1,0 +1,148 @@
+package cli
+
+import (
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgquota/pgquota/quota"
+)
+
+func (a *app) quotaCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "quota",
+		Short: "Define and list quotas, and set per-member limits",
+	}
+
+	var def quota.Definition
+	var window string
+	var limit int64
+	define := &cobra.Command{
+		Use:   "define",
+		Short: "Create or redefine a quota: its window, time zone and default limit",
+		Example: `  pgquota quota define --name api-calls --window day --tz Europe/Berlin --limit 1000
+  pgquota quota define --name signup-bonus --window none --limit 1`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			def.Window = quota.Window(window)
+			if cmd.Flags().Changed("limit") {
+				def.DefaultLimit = &limit
+			}
+			c, err := a.quotaClient(cmd.Context())
+			if err != nil {
+				return err
+			}
+			q, err := c.DefineQuota(cmd.Context(), def)
+			if err != nil {
+				return err
+			}
+			return a.printQuotas([]quota.Quota{q}, true)
+		},
+	}
+	define.Flags().StringVar(&def.Name, "name", "", "quota name (required)")
+	define.Flags().StringVar(&window, "window", "", "window: hour, day, week, month or none (required)")
+	define.Flags().StringVar(&def.TimeZone, "tz", "UTC", "IANA time zone the windows are cut in")
+	define.Flags().Int64Var(&limit, "limit", 0, "default limit per member and window (none when omitted)")
+	_ = define.MarkFlagRequired("name")
+	_ = define.MarkFlagRequired("window")
+
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List defined quotas",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.quotaClient(cmd.Context())
+			if err != nil {
+				return err
+			}
+			qs, err := c.Quotas(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return a.printQuotas(qs, false)
+		},
+	}
+
+	var ml struct {
+		quota, member string
+		limit         int64
+		clear         bool
+	}
+	setLimit := &cobra.Command{
+		Use:   "set-limit",
+		Short: "Give a member its own limit for a quota (or --clear it)",
+		Example: `  pgquota quota set-limit --name api-calls --member acme --limit 5000
+  pgquota quota set-limit --name api-calls --member acme --clear`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if ml.clear == cmd.Flags().Changed("limit") {
+				return usagef("give exactly one of --limit and --clear")
+			}
+			c, err := a.quotaClient(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if ml.clear {
+				had, err := c.ClearMemberLimit(cmd.Context(), ml.quota, ml.member)
+				if err != nil {
+					return err
+				}
+				out := struct {
+					Quota   string `json:"quota"`
+					Member  string `json:"member"`
+					Cleared bool   `json:"cleared"`
+				}{ml.quota, ml.member, had}
+				return a.output(out, func(w *tabwriter.Writer) {
+					row(w, "quota", out.Quota)
+					row(w, "member", out.Member)
+					row(w, "cleared", yesNo(had))
+				})
+			}
+			m, err := c.SetMemberLimit(cmd.Context(), ml.quota, ml.member, ml.limit)
+			if err != nil {
+				return err
+			}
+			return a.output(m, func(w *tabwriter.Writer) {
+				row(w, "quota", m.Quota)
+				row(w, "member", m.Member)
+				row(w, "limit", m.Limit)
+			})
+		},
+	}
+	setLimit.Flags().StringVar(&ml.quota, "name", "", "quota name (required)")
+	setLimit.Flags().StringVar(&ml.member, "member", "", "member (required)")
+	setLimit.Flags().Int64Var(&ml.limit, "limit", 0, "the member's limit per window")
+	setLimit.Flags().BoolVar(&ml.clear, "clear", false, "remove the member's limit")
+	_ = setLimit.MarkFlagRequired("name")
+	_ = setLimit.MarkFlagRequired("member")
+
+	cmd.AddCommand(define, list, setLimit)
+	return cmd
+}
+
+func (a *app) printQuotas(qs []quota.Quota, single bool) error {
+	limit := func(q quota.Quota) any {
+		if q.DefaultLimit == nil {
+			return "-"
+		}
+		return *q.DefaultLimit
+	}
+	var v any = qs
+	if single {
+		v = qs[0]
+	}
+	return a.output(v, func(w *tabwriter.Writer) {
+		if single {
+			q := qs[0]
+			row(w, "name", q.Name)
+			row(w, "window", q.Window)
+			row(w, "time zone", q.TimeZone)
+			row(w, "default limit", limit(q))
+			return
+		}
+		row(w, "NAME", "WINDOW", "TIME ZONE", "DEFAULT LIMIT")
+		for _, q := range qs {
+			row(w, q.Name, q.Window, q.TimeZone, limit(q))
+		}
+	})
+}

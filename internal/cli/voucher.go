@@ -1,0 +1,201 @@
+package cli
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgquota/pgquota/quota"
+)
+
+func (a *app) voucherCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "voucher",
+		Short: "Voucher campaigns: counted pools and pre-loaded codes",
+	}
+
+	var campaign, member, file string
+	var total int64
+
+	create := &cobra.Command{
+		Use:     "create",
+		Short:   "Create a counted voucher pool of --total units",
+		Example: `  pgquota voucher create --campaign black-friday --total 100`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.quotaClient(cmd.Context())
+			if err != nil {
+				return err
+			}
+			p, err := c.CreateVoucherPool(cmd.Context(), campaign, total)
+			if err != nil {
+				return err
+			}
+			return a.printPool(p)
+		},
+	}
+	create.Flags().StringVar(&campaign, "campaign", "", "campaign name (required)")
+	create.Flags().Int64Var(&total, "total", 0, "number of units (required)")
+	_ = create.MarkFlagRequired("campaign")
+	_ = create.MarkFlagRequired("total")
+
+	claim := &cobra.Command{
+		Use:   "claim",
+		Short: "Claim a voucher for a member: a unit of a pool, or a code (exit 3 when sold out)",
+		Long: `Claim a voucher of a campaign for a member: one unit of a counted pool, or
+one unclaimed code of a code campaign. A member holds at most one voucher per
+campaign; claiming again prints the first claim. Exit status 3 when sold out.`,
+		Example: `  pgquota voucher claim --campaign black-friday --member alice`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.quotaClient(cmd.Context())
+			if err != nil {
+				return err
+			}
+			cl, err := c.ClaimVoucher(cmd.Context(), campaign, member)
+			if errors.Is(err, quota.ErrCampaignKind) {
+				cl, err = c.ClaimCode(cmd.Context(), campaign, member)
+			}
+			if err != nil {
+				return err
+			}
+			if err := a.output(cl, func(w *tabwriter.Writer) {
+				row(w, "claimed", yesNo(cl.Claimed))
+				if cl.Claimed && cl.Repeat {
+					row(w, "repeat", "yes (the member's earlier claim)")
+				}
+				row(w, "campaign", cl.Campaign)
+				row(w, "member", cl.Member)
+				switch {
+				case !cl.Claimed:
+					row(w, "sold out", "yes")
+				case cl.Code != "":
+					row(w, "code", cl.Code)
+				default:
+					row(w, "unit", fmt.Sprintf("%d of %d", cl.Seq, cl.Total))
+				}
+				if cl.Claimed {
+					row(w, "claimed at", stamp(cl.ClaimedAt))
+				}
+			}); err != nil {
+				return err
+			}
+			if !cl.Claimed {
+				return errDenied
+			}
+			return nil
+		},
+	}
+	claim.Flags().StringVar(&campaign, "campaign", "", "campaign name (required)")
+	claim.Flags().StringVar(&member, "member", "", "member (required)")
+	_ = claim.MarkFlagRequired("campaign")
+	_ = claim.MarkFlagRequired("member")
+
+	imp := &cobra.Command{
+		Use:   "import",
+		Short: "Load codes into a code campaign from a file, one code per line (- for stdin)",
+		Long: `Load voucher codes into a code campaign, creating it if needed. The file holds
+one code per line; blank lines and surrounding spaces are ignored. Codes
+already in the campaign are skipped and counted. One bad line rejects the
+whole file and nothing is written.`,
+		Example: `  pgquota voucher import --campaign spring --file codes.txt`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			codes, err := readCodes(file, cmd.InOrStdin())
+			if err != nil {
+				return err
+			}
+			c, err := a.quotaClient(cmd.Context())
+			if err != nil {
+				return err
+			}
+			res, err := c.ImportCodes(cmd.Context(), campaign, codes)
+			if err != nil {
+				return err
+			}
+			return a.output(res, func(w *tabwriter.Writer) {
+				row(w, "campaign", res.Campaign)
+				row(w, "imported", res.Imported)
+				row(w, "duplicates", res.Duplicates)
+				row(w, "total", res.Total)
+			})
+		},
+	}
+	imp.Flags().StringVar(&campaign, "campaign", "", "campaign name (required)")
+	imp.Flags().StringVar(&file, "file", "", "file of codes, one per line, or - for stdin (required)")
+	_ = imp.MarkFlagRequired("campaign")
+	_ = imp.MarkFlagRequired("file")
+
+	status := &cobra.Command{
+		Use:     "status",
+		Short:   "Show a campaign's total, claimed and remaining vouchers",
+		Example: `  pgquota voucher status --campaign black-friday`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.quotaClient(cmd.Context())
+			if err != nil {
+				return err
+			}
+			p, err := c.VoucherStatus(cmd.Context(), campaign)
+			if err != nil {
+				return err
+			}
+			return a.printPool(p)
+		},
+	}
+	status.Flags().StringVar(&campaign, "campaign", "", "campaign name (required)")
+	_ = status.MarkFlagRequired("campaign")
+
+	cmd.AddCommand(create, claim, imp, status)
+	return cmd
+}
+
+func (a *app) printPool(p quota.Pool) error {
+	return a.output(p, func(w *tabwriter.Writer) {
+		row(w, "campaign", p.Campaign)
+		row(w, "kind", p.Kind)
+		row(w, "total", p.Total)
+		row(w, "claimed", p.Claimed)
+		row(w, "remaining", p.Remaining)
+		row(w, "sold out", yesNo(p.SoldOut))
+	})
+}
+
+// readCodes reads one code per line from path ("-" for stdin).
+func readCodes(path string, stdin io.Reader) ([]string, error) {
+	var r io.Reader = stdin
+	if path != "-" {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, usagef("--file: %v", err)
+		}
+		defer f.Close()
+		r = f
+	}
+	var codes []string
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for line := 1; sc.Scan(); line++ {
+		code := strings.TrimSpace(sc.Text())
+		if code == "" {
+			continue
+		}
+		if len(code) > quota.MaxNameBytes {
+			return nil, usagef("--file line %d: code is %d bytes long, the limit is %d", line, len(code), quota.MaxNameBytes)
+		}
+		codes = append(codes, code)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("--file: %w", err)
+	}
+	if len(codes) == 0 {
+		return nil, usagef("--file %s holds no codes", path)
+	}
+	return codes, nil
+}
