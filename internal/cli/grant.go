@@ -63,8 +63,8 @@ default. Exit status 0 when granted, 3 when denied.`,
 func (a *app) revokeCommand() *cobra.Command {
 	var req quota.RevokeRequest
 	cmd := &cobra.Command{
-		Use:   "revoke",
-		Short: "Give units of a member's current window back (never below zero)",
+		Use:     "revoke",
+		Short:   "Give units of a member's current window back (never below zero)",
 		Example: `  pgquota revoke --quota api-calls --member acme --amount 3`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
