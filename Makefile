@@ -1,0 +1,40 @@
+# pgquota's development tasks. `make` alone lists them.
+
+SQLC_VERSION        := v1.31.1
+STATICCHECK_VERSION := v0.8.2
+SQLC        := go run github.com/sqlc-dev/sqlc/cmd/sqlc@$(SQLC_VERSION)
+STATICCHECK := go run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+
+# The server tests and benchmarks run against; see README.md.
+PGQUOTA_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
+export PGQUOTA_TEST_DATABASE_URL
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: generate
+generate: ## Regenerate db/ from queries/ and migrations/ with sqlc $(SQLC_VERSION)
+	rm -rf db
+	$(SQLC) generate
+
+.PHONY: verify
+verify: ## Fail when db/ differs from what sqlc generates into a clean folder
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	cp -r sqlc.yaml migrations queries "$$tmp"/ && \
+	(cd "$$tmp" && $(SQLC) generate) && \
+	if ! diff -ru "$$tmp/db" db; then echo "db/ is stale: run 'make generate' and commit it" >&2; exit 1; fi && \
+	echo "db/ matches sqlc $(SQLC_VERSION)"
+
+.PHONY: lint
+lint: ## gofmt, go vet, staticcheck, and go mod tidy leaving no diff
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	go vet ./...
+	$(STATICCHECK) ./...
+	go mod tidy -diff
+
+.PHONY: test
+test: ## Run every test with the race detector against PGQUOTA_TEST_DATABASE_URL
+	go test -race -count=1 ./...
