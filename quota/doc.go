@@ -1,0 +1,66 @@
+// Package quota makes "check, then act" safe on PostgreSQL.
+//
+// A service that checks a limit and then writes ("has this member used
+// fewer than 5 grants today?") races every other client in the gap between
+// the check and the write: a GC pause or a slow network is enough for a
+// second client to pass the same check, and the limit is oversold
+// (CWE-367, time-of-check to time-of-use). This package closes the gap
+// inside the database.
+//
+// # Conditional updates (no lock)
+//
+// Grant, ClaimVoucher and ClaimCode each run ONE SQL statement in which the
+// check is the WHERE clause of the row being written, for example
+//
+//	UPDATE pgquota.usage SET used = used + $amount
+//	WHERE quota_name = $quota AND member = $member AND window_start = ...
+//	  AND used + $amount <= $limit
+//
+// Under READ COMMITTED, when a concurrent transaction has changed the row,
+// PostgreSQL waits for it to finish and re-evaluates the WHERE clause
+// against the newest committed version before writing (the PostgreSQL
+// manual, section 13.2.1, "Read Committed Isolation Level"). Concurrent
+// callers therefore serialize on the row and the limit holds, with no lock
+// taken by the application and one round trip per call, including a
+// member's first grant of a window (an upsert whose ON CONFLICT DO UPDATE
+// clause carries the same guard).
+//
+// A denied grant or a sold-out claim is a result, not an error:
+// GrantResult.Granted and Claim.Claimed are false, and the result still
+// reports current usage.
+//
+// # Windows and the one clock
+//
+// A quota's counters are kept per member and window: an hour, day, week or
+// month cut in the quota's IANA time zone, or none (a lifetime cap). Every
+// window boundary and every expiry is computed by the database clock
+// (clock_timestamp(), through the SQL function pgquota.clock()), never by
+// an application server's clock, and never by now(), which freezes at the
+// start of a long transaction.
+//
+// # Using it
+//
+// New takes a *pgxpool.Pool. Every state-changing call X has a twin XTx
+// that runs in the caller's pgx.Tx, so the application's own writes and
+// pgquota's commit or roll back together:
+//
+//	client, err := quota.New(pool, nil)
+//	...
+//	res, err := client.Grant(ctx, quota.GrantRequest{Quota: "api-calls", Member: "acme", Amount: 1})
+//	if err != nil { ... }        // bad input, unknown quota, database error
+//	if !res.Granted { ... }      // limit reached: res.Used, res.Limit, res.WindowEnd
+//
+// Apply the schema once with Client.Migrate or `pgquota migrate up`. The
+// tables live in the schema pgquota, with goose's version table
+// pgquota.goose_db_version, so an application that also uses goose never
+// collides with pgquota.
+//
+// Errors are sentinels (errors.Is) or typed errors (errors.As) listed in
+// errors.go; database failures keep their *pgconn.PgError and SQLSTATE.
+//
+// The idea and its limits are laid out in Martin Kleppmann, "How to do
+// distributed locking" (2016): a lease alone cannot stop a paused client
+// from writing; either the check and the write are one atomic step (this
+// package's conditional updates), or the storage must reject writes carrying
+// stale fencing tokens.
+package quota
