@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -407,8 +408,11 @@ type WaitOptions struct {
 // costs time, never safety. All attempts share one req.Attempt, so an
 // attempt whose reply was lost is picked up by the next one.
 //
+// Errors not reported by the server (a broken connection, a lost reply)
+// are retried too, up to 5 in a row.
+//
 // Errors: those of Acquire except ErrLeaseHeld; when ctx ends first, an
-// error wrapping both ctx's error and the last *LeaseHeldError.
+// error wrapping both ctx's cause and the last *LeaseHeldError or error.
 func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *WaitOptions) (Lease, error) {
 	if err := checkAcquire(&req); err != nil {
 		return Lease{}, err
@@ -434,6 +438,7 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 
 	interval := o.MinInterval
 	var lastHeld error
+	failures := 0
 	for {
 		// Take the wake-up channel before the attempt, so that a release
 		// committed after the attempt's snapshot is not missed.
@@ -443,16 +448,24 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 		}
 		l, err := c.acquire(ctx, c.pool, req)
 		var held *LeaseHeldError
-		if !errors.As(err, &held) {
-			if err != nil && ctx.Err() != nil {
-				return Lease{}, fmt.Errorf("pgquota: acquire lease %q: %w", req.Name, errors.Join(ctx.Err(), err))
-			}
-			return l, err
-		}
-		lastHeld = err
 		pause := jitter(interval)
-		if held.Remaining > 0 && held.Remaining < pause {
-			pause = held.Remaining
+		switch {
+		case err == nil:
+			return l, nil
+		case ctx.Err() != nil:
+			return Lease{}, fmt.Errorf("pgquota: acquire lease %q: %w", req.Name, errors.Join(context.Cause(ctx), err))
+		case errors.As(err, &held):
+			lastHeld = err
+			failures = 0
+			if held.Remaining > 0 && held.Remaining < pause {
+				pause = held.Remaining
+			}
+		case isTransient(err) && failures < maxTransientFailures:
+			// A broken connection or a lost reply: the next attempt, with
+			// the same attempt id, returns the lease if this one took it.
+			failures++
+		default:
+			return Lease{}, err
 		}
 		t := time.NewTimer(pause)
 		select {
@@ -466,6 +479,18 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 		}
 		interval = min(2*interval, o.MaxInterval)
 	}
+}
+
+// maxTransientFailures bounds how many transient errors in a row
+// AcquireWait absorbs.
+const maxTransientFailures = 5
+
+// isTransient reports errors worth another attempt: those that did not come
+// from the server (a broken connection, a timeout, a lost reply), as
+// opposed to a *pgconn.PgError or bad input.
+func isTransient(err error) bool {
+	var pgErr *pgconn.PgError
+	return !errors.As(err, &pgErr) && !errors.Is(err, ErrInvalidInput) && !errors.Is(err, ErrSchemaMissing)
 }
 
 // jitter returns d scaled by a random factor in [0.5, 1.5).
