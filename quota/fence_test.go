@@ -233,42 +233,84 @@ func TestFenceGuardTrigger(t *testing.T) {
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
 }
 
-// The fenced-lock grant is exact under the foundation's invariants.
+// The fenced-lock grant is exact under the foundation's invariants: first
+// grants of a window racing, amounts above 1, limit 0.
 func TestGrantFencedConcurrent(t *testing.T) {
 	t.Parallel()
-	const (
-		callers = 48
-		limit   = 20
-	)
-	b := setup(t, 16)
-	b.define(t, quota.Definition{Name: "q", Window: quota.WindowDay, DefaultLimit: ptr[int64](limit)})
-	results := make([]quota.GrantResult, callers)
-	errs := make([]error, callers)
-	concurrently(callers, func(i int) {
-		results[i], errs[i] = b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, 5*time.Second)
-	})
-	granted := 0
-	for i, r := range results {
-		require.NoError(t, errs[i])
-		if r.Granted {
-			granted++
-		} else {
-			require.Greater(t, r.Used+r.Amount, r.Limit)
-		}
+	cases := []struct {
+		name    string
+		limit   int64
+		amounts func(i int) int64
+		full    bool // exactly the limit must be granted
+	}{
+		{"amount 1, limit 20", 20, func(int) int64 { return 1 }, true},
+		{"amount 1, limit 1", 1, func(int) int64 { return 1 }, true},
+		{"amounts 1..7, limit 50", 50, func(i int) int64 { return int64(i%7 + 1) }, false},
+		{"limit 0", 0, func(int) int64 { return 1 }, true},
 	}
-	require.Equal(t, limit, granted)
-	sum, rows := b.usageRows(t, "q", "m")
-	require.Equal(t, int64(limit), sum)
-	require.Equal(t, int64(1), rows)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const callers = 32
+			b := setup(t, 12)
+			b.define(t, quota.Definition{Name: "q", Window: quota.WindowDay, DefaultLimit: ptr(tc.limit)})
+			results := make([]quota.GrantResult, callers)
+			errs := make([]error, callers)
+			concurrently(callers, func(i int) {
+				results[i], errs[i] = b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: tc.amounts(i)}, 5*time.Second)
+			})
+			var units, calls int64
+			for i, r := range results {
+				require.NoError(t, errs[i])
+				if r.Granted {
+					units += r.Amount
+					calls++
+				} else {
+					require.Greater(t, r.Used+r.Amount, r.Limit, "a denial must be consistent with the usage it reports")
+				}
+			}
+			sum, rows := b.usageRows(t, "q", "m")
+			require.Equal(t, units, sum, "counter equals the units reported granted")
+			require.LessOrEqual(t, sum, tc.limit)
+			if tc.limit == 0 {
+				require.Zero(t, rows)
+				return
+			}
+			require.Equal(t, int64(1), rows)
+			if tc.full {
+				require.Equal(t, tc.limit, calls)
+			} else {
+				for _, r := range results {
+					if !r.Granted {
+						require.Greater(t, sum+r.Amount, tc.limit)
+					}
+				}
+			}
+		})
+	}
+}
 
-	// The same answers as Grant for the limit sources and errors.
+func TestGrantFencedErrors(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 0)
+	b.define(t, quota.Definition{Name: "q", Window: quota.WindowDay})
 	_, err := b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "nope", Member: "m", Amount: 1}, 0)
 	require.ErrorIs(t, err, quota.ErrQuotaNotFound)
 	_, err = b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 0}, 0)
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
-	res, err := b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m2", Amount: 1, Limit: ptr[int64](0)}, 0)
+	_, err = b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, 0)
+	require.ErrorIs(t, err, quota.ErrNoLimit)
+	_, err = b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1, Limit: ptr[int64](1)}, 30)
+	require.ErrorIs(t, err, quota.ErrInvalidInput)
+	res, err := b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 2, Limit: ptr[int64](3)}, 0)
 	require.NoError(t, err)
-	require.False(t, res.Granted)
+	require.True(t, res.Granted)
+	require.Equal(t, int64(2), res.Used)
+	require.Equal(t, int64(1), res.Remaining)
+	// The lease is released after each grant.
+	l, err := b.client.Lease(b.ctx, quota.FencedGrantLease("q", "m"))
+	require.NoError(t, err)
+	require.False(t, l.Held)
 }
 
 // Pauses longer than the TTL between the read and the write: the paused
