@@ -10,9 +10,10 @@
 // without its comments; TestPgbenchScriptsMatchLibrary fails when they
 // drift from what the library sends.
 //
-// Run the comparison (8 and 32 clients, 10 s each by default):
+// Run the comparison (8 and 32 clients, each side measured 3 times for the
+// given duration, alternating; medians are printed):
 //
-//	PGQUOTA_LEASE_BENCH=10s go test -run TestCompareWithPgbench -v ./internal/leasebench/
+//	PGQUOTA_LEASE_BENCH=10s go test -run TestCompareWithPgbench -v -timeout 30m ./internal/leasebench/
 //
 // and the Go benchmarks alone:
 //
