@@ -2,12 +2,10 @@ package quota_test
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/internal/pgtest"
@@ -319,6 +317,3 @@ func (b *testBundle) dbExpired(t *testing.T, name string) bool {
 		`SELECT expires_at <= clock_timestamp() FROM pgquota.lease WHERE name = $1`, name).Scan(&expired))
 	return expired
 }
-
-var _ = pgx.Identifier{}
-var _ = errors.New
