@@ -8,6 +8,30 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+type PgquotaFence struct {
+	Resource  string
+	MaxToken  int64
+	UpdatedAt pgtype.Timestamptz
+}
+
+type PgquotaFencedRow struct {
+	Resource   string
+	Key        string
+	Value      string
+	FenceToken int64
+	UpdatedAt  pgtype.Timestamptz
+}
+
+type PgquotaLease struct {
+	Name       string
+	Holder     string
+	Attempt    string
+	Token      int64
+	AcquiredAt pgtype.Timestamptz
+	RenewedAt  pgtype.Timestamptz
+	ExpiresAt  pgtype.Timestamptz
+}
+
 type PgquotaQuotaOverride struct {
 	QuotaName  string
 	Member     string

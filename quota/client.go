@@ -36,6 +36,12 @@ type Client struct {
 	pool    *pgxpool.Pool
 	queries *db.Queries
 	cfg     Config
+
+	notifier leaseNotifier // AcquireWait's shared LISTEN connection (lease.go)
+
+	// testHookFencedGrantPause, set by tests only, runs in GrantFenced
+	// between the read and the fenced write.
+	testHookFencedGrantPause func(context.Context, Lease)
 }
 
 // New returns a Client on pool. cfg may be nil. It does not touch the

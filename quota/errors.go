@@ -96,3 +96,46 @@ func (e *SchemaVersionError) Unwrap() error {
 	}
 	return ErrSchemaMissing
 }
+
+// Sentinel errors of the fenced lock (lease.go, fence.go, keepalive.go).
+var (
+	// ErrLeaseHeld is returned by Acquire and AcquireTx when another
+	// acquisition attempt holds the lease, wrapped in a *LeaseHeldError that
+	// names the holder and the expiry. AcquireWait returns it only when its
+	// context ends first.
+	ErrLeaseHeld = errors.New("pgquota: lease is held")
+
+	// ErrLeaseLost is returned by Renew, RenewTx, Release and ReleaseTx
+	// when the lease is no longer held with the given token (it expired by
+	// the database clock, was released, or another holder took it over), by
+	// FenceWrite, FenceWriteTx and GrantFenced when the lease the write is
+	// checked against is not held with the token (SQLSTATE PQ002), and by
+	// Keeper.Context's cause when a renewal found the lease lost. A deposed
+	// holder can neither extend, end, nor write under its successor's lease.
+	ErrLeaseLost = errors.New("pgquota: lease lost")
+
+	// ErrLeaseNotFound is returned by Lease when no lease of that name was
+	// ever acquired.
+	ErrLeaseNotFound = errors.New("pgquota: lease not found")
+
+	// ErrFencedRowNotFound is returned by FencedRow when the resource has no
+	// row of that key.
+	ErrFencedRowNotFound = errors.New("pgquota: fenced row not found")
+
+	// ErrStaleToken is returned by FenceWrite, FenceWriteTx and GrantFenced,
+	// and by FenceError for an error from a guarded application table, when
+	// the write's fencing token is below the highest token seen for the
+	// resource (or below the token of the lease it is checked against). It
+	// is wrapped in a *StaleTokenError. Nothing was written.
+	ErrStaleToken = errors.New("pgquota: stale fencing token")
+
+	// ErrKeepaliveStopped is the cause of a Keeper's context after
+	// Keeper.Stop.
+	ErrKeepaliveStopped = errors.New("pgquota: keepalive stopped")
+
+	// ErrLeaseExpiring is the cause of a Keeper's context when no renewal
+	// was confirmed in time: the context ends a safety margin before the
+	// last expiry the database confirmed. The cause also wraps the last
+	// renewal error, if any.
+	ErrLeaseExpiring = errors.New("pgquota: lease about to expire without a confirmed renewal")
+)

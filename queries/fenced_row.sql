@@ -1,0 +1,28 @@
+-- name: FencedRowWrite :one
+-- Writes one fenced row in ONE statement. pgquota.fence_admit runs first
+-- (the row to insert is computed from it) and raises PQ001 for a stale
+-- token, or PQ002 when @lease is given and not held with @token; otherwise
+-- it has raised the resource's high-water mark to @token and holds that
+-- row locked until commit, so the upsert below cannot interleave with
+-- another fenced writer of the resource. The row's own fence_token guard
+-- is a backstop.
+INSERT INTO pgquota.fenced_row AS r (resource, key, value, fence_token, updated_at)
+SELECT @resource::text, @key::text, @value::text, @token::bigint, pgquota.clock()
+WHERE pgquota.fence_admit(@resource::text, @token::bigint, sqlc.narg('lease')::text)
+ON CONFLICT (resource, key) DO UPDATE
+SET value       = excluded.value,
+    fence_token = excluded.fence_token,
+    updated_at  = excluded.updated_at
+WHERE r.fence_token <= excluded.fence_token
+RETURNING r.resource, r.key, r.value, r.fence_token, r.updated_at;
+
+-- name: FencedRowGet :one
+SELECT resource, key, value, fence_token, updated_at
+FROM pgquota.fenced_row
+WHERE resource = @resource::text AND key = @key::text;
+
+-- name: FencedRowList :many
+SELECT resource, key, value, fence_token, updated_at
+FROM pgquota.fenced_row
+WHERE resource = @resource::text
+ORDER BY key;

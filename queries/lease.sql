@@ -1,0 +1,86 @@
+-- name: LeaseAcquire :many
+-- Takes the lease @name for @holder's acquisition attempt @attempt for
+-- @ttl, in ONE statement, when the lease row is absent or
+-- expired by the database clock; or, when the row is still held by the
+-- same attempt (a retry after a lost reply), returns it unchanged.
+--
+--   * The NOT EXISTS pre-check reads the statement's snapshot. It only
+--     spares a held lease from proposing an insert, which would take a
+--     token from the sequence for nothing. It is not the guard.
+--   * The guard is the WHERE clause of ON CONFLICT DO UPDATE: PostgreSQL
+--     evaluates it on the newest committed version of the row, after
+--     waiting for a concurrent acquirer (a speculative insert) or for a
+--     fenced write that holds the row FOR SHARE. Only when it holds is a
+--     new token taken (nextval inside the SET), so concurrent acquirers of
+--     a free lease get exactly one winner.
+--   * Tokens come from one sequence: strictly increasing across all
+--     acquisitions and deleted rows. A proposed insert that turns into the
+--     conflict path takes a value it does not use: a gap, which is allowed.
+--
+-- The first row (taken) is the lease after the call. When the lease was not
+-- taken, a second form of the answer comes back: taken = false and the
+-- current row read with a fresh snapshot (none when the row vanished
+-- meanwhile: try again).
+WITH c AS (
+    SELECT pgquota.clock() AS at, @ttl::interval AS ttl
+), acq AS (
+    INSERT INTO pgquota.lease AS l (name, holder, attempt, token, acquired_at, renewed_at, expires_at)
+    SELECT @name::text, @holder::text, @attempt::text, nextval('pgquota.lease_token'),
+           c.at, c.at, c.at + c.ttl
+    FROM c
+    WHERE NOT EXISTS (
+        SELECT 1 FROM pgquota.lease x
+        WHERE x.name = @name::text AND x.expires_at > c.at AND x.attempt <> @attempt::text
+    )
+    ON CONFLICT (name) DO UPDATE
+    SET holder      = excluded.holder,
+        attempt     = excluded.attempt,
+        token       = CASE WHEN l.expires_at > pgquota.clock() THEN l.token ELSE nextval('pgquota.lease_token') END,
+        acquired_at = CASE WHEN l.expires_at > pgquota.clock() THEN l.acquired_at ELSE excluded.acquired_at END,
+        renewed_at  = CASE WHEN l.expires_at > pgquota.clock() THEN l.renewed_at ELSE excluded.renewed_at END,
+        expires_at  = CASE WHEN l.expires_at > pgquota.clock() THEN l.expires_at ELSE excluded.expires_at END
+    WHERE l.expires_at <= pgquota.clock() OR l.attempt = excluded.attempt
+    RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at
+)
+SELECT true AS taken, acq.name, acq.holder, acq.attempt, acq.token, acq.acquired_at, acq.renewed_at, acq.expires_at, c.at AS db_now
+FROM acq, c
+UNION ALL
+SELECT false AS taken, f.name, f.holder, f.attempt, f.token, f.acquired_at, f.renewed_at, f.expires_at, c.at AS db_now
+FROM c, pgquota.lease_fresh(@name::text) f
+WHERE NOT EXISTS (SELECT 1 FROM acq);
+
+-- name: LeaseRenew :one
+-- Extends the lease to @ttl from the database clock, only
+-- while it is held with @token: the WHERE clause of the row being updated
+-- checks the token and the expiry (re-checked on the newest version), so a
+-- deposed holder can never extend its successor's lease, and an expired
+-- lease stays expired. The token is kept. The clock value c.at is read once
+-- at the start of the statement: if the update waited for a lock, the new
+-- expiry counts from before the wait, which errs on the short side.
+UPDATE pgquota.lease l
+SET renewed_at = c.at,
+    expires_at = c.at + c.ttl
+FROM (SELECT pgquota.clock() AS at, @ttl::interval AS ttl) c
+WHERE l.name = @name::text
+  AND l.token = @token::bigint
+  AND l.expires_at > pgquota.clock()
+RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, c.at AS db_now;
+
+-- name: LeaseRelease :one
+-- Ends the lease held with @token now, conditioned on the token so that a
+-- deposed holder cannot end its successor's lease. The row is kept, expired,
+-- so the last holder and token stay visible; releasing twice is harmless.
+-- pg_notify wakes waiters (AcquireWait) listening on channel pgquota_lease
+-- when the transaction commits; the payload is the lease name.
+UPDATE pgquota.lease l
+SET expires_at = least(l.expires_at, c.at)
+FROM (SELECT pgquota.clock() AS at) c
+WHERE l.name = @name::text
+  AND l.token = @token::bigint
+RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, c.at AS db_now,
+          pg_notify('pgquota_lease', l.name)::text AS notified;
+
+-- name: LeaseGet :one
+SELECT l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, c.at AS db_now
+FROM pgquota.lease l, (SELECT pgquota.clock() AS at) c
+WHERE l.name = @name::text;

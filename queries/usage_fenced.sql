@@ -1,0 +1,46 @@
+-- name: UsageFencedRead :one
+-- (This file holds the queries of the fenced-lock grant,
+-- quota.Client.GrantFenced: the read-decide-write way of granting quota,
+-- kept beside the conditional update of usage.sql for comparison.)
+--
+-- Reads a member's counter in the current window and the limit that
+-- applies (the call's, else the member's override, else the quota's
+-- default), for the decision of a fenced grant. A plain read: the lease and
+-- the fenced write make the decision safe, not this statement.
+WITH def AS (
+    SELECT q.name,
+           coalesce(sqlc.narg('limit_value')::bigint, o.limit_value, q.default_limit) AS limit_value,
+           pgquota.window_start(q.window_unit, q.time_zone, c.at) AS window_start,
+           pgquota.window_end(q.window_unit, q.time_zone, c.at) AS window_end
+    FROM pgquota.quota q
+    CROSS JOIN (SELECT pgquota.clock() AS at) c
+    LEFT JOIN pgquota.quota_override o ON o.quota_name = q.name AND o.member = @member::text
+    WHERE q.name = @quota_name::text
+)
+SELECT (def.limit_value IS NOT NULL)::boolean AS has_limit,
+       coalesce(def.limit_value, 0)::bigint AS limit_value,
+       def.window_start::timestamptz AS window_start,
+       def.window_end::timestamptz AS window_end,
+       coalesce((
+           SELECT u.used FROM pgquota.usage u
+           WHERE u.quota_name = def.name
+             AND u.member = @member::text
+             AND u.window_start = def.window_start
+             AND u.window_end = def.window_end
+       ), 0)::bigint AS used
+FROM def;
+
+-- name: UsageFencedWrite :one
+-- Sets a member's counter of one window to @used, the value the fenced
+-- grant decided on, in ONE statement: pgquota.fence_admit first checks that
+-- lease @lease is held with @token (locking it FOR SHARE) and raises the
+-- high-water mark of resource @lease, or raises PQ001/PQ002 and nothing is
+-- written. There is deliberately no compare-and-set on used: the fence
+-- alone is what makes the read-decide-write safe.
+INSERT INTO pgquota.usage AS u (quota_name, member, window_start, window_end, used, updated_at)
+SELECT @quota_name::text, @member::text, @window_start::timestamptz, @window_end::timestamptz, @used::bigint, pgquota.clock()
+WHERE pgquota.fence_admit(@lease::text, @token::bigint, @lease::text)
+ON CONFLICT (quota_name, member, window_start, window_end) DO UPDATE
+SET used = excluded.used,
+    updated_at = excluded.updated_at
+RETURNING u.used;

@@ -1,0 +1,17 @@
+package quota
+
+import "context"
+
+// Test hooks, compiled into the package's tests only.
+
+// SetFencedGrantPause makes GrantFenced on c call pause between its read
+// and its fenced write.
+func SetFencedGrantPause(c *Client, pause func(ctx context.Context, l Lease)) {
+	c.testHookFencedGrantPause = pause
+}
+
+// SetBeforeRenew makes a Keeper started with o call hook before each
+// renewal; an error it returns replaces the renewal's outcome.
+func SetBeforeRenew(o *KeepaliveOptions, hook func(ctx context.Context) error) {
+	o.beforeRenew = hook
+}

@@ -1,0 +1,401 @@
+package quota
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/dbutil"
+)
+
+// Fenced rows: the storage half of the fenced lock. The database keeps the
+// highest fencing token it has seen per resource (table pgquota.fence) and
+// admits a write carrying token T only when T is at least that high, for
+// whichever key of the resource the write touches (Kleppmann 2016: "the
+// storage server remembers that it has already processed a write with a
+// higher token number, and so it rejects the request"). Equal tokens are
+// admitted: a token is issued to exactly one acquisition, so an equal
+// token is the current holder writing again.
+
+// SQLSTATEs raised by pgquota's fence (class PQ, which PostgreSQL does not
+// use). FenceError turns them into ErrStaleToken and ErrLeaseLost.
+const (
+	// SQLStateStaleToken is raised when a write's fencing token is below the
+	// highest token seen for its resource, or is NULL, by fenced writes and
+	// by the guard trigger on application tables. The error's DETAIL is a
+	// JSON object {"resource": text, "token": bigint|null, "highest":
+	// bigint}; the message names the resource and both tokens.
+	SQLStateStaleToken = "PQ001"
+	// SQLStateLeaseNotHeld is raised when a fenced write is checked against
+	// a pgquota lease that is not held with the write's token (expired,
+	// released, or never acquired with it). DETAIL is a JSON object
+	// {"lease": text, "token": bigint}.
+	SQLStateLeaseNotHeld = "PQ002"
+)
+
+// MaxFenceValueBytes is the largest fenced value accepted, in bytes.
+const MaxFenceValueBytes = 1 << 20
+
+// StaleTokenError is returned when a fenced write is rejected because its
+// token is stale. It wraps ErrStaleToken and, when the rejection came from
+// the database, the *pgconn.PgError (SQLSTATE PQ001).
+type StaleTokenError struct {
+	// Resource is the fenced resource.
+	Resource string
+	// Token is the token the write carried; 0 when it carried none.
+	Token int64
+	// Highest is the highest token the database had seen for the resource
+	// (or the token of the lease the write was checked against) when it
+	// rejected the write.
+	Highest int64
+
+	pgErr *pgconn.PgError
+}
+
+func (e *StaleTokenError) Error() string {
+	if e.Token == 0 {
+		return fmt.Sprintf("pgquota: stale fencing token: a write to resource %q carries no token (highest token seen is %d)", e.Resource, e.Highest)
+	}
+	return fmt.Sprintf("pgquota: stale fencing token %d for resource %q: highest token seen is %d", e.Token, e.Resource, e.Highest)
+}
+
+// Unwrap returns ErrStaleToken and the database error, if any.
+func (e *StaleTokenError) Unwrap() []error {
+	if e.pgErr == nil {
+		return []error{ErrStaleToken}
+	}
+	return []error{ErrStaleToken, e.pgErr}
+}
+
+// FenceError maps an error raised by pgquota's fence in the database to
+// the library's errors: SQLSTATE PQ001 becomes a *StaleTokenError
+// (ErrStaleToken) and PQ002 an error wrapping ErrLeaseLost, both keeping
+// the *pgconn.PgError in the chain. Any other error, and nil, is returned
+// unchanged. Use it on errors from your own statements on a table guarded
+// by AttachFenceGuard; pgquota's own calls apply it already.
+func FenceError(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch pgErr.Code {
+	case SQLStateStaleToken:
+		var d struct {
+			Resource string `json:"resource"`
+			Token    *int64 `json:"token"`
+			Highest  *int64 `json:"highest"`
+		}
+		_ = json.Unmarshal([]byte(pgErr.Detail), &d)
+		e := &StaleTokenError{Resource: d.Resource, pgErr: pgErr}
+		if d.Token != nil {
+			e.Token = *d.Token
+		}
+		if d.Highest != nil {
+			e.Highest = *d.Highest
+		}
+		return e
+	case SQLStateLeaseNotHeld:
+		return fmt.Errorf("%w: %s: %w", ErrLeaseLost, strings.TrimPrefix(pgErr.Message, "pgquota: "), pgErr)
+	}
+	return err
+}
+
+// FenceWriteRequest is one fenced write.
+type FenceWriteRequest struct {
+	// Resource is what the token fences: its highest token seen is shared
+	// by every key. 1 to MaxNameBytes bytes, no control characters.
+	Resource string
+	// Key is the row of the resource to write. 1 to MaxNameBytes bytes, no
+	// control characters.
+	Key string
+	// Value is the row's new value: valid UTF-8 without NUL, at most
+	// MaxFenceValueBytes bytes; may be empty.
+	Value string
+	// Token is the writer's fencing token, at least 1: a pgquota lease's
+	// Token, or a number from an external lock service that increases with
+	// every acquisition (an etcd revision, a ZooKeeper zxid).
+	Token int64
+	// Lease names the pgquota lease that issued Token, usually the same as
+	// Resource. When set, the write is admitted only while that lease is
+	// held with Token by the database clock, and the lease row is locked
+	// FOR SHARE in the same statement, so a takeover cannot slip in between
+	// the check and the write. Leave it empty for tokens from an external
+	// lock service: only the highest-token check applies then.
+	Lease string
+}
+
+// FencedRow is a row of the generic fenced-row table.
+type FencedRow struct {
+	Resource string `json:"resource"`
+	Key      string `json:"key"`
+	Value    string `json:"value"`
+	// Token is the fencing token of the write that stored Value.
+	Token     int64     `json:"fence_token"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// FenceState is the storage side of a resource's fence.
+type FenceState struct {
+	Resource string `json:"resource"`
+	// Highest is the highest token admitted for the resource; 0 before the
+	// first fenced write.
+	Highest   int64     `json:"highest_token"`
+	UpdatedAt time.Time `json:"updated_at,omitzero"`
+}
+
+func checkFenceWrite(req FenceWriteRequest) error {
+	if err := checkName("resource", req.Resource); err != nil {
+		return err
+	}
+	if err := checkName("key", req.Key); err != nil {
+		return err
+	}
+	switch {
+	case len(req.Value) > MaxFenceValueBytes:
+		return inputError("value", "is %d bytes long, the limit is %d", len(req.Value), MaxFenceValueBytes)
+	case !utf8.ValidString(req.Value):
+		return inputError("value", "is not valid UTF-8")
+	case strings.IndexByte(req.Value, 0) >= 0:
+		return inputError("value", "must not contain NUL")
+	}
+	if err := checkToken(req.Token); err != nil {
+		return err
+	}
+	if req.Lease != "" {
+		return checkName("lease name", req.Lease)
+	}
+	return nil
+}
+
+// FenceWrite stores req.Value under (req.Resource, req.Key) if req.Token is
+// at least the highest token seen for req.Resource, raising that mark to
+// req.Token; with req.Lease set, only while that lease is held with
+// req.Token. It is one SQL statement and one round trip (see
+// queries/fenced_row.sql and pgquota.fence_admit in the migrations).
+// Equal tokens are admitted, so the current holder can write any number of
+// times.
+//
+// Errors: *InputError (ErrInvalidInput) for a bad resource, key, value,
+// token or lease name; *StaleTokenError (ErrStaleToken) when the token is
+// below the highest seen for the resource, whichever key it was for, or
+// below the token of req.Lease; ErrLeaseLost when req.Lease is not held with
+// req.Token (expired or released); ErrSchemaMissing; database errors.
+// Nothing is written on an error.
+func (c *Client) FenceWrite(ctx context.Context, req FenceWriteRequest) (FencedRow, error) {
+	return c.fenceWrite(ctx, c.pool, req)
+}
+
+// FenceWriteTx is FenceWrite inside the caller's transaction, so the
+// caller's own writes commit only together with an admitted fenced write.
+// Until tx ends, the resource's high-water row stays locked (other fenced
+// writers of the resource wait) and, with req.Lease set, the lease row is
+// locked FOR SHARE: no one can take the lease over, and the holder's own
+// renewals wait too, so keep such transactions short. A rejection aborts
+// tx, as any failed statement does.
+func (c *Client) FenceWriteTx(ctx context.Context, tx pgx.Tx, req FenceWriteRequest) (FencedRow, error) {
+	return c.fenceWrite(ctx, tx, req)
+}
+
+func (c *Client) fenceWrite(ctx context.Context, x db.DBTX, req FenceWriteRequest) (FencedRow, error) {
+	if err := checkFenceWrite(req); err != nil {
+		return FencedRow{}, err
+	}
+	var lease pgtype.Text
+	if req.Lease != "" {
+		lease = pgtype.Text{String: req.Lease, Valid: true}
+	}
+	r, err := c.queries.FencedRowWrite(ctx, x, db.FencedRowWriteParams{
+		Resource: req.Resource, Key: req.Key, Value: req.Value, Token: req.Token, Lease: lease,
+	})
+	if isNoRows(err) {
+		// Only the row's own backstop guard can get here: the fence admitted
+		// the token, yet the row holds a higher one.
+		return FencedRow{}, &StaleTokenError{Resource: req.Resource, Token: req.Token, Highest: req.Token + 1}
+	}
+	if err != nil {
+		return FencedRow{}, fenceDBError("fenced write", err)
+	}
+	return fencedRowFrom(r), nil
+}
+
+// fenceDBError maps the fence's SQLSTATEs (FenceError), then wraps other
+// database errors like dbError.
+func fenceDBError(op string, err error) error {
+	if mapped := FenceError(err); mapped != err {
+		return mapped
+	}
+	return dbError(op, err)
+}
+
+func fencedRowFrom(r db.PgquotaFencedRow) FencedRow {
+	return FencedRow{Resource: r.Resource, Key: r.Key, Value: r.Value, Token: r.FenceToken, UpdatedAt: timeFromPG(r.UpdatedAt)}
+}
+
+// FencedRow reads one fenced row.
+//
+// Errors: *InputError for a bad resource or key; ErrFencedRowNotFound;
+// ErrSchemaMissing; database errors.
+func (c *Client) FencedRow(ctx context.Context, resource, key string) (FencedRow, error) {
+	if err := checkName("resource", resource); err != nil {
+		return FencedRow{}, err
+	}
+	if err := checkName("key", key); err != nil {
+		return FencedRow{}, err
+	}
+	r, err := c.queries.FencedRowGet(ctx, c.pool, db.FencedRowGetParams{Resource: resource, Key: key})
+	if isNoRows(err) {
+		return FencedRow{}, fmt.Errorf("%w: resource %q, key %q", ErrFencedRowNotFound, resource, key)
+	}
+	if err != nil {
+		return FencedRow{}, dbError("read fenced row", err)
+	}
+	return fencedRowFrom(r), nil
+}
+
+// FencedRows lists a resource's fenced rows, ordered by key.
+//
+// Errors: *InputError for a bad resource; ErrSchemaMissing; database
+// errors.
+func (c *Client) FencedRows(ctx context.Context, resource string) ([]FencedRow, error) {
+	if err := checkName("resource", resource); err != nil {
+		return nil, err
+	}
+	rows, err := c.queries.FencedRowList(ctx, c.pool, resource)
+	if err != nil {
+		return nil, dbError("list fenced rows", err)
+	}
+	out := make([]FencedRow, len(rows))
+	for i, r := range rows {
+		out[i] = fencedRowFrom(r)
+	}
+	return out, nil
+}
+
+// Fence returns the highest token seen for resource (0 before its first
+// fenced write).
+//
+// Errors: *InputError for a bad resource; ErrSchemaMissing; database
+// errors.
+func (c *Client) Fence(ctx context.Context, resource string) (FenceState, error) {
+	if err := checkName("resource", resource); err != nil {
+		return FenceState{}, err
+	}
+	r, err := c.queries.FenceGet(ctx, c.pool, resource)
+	if isNoRows(err) {
+		return FenceState{Resource: resource}, nil
+	}
+	if err != nil {
+		return FenceState{}, dbError("read fence", err)
+	}
+	return FenceState{Resource: r.Resource, Highest: r.MaxToken, UpdatedAt: timeFromPG(r.UpdatedAt)}, nil
+}
+
+// FenceGuardTrigger is the name of the trigger AttachFenceGuard creates.
+const FenceGuardTrigger = "pgquota_fence_guard"
+
+// FenceGuard describes a guard attached to an application table.
+type FenceGuard struct {
+	// Table is the guarded table, schema-qualified and quoted as SQL.
+	Table string `json:"table"`
+	// Column is the token column.
+	Column string `json:"column"`
+	// Resource is the fence resource whose highest token the table's rows
+	// are checked against: "schema.table", quoted where SQL needs it. A
+	// FenceWrite with this Resource shares the same mark.
+	Resource string `json:"resource"`
+	// Trigger is the trigger's name, FenceGuardTrigger.
+	Trigger string `json:"trigger"`
+}
+
+// AttachFenceGuard attaches pgquota's fence guard to an application table,
+// so that the database itself rejects stale writes, also from code that
+// bypasses pgquota: a BEFORE INSERT OR UPDATE row trigger
+// (pgquota.fence_guard) admits a row only when its token column holds a
+// token at least as high as the highest seen for the table's resource
+// (FenceGuard.Resource), and raises that mark; otherwise the statement
+// fails with SQLSTATE PQ001 (SQLStateStaleToken), which FenceError maps to
+// a *StaleTokenError. A NULL token is rejected the same way. DELETE is not
+// guarded. Writers of the table then serialize on the resource's high-water
+// row until they commit.
+//
+// table is a table name as PostgreSQL parses it, optionally
+// schema-qualified ("orders", "app.orders", `"Orders"`); column is the
+// token column's name exactly as stored (lower case unless created
+// quoted), of type smallint, integer or bigint. Attaching again replaces
+// the trigger (idempotent). To detach: DROP TRIGGER pgquota_fence_guard ON
+// the table.
+//
+// Errors: *InputError when the table or column does not exist or the
+// column is not an integer; ErrSchemaMissing; database errors (for example
+// when the role does not own the table).
+func (c *Client) AttachFenceGuard(ctx context.Context, table, column string) (FenceGuard, error) {
+	return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (FenceGuard, error) {
+		return c.attachFenceGuard(ctx, tx, table, column)
+	})
+}
+
+// AttachFenceGuardTx is AttachFenceGuard inside the caller's transaction.
+func (c *Client) AttachFenceGuardTx(ctx context.Context, tx pgx.Tx, table, column string) (FenceGuard, error) {
+	return c.attachFenceGuard(ctx, tx, table, column)
+}
+
+func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, table, column string) (FenceGuard, error) {
+	if err := checkName("table", table); err != nil {
+		return FenceGuard{}, err
+	}
+	if err := checkName("column", column); err != nil {
+		return FenceGuard{}, err
+	}
+	var nsp, rel, resource string
+	var found bool
+	err := tx.QueryRow(ctx, `
+		SELECT n.nspname, c.relname, format('%I.%I', n.nspname, c.relname), true
+		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE c.oid = to_regclass($1) AND c.relkind IN ('r', 'p')`, table).Scan(&nsp, &rel, &resource, &found)
+	if isNoRows(err) {
+		return FenceGuard{}, inputError("table", "%q is not a table the database knows", table)
+	}
+	if err != nil {
+		return FenceGuard{}, dbError("attach fence guard", err)
+	}
+	var typ string
+	err = tx.QueryRow(ctx, `
+		SELECT a.atttypid::regtype::text FROM pg_catalog.pg_attribute a
+		WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped`,
+		table, column).Scan(&typ)
+	if isNoRows(err) {
+		return FenceGuard{}, inputError("column", "%q is not a column of %s", column, resource)
+	}
+	if err != nil {
+		return FenceGuard{}, dbError("attach fence guard", err)
+	}
+	switch typ {
+	case "smallint", "integer", "bigint":
+	default:
+		return FenceGuard{}, inputError("column", "%s.%s is of type %s, it must be smallint, integer or bigint", resource, column, typ)
+	}
+	ident := pgx.Identifier{nsp, rel}.Sanitize()
+	_, err = tx.Exec(ctx, `CREATE OR REPLACE TRIGGER `+FenceGuardTrigger+
+		` BEFORE INSERT OR UPDATE ON `+ident+
+		` FOR EACH ROW EXECUTE FUNCTION pgquota.fence_guard(`+quoteLiteral(column)+`, `+quoteLiteral(resource)+`)`)
+	if err != nil {
+		return FenceGuard{}, dbError("attach fence guard", err)
+	}
+	return FenceGuard{Table: ident, Column: column, Resource: resource, Trigger: FenceGuardTrigger}, nil
+}
+
+// quoteLiteral quotes s as an SQL escape string literal (E'...'), which
+// means the same whatever standard_conforming_strings says; s holds no NUL
+// (checkName).
+func quoteLiteral(s string) string {
+	return "E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(s) + "'"
+}

@@ -1,0 +1,354 @@
+package quota_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgquota/pgquota/quota"
+)
+
+// requireStale checks that err is a *StaleTokenError with these tokens.
+func requireStale(t *testing.T, err error, resource string, token, highest int64) {
+	t.Helper()
+	require.ErrorIs(t, err, quota.ErrStaleToken)
+	var se *quota.StaleTokenError
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, resource, se.Resource)
+	require.Equal(t, token, se.Token)
+	require.Equal(t, highest, se.Highest)
+	require.ErrorContains(t, err, fmt.Sprintf("stale fencing token %d", token))
+}
+
+// The background article's timeline (client 1 paused with token 33, client
+// 2 wrote with 34), with the lease in the same database.
+func TestFenceArticleTimeline(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 0)
+	const ttl = 300 * time.Millisecond
+
+	h1 := b.acquire(t, "storage", "client-1", ttl)
+	_, err := b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "storage", Key: "file", Value: "v1", Token: h1.Token, Lease: "storage"})
+	require.NoError(t, err)
+
+	// Client 1 pauses (a GC pause) past its TTL.
+	time.Sleep(ttl + 100*time.Millisecond)
+
+	// Client 2 acquires with a larger token and writes.
+	h2 := b.acquire(t, "storage", "client-2", time.Minute)
+	require.Greater(t, h2.Token, h1.Token)
+	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "storage", Key: "file", Value: "v2", Token: h2.Token, Lease: "storage"})
+	require.NoError(t, err)
+
+	// Client 1 wakes up and writes: rejected, on the key client 2 wrote...
+	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "storage", Key: "file", Value: "stale", Token: h1.Token, Lease: "storage"})
+	requireStale(t, err, "storage", h1.Token, h2.Token)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr, "the SQLSTATE stays in the chain")
+	require.Equal(t, quota.SQLStateStaleToken, pgErr.Code)
+	// ...and on a key client 2 has not touched.
+	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "storage", Key: "other", Value: "stale", Token: h1.Token, Lease: "storage"})
+	requireStale(t, err, "storage", h1.Token, h2.Token)
+	// The same without the lease check (the fence alone rejects it too).
+	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "storage", Key: "third", Value: "stale", Token: h1.Token})
+	requireStale(t, err, "storage", h1.Token, h2.Token)
+
+	// Client 1's renew and release fail and leave client 2's lease intact.
+	_, err = b.client.Renew(b.ctx, "storage", h1.Token, time.Minute)
+	require.ErrorIs(t, err, quota.ErrLeaseLost)
+	_, err = b.client.Release(b.ctx, "storage", h1.Token)
+	require.ErrorIs(t, err, quota.ErrLeaseLost)
+	got, err := b.client.Lease(b.ctx, "storage")
+	require.NoError(t, err)
+	require.Equal(t, h2.Token, got.Token)
+	require.Equal(t, "client-2", got.Holder)
+	require.True(t, got.Held)
+	require.True(t, got.ExpiresAt.Equal(h2.ExpiresAt))
+
+	rows, err := b.client.FencedRows(b.ctx, "storage")
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	require.Equal(t, "v2", rows[0].Value)
+	require.Equal(t, h2.Token, rows[0].Token)
+	st, err := b.client.Fence(b.ctx, "storage")
+	require.NoError(t, err)
+	require.Equal(t, h2.Token, st.Highest)
+}
+
+// A holder whose lease lapsed is fenced off even before anyone else takes
+// the lease over (the write checks the lease row), and once someone has,
+// before that holder's first write (the lease token counts as seen).
+func TestFenceLeaseCheck(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 0)
+	h1 := b.acquire(t, "r", "one", 200*time.Millisecond)
+	time.Sleep(300 * time.Millisecond)
+	_, err := b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "r", Key: "k", Value: "x", Token: h1.Token, Lease: "r"})
+	require.ErrorIs(t, err, quota.ErrLeaseLost)
+	require.NotErrorIs(t, err, quota.ErrStaleToken)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, quota.SQLStateLeaseNotHeld, pgErr.Code)
+
+	h2 := b.acquire(t, "r", "two", time.Minute)
+	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "r", Key: "k", Value: "x", Token: h1.Token, Lease: "r"})
+	requireStale(t, err, "r", h1.Token, h2.Token)
+
+	// A lease that was never acquired.
+	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "r", Key: "k", Value: "x", Token: h2.Token, Lease: "nope"})
+	require.ErrorIs(t, err, quota.ErrLeaseLost)
+	require.Zero(t, b.countRows(t, "fenced_row"))
+}
+
+// Equal tokens are admitted (the holder writes as often as it likes);
+// tokens from an external lock service work the same way.
+func TestFenceEqualAndExternalTokens(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 0)
+	// An etcd revision, say.
+	for i, tok := range []int64{1000, 1000, 1001, 1001, 5000} {
+		row, err := b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "etcd", Key: "k", Value: fmt.Sprint(i), Token: tok})
+		require.NoError(t, err, "write %d", i)
+		require.Equal(t, tok, row.Token)
+	}
+	_, err := b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "etcd", Key: "new", Value: "x", Token: 4999})
+	requireStale(t, err, "etcd", 4999, 5000)
+	// Resources are independent.
+	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "zk", Key: "k", Value: "x", Token: 1})
+	require.NoError(t, err)
+	row, err := b.client.FencedRow(b.ctx, "etcd", "k")
+	require.NoError(t, err)
+	require.Equal(t, "4", row.Value)
+	_, err = b.client.FencedRow(b.ctx, "etcd", "new")
+	require.ErrorIs(t, err, quota.ErrFencedRowNotFound)
+
+	// Bad input is rejected before any write.
+	for _, req := range []quota.FenceWriteRequest{
+		{Resource: "", Key: "k", Token: 1},
+		{Resource: "r", Key: "", Token: 1},
+		{Resource: "r", Key: "k", Token: 0},
+		{Resource: "r", Key: "k", Token: 1, Value: "a\x00b"},
+		{Resource: "r", Key: "k", Token: 1, Value: "\xff"},
+	} {
+		_, err := b.client.FenceWrite(b.ctx, req)
+		require.ErrorIs(t, err, quota.ErrInvalidInput, "%+v", req)
+	}
+}
+
+// A fenced write holds the lease row FOR SHARE until its transaction ends,
+// so a takeover cannot slip in between the lease check and the write: the
+// acquire waits, and then sees the lease as it is after the write.
+func TestFenceStealCannotSlipIn(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 0)
+	h1 := b.acquire(t, "r", "one", 300*time.Millisecond)
+	tx, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	_, err = b.client.FenceWriteTx(b.ctx, tx, quota.FenceWriteRequest{Resource: "r", Key: "k", Value: "one", Token: h1.Token, Lease: "r"})
+	require.NoError(t, err)
+
+	time.Sleep(400 * time.Millisecond) // the lease has expired by now
+	acquired := make(chan quota.Lease, 1)
+	go func() {
+		l, err := b.client.AcquireWait(b.ctx, quota.AcquireRequest{Name: "r", Holder: "two", TTL: time.Minute}, &quota.WaitOptions{NoListen: true})
+		if err == nil {
+			acquired <- l
+		}
+		close(acquired)
+	}()
+	select {
+	case <-acquired:
+		t.Fatal("the lease was taken over while a fenced write under it was in flight")
+	case <-time.After(300 * time.Millisecond):
+	}
+	require.NoError(t, tx.Commit(b.ctx))
+	h2, ok := <-acquired
+	require.True(t, ok)
+	require.Greater(t, h2.Token, h1.Token)
+	row, err := b.client.FencedRow(b.ctx, "r", "k")
+	require.NoError(t, err)
+	require.Equal(t, "one", row.Value, "the write committed before the takeover")
+}
+
+// The guard trigger rejects stale writes to an application's own table,
+// also from plain SQL that bypasses pgquota.
+func TestFenceGuardTrigger(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 0)
+	_, err := b.pool.Exec(b.ctx, `
+		CREATE SCHEMA app;
+		CREATE TABLE app."Orders" (id int PRIMARY KEY, status text, fence_token bigint)`)
+	require.NoError(t, err)
+	g, err := b.client.AttachFenceGuard(b.ctx, `app."Orders"`, "fence_token")
+	require.NoError(t, err)
+	require.Equal(t, `"app"."Orders"`, g.Table)
+	require.Equal(t, `app."Orders"`, g.Resource)
+	// Attaching again is harmless.
+	_, err = b.client.AttachFenceGuard(b.ctx, `app."Orders"`, "fence_token")
+	require.NoError(t, err)
+
+	h1 := b.acquire(t, "orders", "one", time.Minute)
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO app."Orders" VALUES (1, 'new', $1), (2, 'new', $1)`, h1.Token)
+	require.NoError(t, err)
+	_, err = b.client.Release(b.ctx, "orders", h1.Token)
+	require.NoError(t, err)
+	h2 := b.acquire(t, "orders", "two", time.Minute)
+	_, err = b.pool.Exec(b.ctx, `UPDATE app."Orders" SET status = 'paid', fence_token = $1 WHERE id = 1`, h2.Token)
+	require.NoError(t, err)
+
+	// The stale holder's raw UPDATE, on the row the new holder wrote and on
+	// one it did not touch.
+	for _, id := range []int{1, 2} {
+		_, err = b.pool.Exec(b.ctx, `UPDATE app."Orders" SET status = 'cancelled', fence_token = $1 WHERE id = $2`, h1.Token, id)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr)
+		require.Equal(t, "PQ001", pgErr.Code)
+		require.Contains(t, pgErr.Message, fmt.Sprintf("stale fencing token %d", h1.Token))
+		requireStale(t, quota.FenceError(err), g.Resource, h1.Token, h2.Token)
+	}
+	// A write without a token is rejected too.
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO app."Orders" (id, status) VALUES (3, 'new')`)
+	require.ErrorIs(t, quota.FenceError(err), quota.ErrStaleToken)
+	var status string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT string_agg(status, ',' ORDER BY id) FROM app."Orders"`).Scan(&status))
+	require.Equal(t, "paid,new", status)
+
+	// FenceError leaves other errors alone.
+	other := errors.New("x")
+	require.Same(t, other, quota.FenceError(other))
+
+	_, err = b.client.AttachFenceGuard(b.ctx, "app.nope", "fence_token")
+	require.ErrorIs(t, err, quota.ErrInvalidInput)
+	_, err = b.client.AttachFenceGuard(b.ctx, `app."Orders"`, "nope")
+	require.ErrorIs(t, err, quota.ErrInvalidInput)
+	_, err = b.client.AttachFenceGuard(b.ctx, `app."Orders"`, "status")
+	require.ErrorIs(t, err, quota.ErrInvalidInput)
+}
+
+// The fenced-lock grant is exact under the foundation's invariants: first
+// grants of a window racing, amounts above 1, limit 0.
+func TestGrantFencedConcurrent(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name    string
+		limit   int64
+		amounts func(i int) int64
+		full    bool // exactly the limit must be granted
+	}{
+		{"amount 1, limit 20", 20, func(int) int64 { return 1 }, true},
+		{"amount 1, limit 1", 1, func(int) int64 { return 1 }, true},
+		{"amounts 1..7, limit 50", 50, func(i int) int64 { return int64(i%7 + 1) }, false},
+		{"limit 0", 0, func(int) int64 { return 1 }, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const callers = 32
+			b := setup(t, 12)
+			b.define(t, quota.Definition{Name: "q", Window: quota.WindowDay, DefaultLimit: ptr(tc.limit)})
+			results := make([]quota.GrantResult, callers)
+			errs := make([]error, callers)
+			concurrently(callers, func(i int) {
+				results[i], errs[i] = b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: tc.amounts(i)}, 5*time.Second)
+			})
+			var units, calls int64
+			for i, r := range results {
+				require.NoError(t, errs[i])
+				if r.Granted {
+					units += r.Amount
+					calls++
+				} else {
+					require.Greater(t, r.Used+r.Amount, r.Limit, "a denial must be consistent with the usage it reports")
+				}
+			}
+			sum, rows := b.usageRows(t, "q", "m")
+			require.Equal(t, units, sum, "counter equals the units reported granted")
+			require.LessOrEqual(t, sum, tc.limit)
+			if tc.limit == 0 {
+				require.Zero(t, rows)
+				return
+			}
+			require.Equal(t, int64(1), rows)
+			if tc.full {
+				require.Equal(t, tc.limit, calls)
+			} else {
+				for _, r := range results {
+					if !r.Granted {
+						require.Greater(t, sum+r.Amount, tc.limit)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestGrantFencedErrors(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 0)
+	b.define(t, quota.Definition{Name: "q", Window: quota.WindowDay})
+	_, err := b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "nope", Member: "m", Amount: 1}, 0)
+	require.ErrorIs(t, err, quota.ErrQuotaNotFound)
+	_, err = b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 0}, 0)
+	require.ErrorIs(t, err, quota.ErrInvalidInput)
+	_, err = b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, 0)
+	require.ErrorIs(t, err, quota.ErrNoLimit)
+	_, err = b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1, Limit: ptr[int64](1)}, 30)
+	require.ErrorIs(t, err, quota.ErrInvalidInput)
+	res, err := b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 2, Limit: ptr[int64](3)}, 0)
+	require.NoError(t, err)
+	require.True(t, res.Granted)
+	require.Equal(t, int64(2), res.Used)
+	require.Equal(t, int64(1), res.Remaining)
+	// The lease is released after each grant.
+	l, err := b.client.Lease(b.ctx, quota.FencedGrantLease("q", "m"))
+	require.NoError(t, err)
+	require.False(t, l.Held)
+}
+
+// Pauses longer than the TTL between the read and the write: the paused
+// caller's write is fenced off, it starts over, and the counter stays
+// exact.
+func TestGrantFencedPausePastTTL(t *testing.T) {
+	t.Parallel()
+	const (
+		callers = 16
+		limit   = 10
+		ttl     = 150 * time.Millisecond
+	)
+	b := setup(t, 16)
+	b.define(t, quota.Definition{Name: "q", Window: quota.WindowNone, DefaultLimit: ptr[int64](limit)})
+	var paused atomic.Int64
+	quota.SetFencedGrantPause(b.client, func(ctx context.Context, l quota.Lease) {
+		// Every third write pauses past its lease.
+		if paused.Add(1)%3 == 1 {
+			time.Sleep(2 * ttl)
+		}
+	})
+	var mu sync.Mutex
+	granted := 0
+	var firstErr error
+	concurrently(callers, func(i int) {
+		r, err := b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, ttl)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil && firstErr == nil {
+			firstErr = err
+		}
+		if r.Granted {
+			granted++
+		}
+	})
+	require.NoError(t, firstErr)
+	require.Equal(t, limit, granted)
+	sum, _ := b.usageRows(t, "q", "m")
+	require.Equal(t, int64(limit), sum)
+	require.Greater(t, paused.Load(), int64(limit), "paused writes were fenced off and retried")
+}

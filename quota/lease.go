@@ -1,0 +1,606 @@
+package quota
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgquota/pgquota/db"
+)
+
+// The fenced lock (DESIGN.md section 2, after Martin Kleppmann, "How to do
+// distributed locking", 2016): a lease grants its holder a fencing token,
+// a number that strictly increases with every acquisition; every write the
+// holder makes carries the token, and the storage rejects a token lower
+// than one it has already seen (fence.go). A lease alone is not enough: a
+// holder paused past its TTL (a GC pause, a stalled VM) wakes up believing
+// it still holds the lease; its writes must be stopped where they land.
+//
+// Every expiry is judged by the database clock (pgquota.clock(), that is
+// clock_timestamp(), read inside each statement), never by the
+// application's clock, so clock skew between application servers cannot
+// make two of them hold one lease. No call here uses session-level advisory
+// locks or other session state, except AcquireWait's optional LISTEN.
+
+// Bounds of a lease's TTL.
+const (
+	// MinLeaseTTL is the shortest TTL accepted. A smaller one is almost
+	// certainly a unit mistake (30 instead of 30*time.Second).
+	MinLeaseTTL = time.Millisecond
+	// MaxLeaseTTL is the longest TTL accepted.
+	MaxLeaseTTL = 24 * time.Hour
+)
+
+// LeaseNotifyChannel is the PostgreSQL NOTIFY channel on which a release
+// announces the lease's name (the payload), so that AcquireWait wakes
+// early.
+const LeaseNotifyChannel = "pgquota_lease"
+
+// AcquireRequest asks for a lease.
+type AcquireRequest struct {
+	// Name identifies the lease, typically the resource it protects: 1 to
+	// MaxNameBytes bytes, no control characters.
+	Name string
+	// Holder names the process asking, for people reading `pgquota lease
+	// show` (a host name and pid, a pod name). It is not an identity: two
+	// processes with the same Holder are still two acquisitions with two
+	// tokens. 1 to MaxNameBytes bytes, no control characters. Required.
+	Holder string
+	// TTL is how long the lease lasts from the database clock's current
+	// instant unless renewed: at least MinLeaseTTL, at most MaxLeaseTTL.
+	// The database stores it to the microsecond.
+	TTL time.Duration
+	// Attempt identifies this acquisition attempt. Calling Acquire again
+	// with the same Attempt while the lease it took is held returns that
+	// same lease and token (a retry after a lost reply); any other Attempt
+	// gets ErrLeaseHeld, and a later successful acquisition gets a new,
+	// larger token. Empty means a fresh random attempt per call: set it
+	// (NewAttempt) when the call may be retried. 1 to MaxNameBytes bytes.
+	Attempt string
+}
+
+// NewAttempt returns a random acquisition attempt id for
+// AcquireRequest.Attempt: 32 hexadecimal digits (128 random bits).
+func NewAttempt() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b[:])
+}
+
+// Lease is a lease row as the database last reported it.
+type Lease struct {
+	Name    string `json:"name"`
+	Holder  string `json:"holder"`
+	Attempt string `json:"attempt"`
+	// Token is the fencing token of this acquisition. It is the same for
+	// the whole lease (renewals keep it) and larger than every token issued
+	// before it, for any lease: tokens come from one bigint sequence that
+	// never wraps.
+	Token      int64     `json:"token"`
+	AcquiredAt time.Time `json:"acquired_at"`
+	RenewedAt  time.Time `json:"renewed_at"`
+	// ExpiresAt is when the lease ends by the database clock, unless
+	// renewed.
+	ExpiresAt time.Time `json:"expires_at"`
+	// DBNow is the database clock's reading in the statement that returned
+	// this lease.
+	DBNow time.Time `json:"db_now"`
+	// Held reports whether the lease was held at DBNow (ExpiresAt after
+	// DBNow).
+	Held bool `json:"held"`
+
+	// sent is the local time, with its monotonic reading, at which the
+	// statement that returned this lease was sent. The database read its
+	// clock after that moment.
+	sent time.Time
+}
+
+// Remaining is the time the lease had left when it was read, by the
+// database clock alone (ExpiresAt - DBNow), or 0 when it had expired.
+func (l Lease) Remaining() time.Duration {
+	return max(l.ExpiresAt.Sub(l.DBNow), 0)
+}
+
+// ValidUntil returns a local time before which the lease is still held by
+// the database clock, assuming only that both clocks tick at the same rate
+// (no assumption about their offset): the moment the statement that
+// returned the lease was sent, by the local monotonic clock, plus
+// Remaining. Compare it with time.Now(), never with a database timestamp.
+// It is the zero time for a Lease this package did not return.
+func (l Lease) ValidUntil() time.Time {
+	if l.sent.IsZero() {
+		return time.Time{}
+	}
+	return l.sent.Add(l.Remaining())
+}
+
+// LeaseHeldError is returned by Acquire when another attempt holds the
+// lease. It wraps ErrLeaseHeld.
+type LeaseHeldError struct {
+	// Name is the lease's name.
+	Name string
+	// Holder is the current holder's name.
+	Holder string
+	// ExpiresAt is when the current holder's lease expires by the database
+	// clock, unless renewed.
+	ExpiresAt time.Time
+	// Remaining is ExpiresAt minus the database clock's reading in the
+	// acquire statement.
+	Remaining time.Duration
+}
+
+func (e *LeaseHeldError) Error() string {
+	return fmt.Sprintf("pgquota: lease %q is held by %q until %s (%s left)",
+		e.Name, e.Holder, e.ExpiresAt.UTC().Format(time.RFC3339Nano), e.Remaining.Round(time.Millisecond))
+}
+
+// Unwrap returns ErrLeaseHeld.
+func (e *LeaseHeldError) Unwrap() error { return ErrLeaseHeld }
+
+func checkTTL(ttl time.Duration) error {
+	switch {
+	case ttl <= 0:
+		return inputError("ttl", "must be positive, got %s", ttl)
+	case ttl < MinLeaseTTL:
+		return inputError("ttl", "must be at least %s, got %s (a unit mistake?)", MinLeaseTTL, ttl)
+	case ttl > MaxLeaseTTL:
+		return inputError("ttl", "must be at most %s, got %s", MaxLeaseTTL, ttl)
+	}
+	return nil
+}
+
+func checkToken(token int64) error {
+	if token < 1 {
+		return inputError("token", "must be positive, got %d", token)
+	}
+	return nil
+}
+
+func intervalOf(d time.Duration) pgtype.Interval {
+	return pgtype.Interval{Microseconds: d.Microseconds(), Valid: true}
+}
+
+func checkAcquire(req *AcquireRequest) error {
+	if err := checkName("lease name", req.Name); err != nil {
+		return err
+	}
+	if err := checkName("holder", req.Holder); err != nil {
+		return err
+	}
+	if err := checkTTL(req.TTL); err != nil {
+		return err
+	}
+	if req.Attempt == "" {
+		req.Attempt = NewAttempt()
+	}
+	return checkName("attempt", req.Attempt)
+}
+
+// Acquire takes the lease req.Name for req.TTL when it is free (never
+// acquired, released, or expired by the database clock), in one SQL
+// statement and one round trip, and returns it with a new fencing token and
+// the database's expiry. Concurrent acquirers of a free lease get exactly
+// one winner (see queries/lease.sql). Repeating the call with the same
+// req.Attempt while that attempt's lease is held returns the same lease and
+// token.
+//
+// Errors: *InputError (ErrInvalidInput) for a bad name, holder, TTL or
+// attempt; *LeaseHeldError (ErrLeaseHeld) when another attempt holds it;
+// ErrSchemaMissing; database errors. Nothing is written on an error.
+func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (Lease, error) {
+	if err := checkAcquire(&req); err != nil {
+		return Lease{}, err
+	}
+	return c.acquire(ctx, c.pool, req)
+}
+
+// AcquireTx is Acquire inside the caller's transaction: the lease is taken
+// when tx commits, and other acquirers wait for tx meanwhile. Its TTL runs
+// from the statement, not from the commit.
+func (c *Client) AcquireTx(ctx context.Context, tx pgx.Tx, req AcquireRequest) (Lease, error) {
+	if err := checkAcquire(&req); err != nil {
+		return Lease{}, err
+	}
+	return c.acquire(ctx, tx, req)
+}
+
+func (c *Client) acquire(ctx context.Context, x db.DBTX, req AcquireRequest) (Lease, error) {
+	// A lease released or expired between the statement's snapshot and its
+	// fresh read shows up as "not taken, but free": try again, a few times.
+	for range 3 {
+		sent := time.Now()
+		rows, err := c.queries.LeaseAcquire(ctx, x, db.LeaseAcquireParams{
+			Name: req.Name, Holder: req.Holder, Attempt: req.Attempt, Ttl: intervalOf(req.TTL),
+		})
+		if err != nil {
+			return Lease{}, dbError("acquire lease", err)
+		}
+		if len(rows) == 0 {
+			continue
+		}
+		r := rows[0]
+		l := leaseFrom(db.PgquotaLease{
+			Name: r.Name, Holder: r.Holder, Attempt: r.Attempt, Token: r.Token,
+			AcquiredAt: r.AcquiredAt, RenewedAt: r.RenewedAt, ExpiresAt: r.ExpiresAt,
+		}, r.DbNow, sent)
+		if r.Taken {
+			return l, nil
+		}
+		if !l.Held {
+			continue
+		}
+		return Lease{}, &LeaseHeldError{Name: l.Name, Holder: l.Holder, ExpiresAt: l.ExpiresAt, Remaining: l.Remaining()}
+	}
+	return Lease{}, &LeaseHeldError{Name: req.Name, Holder: "(changing hands)"}
+}
+
+func leaseFrom(r db.PgquotaLease, dbNow pgtype.Timestamptz, sent time.Time) Lease {
+	l := Lease{
+		Name:       r.Name,
+		Holder:     r.Holder,
+		Attempt:    r.Attempt,
+		Token:      r.Token,
+		AcquiredAt: timeFromPG(r.AcquiredAt),
+		RenewedAt:  timeFromPG(r.RenewedAt),
+		ExpiresAt:  timeFromPG(r.ExpiresAt),
+		DBNow:      timeFromPG(dbNow),
+		sent:       sent,
+	}
+	l.Held = l.ExpiresAt.After(l.DBNow)
+	return l
+}
+
+// Renew extends the lease name, held with token, to ttl from the database
+// clock's current instant, in one statement. The token stays the same. A
+// lease that has expired by the database clock cannot be renewed, even when
+// nobody took it over, and even from inside a long transaction (the clock
+// keeps moving inside one).
+//
+// Errors: *InputError for a bad name, token or TTL; ErrLeaseLost when the
+// lease is not held with token (expired, released, or taken over; the
+// successor's lease is left as it is); ErrSchemaMissing; database errors.
+func (c *Client) Renew(ctx context.Context, name string, token int64, ttl time.Duration) (Lease, error) {
+	return c.renew(ctx, c.pool, name, token, ttl)
+}
+
+// RenewTx is Renew inside the caller's transaction.
+func (c *Client) RenewTx(ctx context.Context, tx pgx.Tx, name string, token int64, ttl time.Duration) (Lease, error) {
+	return c.renew(ctx, tx, name, token, ttl)
+}
+
+func (c *Client) renew(ctx context.Context, x db.DBTX, name string, token int64, ttl time.Duration) (Lease, error) {
+	if err := checkName("lease name", name); err != nil {
+		return Lease{}, err
+	}
+	if err := checkToken(token); err != nil {
+		return Lease{}, err
+	}
+	if err := checkTTL(ttl); err != nil {
+		return Lease{}, err
+	}
+	sent := time.Now()
+	r, err := c.queries.LeaseRenew(ctx, x, db.LeaseRenewParams{Name: name, Token: token, Ttl: intervalOf(ttl)})
+	if isNoRows(err) {
+		return Lease{}, c.leaseLost(ctx, x, "renew", name, token)
+	}
+	if err != nil {
+		return Lease{}, dbError("renew lease", err)
+	}
+	return leaseFrom(db.PgquotaLease{
+		Name: r.Name, Holder: r.Holder, Attempt: r.Attempt, Token: r.Token,
+		AcquiredAt: r.AcquiredAt, RenewedAt: r.RenewedAt, ExpiresAt: r.ExpiresAt,
+	}, r.DbNow, sent), nil
+}
+
+// leaseLost builds the ErrLeaseLost error for a renew or release that
+// matched no row, saying what became of the lease.
+func (c *Client) leaseLost(ctx context.Context, x db.DBTX, op, name string, token int64) error {
+	r, err := c.queries.LeaseGet(ctx, x, name)
+	switch {
+	case isNoRows(err):
+		return fmt.Errorf("%w: cannot %s lease %q with token %d: it does not exist", ErrLeaseLost, op, name, token)
+	case err != nil:
+		return fmt.Errorf("%w: cannot %s lease %q with token %d (%w)", ErrLeaseLost, op, name, token, dbError("read lease", err))
+	case r.Token != token && r.ExpiresAt.Time.After(r.DbNow.Time):
+		return fmt.Errorf("%w: cannot %s lease %q with token %d: %q holds it with token %d", ErrLeaseLost, op, name, token, r.Holder, r.Token)
+	case r.Token != token:
+		return fmt.Errorf("%w: cannot %s lease %q with token %d: it was acquired since with token %d", ErrLeaseLost, op, name, token, r.Token)
+	default:
+		return fmt.Errorf("%w: cannot %s lease %q with token %d: it expired at %s", ErrLeaseLost, op, name, token, r.ExpiresAt.Time.UTC().Format(time.RFC3339Nano))
+	}
+}
+
+// Release ends the lease name held with token now, so that the next
+// Acquire succeeds at once, and wakes AcquireWait callers (NOTIFY on
+// LeaseNotifyChannel, sent when the statement commits). Releasing a lease
+// that has already expired or been released with the same token is not an
+// error: the call is safe to retry. The lease row is kept, expired, with
+// its last holder and token.
+//
+// Errors: *InputError for a bad name or token; ErrLeaseLost when the lease
+// has been taken over since (the successor's lease is left as it is) or
+// never existed; ErrSchemaMissing; database errors.
+func (c *Client) Release(ctx context.Context, name string, token int64) (Lease, error) {
+	return c.release(ctx, c.pool, name, token)
+}
+
+// ReleaseTx is Release inside the caller's transaction: the lease is free
+// to others once tx commits.
+func (c *Client) ReleaseTx(ctx context.Context, tx pgx.Tx, name string, token int64) (Lease, error) {
+	return c.release(ctx, tx, name, token)
+}
+
+func (c *Client) release(ctx context.Context, x db.DBTX, name string, token int64) (Lease, error) {
+	if err := checkName("lease name", name); err != nil {
+		return Lease{}, err
+	}
+	if err := checkToken(token); err != nil {
+		return Lease{}, err
+	}
+	sent := time.Now()
+	r, err := c.queries.LeaseRelease(ctx, x, db.LeaseReleaseParams{Name: name, Token: token})
+	if isNoRows(err) {
+		return Lease{}, c.leaseLost(ctx, x, "release", name, token)
+	}
+	if err != nil {
+		return Lease{}, dbError("release lease", err)
+	}
+	return leaseFrom(db.PgquotaLease{
+		Name: r.Name, Holder: r.Holder, Attempt: r.Attempt, Token: r.Token,
+		AcquiredAt: r.AcquiredAt, RenewedAt: r.RenewedAt, ExpiresAt: r.ExpiresAt,
+	}, r.DbNow, sent), nil
+}
+
+// Lease returns the lease name as the database has it now, held or not
+// (Lease.Held, judged by the database clock).
+//
+// Errors: *InputError for a bad name; ErrLeaseNotFound when it was never
+// acquired; ErrSchemaMissing; database errors.
+func (c *Client) Lease(ctx context.Context, name string) (Lease, error) {
+	if err := checkName("lease name", name); err != nil {
+		return Lease{}, err
+	}
+	sent := time.Now()
+	r, err := c.queries.LeaseGet(ctx, c.pool, name)
+	if isNoRows(err) {
+		return Lease{}, fmt.Errorf("%w: %q", ErrLeaseNotFound, name)
+	}
+	if err != nil {
+		return Lease{}, dbError("get lease", err)
+	}
+	return leaseFrom(db.PgquotaLease{
+		Name: r.Name, Holder: r.Holder, Attempt: r.Attempt, Token: r.Token,
+		AcquiredAt: r.AcquiredAt, RenewedAt: r.RenewedAt, ExpiresAt: r.ExpiresAt,
+	}, r.DbNow, sent), nil
+}
+
+// WaitOptions tunes AcquireWait. The zero value (or nil) is ready to use.
+type WaitOptions struct {
+	// MinInterval is the first pause between attempts; pauses then double,
+	// with ±50% jitter, up to MaxInterval. A pause never outlasts the
+	// holder's remaining TTL as the database reported it, so a lease that
+	// expires is taken promptly. Defaults to 10ms.
+	MinInterval time.Duration
+	// MaxInterval bounds the pause between attempts. Defaults to 1s.
+	MaxInterval time.Duration
+	// NoListen turns off the early wake-up on release, which LISTENs on
+	// LeaseNotifyChannel on one connection of the pool, shared by all the
+	// Client's waiting AcquireWait calls and held while any waits. Set it behind a transaction-mode pooler, where LISTEN does not
+	// work; waiting then relies on polling alone. Defaults to false.
+	NoListen bool
+}
+
+// AcquireWait acquires the lease like Acquire, waiting while another holder
+// has it, until it is acquired or ctx ends. It polls with bounded
+// exponential backoff and jitter, sleeping no longer than the holder's
+// remaining TTL, and (unless opts.NoListen) wakes early when a release is
+// announced on LeaseNotifyChannel. Notifications are only a hint: every
+// decision is the acquire statement's, so a lost or spurious notification
+// costs time, never safety. All attempts share one req.Attempt, so an
+// attempt whose reply was lost is picked up by the next one.
+//
+// Errors not reported by the server (a broken connection, a lost reply)
+// are retried too, up to 5 in a row.
+//
+// Errors: those of Acquire except ErrLeaseHeld; when ctx ends first, an
+// error wrapping both ctx's cause and the last *LeaseHeldError or error.
+func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *WaitOptions) (Lease, error) {
+	if err := checkAcquire(&req); err != nil {
+		return Lease{}, err
+	}
+	var o WaitOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.MinInterval <= 0 {
+		o.MinInterval = 10 * time.Millisecond
+	}
+	if o.MaxInterval <= 0 {
+		o.MaxInterval = time.Second
+	}
+	o.MaxInterval = max(o.MaxInterval, o.MinInterval)
+
+	var notified func() <-chan struct{}
+	if !o.NoListen {
+		var unsubscribe func()
+		notified, unsubscribe = c.notifier.subscribe(ctx, c.pool, req.Name)
+		defer unsubscribe()
+	}
+
+	interval := o.MinInterval
+	var lastHeld error
+	failures := 0
+	for {
+		// Take the wake-up channel before the attempt, so that a release
+		// committed after the attempt's snapshot is not missed.
+		var wakeup <-chan struct{}
+		if notified != nil {
+			wakeup = notified()
+		}
+		l, err := c.acquire(ctx, c.pool, req)
+		var held *LeaseHeldError
+		pause := jitter(interval)
+		switch {
+		case err == nil:
+			return l, nil
+		case ctx.Err() != nil:
+			return Lease{}, fmt.Errorf("pgquota: acquire lease %q: %w", req.Name, errors.Join(context.Cause(ctx), err))
+		case errors.As(err, &held):
+			lastHeld = err
+			failures = 0
+			if held.Remaining > 0 && held.Remaining < pause {
+				pause = held.Remaining
+			}
+		case isTransient(err) && failures < maxTransientFailures:
+			// A broken connection or a lost reply: the next attempt, with
+			// the same attempt id, returns the lease if this one took it.
+			failures++
+		default:
+			return Lease{}, err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		case <-wakeup:
+		}
+		t.Stop()
+		if ctx.Err() != nil {
+			return Lease{}, fmt.Errorf("pgquota: acquire lease %q: %w", req.Name, errors.Join(context.Cause(ctx), lastHeld))
+		}
+		interval = min(2*interval, o.MaxInterval)
+	}
+}
+
+// maxTransientFailures bounds how many transient errors in a row
+// AcquireWait absorbs.
+const maxTransientFailures = 5
+
+// isTransient reports errors worth another attempt: those that did not come
+// from the server (a broken connection, a timeout, a lost reply), as
+// opposed to a *pgconn.PgError or bad input.
+func isTransient(err error) bool {
+	var pgErr *pgconn.PgError
+	return !errors.As(err, &pgErr) && !errors.Is(err, ErrInvalidInput) && !errors.Is(err, ErrSchemaMissing)
+}
+
+// jitter returns d scaled by a random factor in [0.5, 1.5).
+func jitter(d time.Duration) time.Duration {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	f := float64(uint64(b[0])|uint64(b[1])<<8|uint64(b[2])<<16) / float64(1<<24)
+	return time.Duration(float64(d) * (0.5 + f))
+}
+
+// leaseNotifier shares one LISTENing connection among a Client's
+// AcquireWait calls: it runs while at least one waits, and wakes the
+// waiters of a lease when its release is announced. It is only a hint, so
+// every failure here falls back to polling.
+type leaseNotifier struct {
+	mu      sync.Mutex
+	refs    int
+	waiters map[string]chan struct{} // closed when the lease's release is announced
+	stop    context.CancelFunc
+	done    chan struct{}
+	ready   chan struct{} // closed once LISTEN is in place, or failed
+}
+
+// subscribe registers a waiter for lease name. notified returns a channel
+// that is closed when a release of the lease is announced after the call
+// (take it before each attempt); unsubscribe must be called when the wait
+// ends. The first subscriber starts the listener and waits, bounded by ctx,
+// until it listens. A pool of fewer than 2 connections never listens: the
+// listener would starve the attempts.
+func (n *leaseNotifier) subscribe(ctx context.Context, pool *pgxpool.Pool, name string) (notified func() <-chan struct{}, unsubscribe func()) {
+	if pool.Config().MaxConns < 2 {
+		return nil, func() {}
+	}
+	n.mu.Lock()
+	n.refs++
+	if n.refs == 1 {
+		lctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+		n.stop, n.done, n.ready = stop, make(chan struct{}), make(chan struct{})
+		n.waiters = map[string]chan struct{}{}
+		go n.run(lctx, pool, n.done, n.ready)
+	}
+	ready := n.ready
+	n.mu.Unlock()
+	select {
+	case <-ready:
+	case <-ctx.Done():
+	}
+	notified = func() <-chan struct{} {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		ch, ok := n.waiters[name]
+		if !ok {
+			ch = make(chan struct{})
+			n.waiters[name] = ch
+		}
+		return ch
+	}
+	unsubscribe = func() {
+		n.mu.Lock()
+		n.refs--
+		if n.refs > 0 {
+			n.mu.Unlock()
+			return
+		}
+		stop, done := n.stop, n.done
+		n.mu.Unlock()
+		stop()
+		<-done
+	}
+	return notified, unsubscribe
+}
+
+func (n *leaseNotifier) run(ctx context.Context, pool *pgxpool.Pool, done, ready chan struct{}) {
+	defer close(done)
+	readyOnce := sync.OnceFunc(func() { close(ready) })
+	defer readyOnce()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return
+	}
+	defer func() {
+		// Stop listening before the connection goes back to the pool, or
+		// close it when that fails, so no listening session is handed on.
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if conn.Conn().IsClosed() {
+			conn.Release()
+			return
+		}
+		if _, err := conn.Exec(cctx, "UNLISTEN *"); err != nil {
+			_ = conn.Conn().Close(cctx)
+		}
+		conn.Release()
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+LeaseNotifyChannel); err != nil {
+		return
+	}
+	readyOnce()
+	for {
+		nt, err := conn.Conn().WaitForNotification(ctx)
+		if err != nil {
+			// ctx ended (the last waiter left), or the connection broke:
+			// the waiters poll from here on.
+			return
+		}
+		n.mu.Lock()
+		if ch, ok := n.waiters[nt.Payload]; ok {
+			close(ch)
+			delete(n.waiters, nt.Payload)
+		}
+		n.mu.Unlock()
+	}
+}
