@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/quota"
@@ -327,12 +329,12 @@ func TestImportCodesTxRollback(t *testing.T) {
 // twice, every code handed out belongs to the campaign, and the database
 // agrees with what the callers were told. It returns the number of codes
 // handed out.
-func claimCodes(t *testing.T, b *testBundle, client *quota.Client, campaign string, codes []string, n int) int {
+func claimCodes(t *testing.T, b *testBundle, claim func(i int, member string) (quota.Claim, error), campaign string, codes []string, n int) int {
 	t.Helper()
 	results := make([]quota.Claim, n)
 	errs := make([]error, n)
 	concurrently(n, func(i int) {
-		results[i], errs[i] = client.ClaimCode(b.ctx, campaign, fmt.Sprintf("member-%03d", i))
+		results[i], errs[i] = claim(i, fmt.Sprintf("member-%03d", i))
 	})
 	known := map[string]bool{}
 	for _, c := range codes {
@@ -370,17 +372,55 @@ func claimCodes(t *testing.T, b *testBundle, client *quota.Client, campaign stri
 
 func TestClaimCodeConcurrent(t *testing.T) {
 	t.Parallel()
-	const codes = 100
-	for _, claimers := range []int{100, 300} {
-		t.Run(fmt.Sprintf("%d claimers", claimers), func(t *testing.T) {
+	for _, tc := range []struct {
+		codes, claimers int
+		inTx            bool
+	}{{100, 100, false}, {100, 300, false}, {100, 100, true}, {100, 300, true}, {20, 30, true}} {
+		codes := tc.codes
+		name := fmt.Sprintf("%d codes %d claimers", tc.codes, tc.claimers)
+		if tc.inTx {
+			name += " in transactions"
+		}
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, 16)
 			list := codeList("code", codes)
 			_, err := b.client.ImportCodes(b.ctx, "drop", list)
 			require.NoError(t, err)
+			client := b.waitClient(t, 30*time.Second)
+			claim := func(_ int, member string) (quota.Claim, error) { return client.ClaimCode(b.ctx, "drop", member) }
+			committing := tc.claimers
+			if tc.inTx {
+				// Each claimer holds its code locked a while, as an
+				// application doing its own work in the same transaction
+				// would, and every third one then rolls back. Late claimers
+				// find every remaining code locked; that must not read as
+				// sold out, since a rollback may free one.
+				committing = tc.claimers - (tc.claimers+2)/3
+				claim = func(i int, member string) (quota.Claim, error) {
+					tx, err := b.pool.Begin(b.ctx)
+					if err != nil {
+						return quota.Claim{}, err
+					}
+					defer func() { _ = tx.Rollback(b.ctx) }()
+					c, err := client.ClaimCodeTx(b.ctx, tx, "drop", member)
+					if err != nil {
+						return quota.Claim{}, err
+					}
+					time.Sleep(20 * time.Millisecond)
+					if i%3 == 0 {
+						// Rolled back: the member holds nothing.
+						return quota.Claim{Campaign: c.Campaign, Member: member, Total: c.Total}, tx.Rollback(b.ctx)
+					}
+					return c, tx.Commit(b.ctx)
+				}
+			}
 
-			got := claimCodes(t, b, b.waitClient(t, 30*time.Second), "drop", list, claimers)
-			require.Equal(t, codes, got, "every code is handed out, none sold out while codes are left")
+			got := claimCodes(t, b, claim, "drop", list, tc.claimers)
+			require.Equal(t, min(codes, committing), got, "every code is handed out, none sold out while codes are left")
+			if committing < codes {
+				return
+			}
 			st, err := b.client.VoucherStatus(b.ctx, "drop")
 			require.NoError(t, err)
 			require.Equal(t, int64(codes), st.Claimed)
@@ -503,6 +543,53 @@ func TestClaimCodeWaitsForLockedCode(t *testing.T) {
 			require.Equal(t, int64(2), b.countRows(t, "voucher_claim"))
 		})
 	}
+}
+
+// Every code is locked by a claim that will roll back; claimers that arrive
+// meanwhile wait, and each of them gets one of the freed codes.
+func TestClaimCodeWaitsForRollbacks(t *testing.T) {
+	t.Parallel()
+	const codes = 6
+	b := setup(t, 2*codes+2)
+	client := b.waitClient(t, 30*time.Second)
+	_, err := b.client.ImportCodes(b.ctx, "c", codeList("c", codes))
+	require.NoError(t, err)
+
+	holders := make([]pgx.Tx, codes)
+	for i := range holders {
+		tx, err := b.pool.Begin(b.ctx)
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = tx.Rollback(b.ctx) })
+		c, err := client.ClaimCodeTx(b.ctx, tx, "c", fmt.Sprintf("holder-%d", i))
+		require.NoError(t, err)
+		require.True(t, c.Claimed)
+		holders[i] = tx
+	}
+
+	results := make([]quota.Claim, codes)
+	errs := make([]error, codes)
+	var wg sync.WaitGroup
+	for i := range codes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = client.ClaimCode(b.ctx, "c", fmt.Sprintf("member-%d", i))
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	for _, tx := range holders {
+		require.NoError(t, tx.Rollback(b.ctx))
+		time.Sleep(50 * time.Millisecond)
+	}
+	wg.Wait()
+	seen := map[string]bool{}
+	for i, r := range results {
+		require.NoError(t, errs[i])
+		require.True(t, r.Claimed, "member-%d was told sold out while locked codes could still come free", i)
+		require.False(t, seen[r.Code])
+		seen[r.Code] = true
+	}
+	require.Zero(t, b.countRowsWhere(t, "voucher_code", "member IS NULL"))
 }
 
 // With every remaining code locked for longer than Config.CodeClaimWait,
