@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -566,10 +565,9 @@ func TestConcurrentGrantRuns(t *testing.T) {
 // The same with the real binary: twenty concurrent pgquota processes.
 func TestConcurrentGrantProcesses(t *testing.T) {
 	t.Parallel()
+	// go test puts its own GOROOT/bin first on the PATH of the test binary.
 	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
+	require.NoError(t, err)
 	bin := filepath.Join(t.TempDir(), "pgquota")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
