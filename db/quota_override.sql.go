@@ -61,7 +61,9 @@ func (q *Queries) QuotaOverrideList(ctx context.Context, db DBTX, quotaName stri
 
 const quotaOverrideSet = `-- name: QuotaOverrideSet :one
 INSERT INTO pgquota.quota_override (quota_name, member, limit_value)
-VALUES ($1::text, $2::text, $3::bigint)
+SELECT q.name, $1::text, $2::bigint
+FROM pgquota.quota q
+WHERE q.name = $3::text
 ON CONFLICT (quota_name, member) DO UPDATE
 SET limit_value = excluded.limit_value,
     updated_at  = pgquota.clock()
@@ -69,13 +71,16 @@ RETURNING quota_name, member, limit_value, updated_at
 `
 
 type QuotaOverrideSetParams struct {
-	QuotaName  string
 	Member     string
 	LimitValue int64
+	QuotaName  string
 }
 
+// Sets a member's own limit. No row comes back, and nothing is written, when
+// the quota does not exist: the caller learns it without a foreign key
+// violation, which would abort the caller's transaction in SetMemberLimitTx.
 func (q *Queries) QuotaOverrideSet(ctx context.Context, db DBTX, arg QuotaOverrideSetParams) (PgquotaQuotaOverride, error) {
-	row := db.QueryRow(ctx, quotaOverrideSet, arg.QuotaName, arg.Member, arg.LimitValue)
+	row := db.QueryRow(ctx, quotaOverrideSet, arg.Member, arg.LimitValue, arg.QuotaName)
 	var i PgquotaQuotaOverride
 	err := row.Scan(
 		&i.QuotaName,

@@ -17,13 +17,43 @@ CREATE FUNCTION pgquota.clock() RETURNS timestamptz
     AS $$ SELECT clock_timestamp() $$;
 -- +goose StatementEnd
 
+-- pgquota.local_instant returns the first instant at which the wall clock
+-- in the IANA time zone tz shows local. For a wall time that does not exist
+-- (skipped by a spring-forward change) it returns the instant the clock
+-- jumps past it, as "local AT TIME ZONE tz" does. For a wall time that
+-- happens twice (a fall-back change) it returns the first of the two, where
+-- "local AT TIME ZONE tz" returns the second: in America/Havana the clock
+-- goes back from 01:00 to 00:00, so local midnight happens twice and a day
+-- must start at the first one. The earlier candidate uses the UTC offset in
+-- force three hours before the later one (before any change of up to three
+-- hours), and is taken only when the wall clock really shows local then.
+-- +goose StatementBegin
+CREATE FUNCTION pgquota.local_instant(local timestamp, tz text) RETURNS timestamptz
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE
+        WHEN (local - (((local AT TIME ZONE tz) - interval '3 hours') AT TIME ZONE tz
+                      - ((local AT TIME ZONE tz) - interval '3 hours') AT TIME ZONE 'UTC')) AT TIME ZONE 'UTC'
+             < (local AT TIME ZONE tz)
+         AND ((local - (((local AT TIME ZONE tz) - interval '3 hours') AT TIME ZONE tz
+                       - ((local AT TIME ZONE tz) - interval '3 hours') AT TIME ZONE 'UTC')) AT TIME ZONE 'UTC')
+             AT TIME ZONE tz = local
+        THEN (local - (((local AT TIME ZONE tz) - interval '3 hours') AT TIME ZONE tz
+                      - ((local AT TIME ZONE tz) - interval '3 hours') AT TIME ZONE 'UTC')) AT TIME ZONE 'UTC'
+        ELSE local AT TIME ZONE tz
+    END
+$$;
+-- +goose StatementEnd
+
 -- pgquota.window_start returns the start of the window of kind unit that
 -- contains the instant at, in the IANA time zone tz. Day, week (ISO, starting
--- Monday) and month windows start at local midnight, so a day window is 23 or
--- 25 hours long on a daylight-saving change day. Hour windows are cut at the
--- local hour but measured in absolute time, so the repeated hour of a
--- fall-back night is two distinct one-hour windows. 'none' is a lifetime
--- window: -infinity to infinity.
+-- Monday) and month windows start at local midnight (its first occurrence,
+-- see pgquota.local_instant), so a day window is 23 or 25 hours long on a
+-- daylight-saving change day. Hour windows are cut at the local hour but
+-- measured in absolute time, so the repeated hour of a fall-back night is two
+-- distinct one-hour windows. (In the one zone whose clock changes by half an
+-- hour, Australia/Lord_Howe, the hour windows next to a change overlap by
+-- half an hour.) 'none' is a lifetime window: -infinity to infinity.
 -- +goose StatementBegin
 CREATE FUNCTION pgquota.window_start(unit text, tz text, at timestamptz) RETURNS timestamptz
     LANGUAGE sql STABLE PARALLEL SAFE
@@ -31,7 +61,7 @@ CREATE FUNCTION pgquota.window_start(unit text, tz text, at timestamptz) RETURNS
     SELECT CASE unit
         WHEN 'none' THEN '-infinity'::timestamptz
         WHEN 'hour' THEN at - ((at AT TIME ZONE tz) - date_trunc('hour', at AT TIME ZONE tz))
-        ELSE date_trunc(unit, at AT TIME ZONE tz) AT TIME ZONE tz
+        ELSE pgquota.local_instant(date_trunc(unit, at AT TIME ZONE tz), tz)
     END
 $$;
 -- +goose StatementEnd
@@ -46,7 +76,7 @@ CREATE FUNCTION pgquota.window_end(unit text, tz text, at timestamptz) RETURNS t
     SELECT CASE unit
         WHEN 'none' THEN 'infinity'::timestamptz
         WHEN 'hour' THEN at - ((at AT TIME ZONE tz) - date_trunc('hour', at AT TIME ZONE tz)) + interval '1 hour'
-        ELSE (date_trunc(unit, at AT TIME ZONE tz) + ('1 ' || unit)::interval) AT TIME ZONE tz
+        ELSE pgquota.local_instant(date_trunc(unit, at AT TIME ZONE tz) + ('1 ' || unit)::interval, tz)
     END
 $$;
 -- +goose StatementEnd
@@ -120,4 +150,5 @@ DROP TABLE pgquota.quota_override;
 DROP TABLE pgquota.quota;
 DROP FUNCTION pgquota.window_end(text, text, timestamptz);
 DROP FUNCTION pgquota.window_start(text, text, timestamptz);
+DROP FUNCTION pgquota.local_instant(timestamp, text);
 DROP FUNCTION pgquota.clock();

@@ -1,6 +1,11 @@
 -- name: QuotaOverrideSet :one
+-- Sets a member's own limit. No row comes back, and nothing is written, when
+-- the quota does not exist: the caller learns it without a foreign key
+-- violation, which would abort the caller's transaction in SetMemberLimitTx.
 INSERT INTO pgquota.quota_override (quota_name, member, limit_value)
-VALUES (@quota_name::text, @member::text, @limit_value::bigint)
+SELECT q.name, @member::text, @limit_value::bigint
+FROM pgquota.quota q
+WHERE q.name = @quota_name::text
 ON CONFLICT (quota_name, member) DO UPDATE
 SET limit_value = excluded.limit_value,
     updated_at  = pgquota.clock()

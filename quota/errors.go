@@ -20,9 +20,9 @@ var (
 	// quota of that name has been defined.
 	ErrQuotaNotFound = errors.New("pgquota: quota not found")
 
-	// ErrNoLimit is returned by Grant, GrantTx and Usage when the call gives
-	// no limit, the member has no override and the quota has no default
-	// limit. Nothing is written.
+	// ErrNoLimit is returned by Grant and GrantTx when the call gives no
+	// limit, the member has no override and the quota has no default limit.
+	// Nothing is written. (Usage reports the same case as HasLimit false.)
 	ErrNoLimit = errors.New("pgquota: no limit: give one in the call, set a member limit, or define the quota with a default limit")
 
 	// ErrCampaignNotFound is returned by ClaimVoucher, ClaimVoucherTx,

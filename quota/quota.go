@@ -206,9 +206,14 @@ func (c *Client) setMemberLimit(ctx context.Context, x db.DBTX, quota, member st
 	row, err := c.queries.QuotaOverrideSet(ctx, x, db.QuotaOverrideSetParams{
 		QuotaName: quota, Member: member, LimitValue: limit,
 	})
+	if isNoRows(err) {
+		return MemberLimit{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, quota)
+	}
 	if err != nil {
 		if isForeignKeyViolation(err) {
-			return MemberLimit{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, quota)
+			// The quota was there when the statement began: a concurrent
+			// delete. Keep the database's error in the chain.
+			return MemberLimit{}, fmt.Errorf("%w: %q: %w", ErrQuotaNotFound, quota, err)
 		}
 		return MemberLimit{}, dbError("set member limit", err)
 	}
@@ -245,8 +250,8 @@ func (c *Client) clearMemberLimit(ctx context.Context, x db.DBTX, quota, member 
 
 // MemberLimits lists a quota's per-member limits, ordered by member.
 //
-// Errors: *InputError for a bad quota name; ErrSchemaMissing; database
-// errors.
+// Errors: *InputError for a bad quota name; ErrQuotaNotFound;
+// ErrSchemaMissing; database errors.
 func (c *Client) MemberLimits(ctx context.Context, quota string) ([]MemberLimit, error) {
 	if err := checkName("quota name", quota); err != nil {
 		return nil, err
@@ -254,6 +259,14 @@ func (c *Client) MemberLimits(ctx context.Context, quota string) ([]MemberLimit,
 	rows, err := c.queries.QuotaOverrideList(ctx, c.pool, quota)
 	if err != nil {
 		return nil, dbError("list member limits", err)
+	}
+	if len(rows) == 0 {
+		// No overrides, or no quota: tell them apart.
+		if _, err := c.queries.QuotaGet(ctx, c.pool, quota); isNoRows(err) {
+			return nil, fmt.Errorf("%w: %q", ErrQuotaNotFound, quota)
+		} else if err != nil {
+			return nil, dbError("list member limits", err)
+		}
 	}
 	out := make([]MemberLimit, len(rows))
 	for i, r := range rows {

@@ -9,10 +9,10 @@ import (
 // accepted, in bytes of UTF-8.
 const MaxNameBytes = 255
 
-// MaxUnits is the largest amount, limit or pool total accepted: 2^62. With
-// both an amount and a counter at most MaxUnits, their sum never overflows
-// PostgreSQL's bigint.
-const MaxUnits int64 = 1 << 62
+// MaxUnits is the largest amount, limit or pool total accepted: 2^62 - 1.
+// With both an amount and a counter at most MaxUnits, their sum (at most
+// 2^63 - 2) never overflows PostgreSQL's bigint (at most 2^63 - 1).
+const MaxUnits int64 = 1<<62 - 1
 
 // checkName validates an identifier-like argument: a quota name, member,
 // campaign or code. It must be non-empty, at most MaxNameBytes bytes of valid

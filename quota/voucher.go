@@ -332,11 +332,16 @@ func (c *Client) importCodes(ctx context.Context, tx pgx.Tx, campaign string, co
 	if err != nil {
 		return ImportResult{}, dbError("import codes", err)
 	}
+	// The codes are inserted in order: concurrent imports with overlapping
+	// codes then wait for each other's rows in the same order and cannot
+	// deadlock (unordered, a hash aggregate's order differs with the size
+	// of the input, and they did).
 	var imported, total int64
 	err = tx.QueryRow(ctx, `
 		WITH ins AS (
 			INSERT INTO pgquota.voucher_code (campaign, code)
 			SELECT DISTINCT $1::text, code FROM pgquota_code_import
+			ORDER BY code
 			ON CONFLICT (campaign, code) DO NOTHING
 			RETURNING 1
 		)

@@ -139,16 +139,39 @@ held, stale token); 2 usage error or bad input; 1 any other error.`,
 	pf.DurationVar(&a.connectTimeout, "connect-timeout", 10*time.Second, "give up connecting after this long")
 
 	root.AddCommand(
-		a.migrateCommand(),
-		a.quotaCommand(),
+		needsSubcommand(a.migrateCommand()),
+		needsSubcommand(a.quotaCommand()),
 		a.grantCommand(),
 		a.revokeCommand(),
 		a.usageCommand(),
-		a.voucherCommand(),
-		a.leaseCommand(),
-		a.fenceCommand(),
+		needsSubcommand(a.voucherCommand()),
+		needsSubcommand(a.leaseCommand()),
+		needsSubcommand(a.fenceCommand()),
 	)
 	return root
+}
+
+// needsSubcommand makes a command group (migrate, quota, voucher) a usage
+// error when it is run without a subcommand or with an unknown one. Left
+// alone, cobra prints the group's help and exits 0 for both, so a mistyped
+// `pgquota migrate upp` in a deploy script would pass silently.
+func needsSubcommand(cmd *cobra.Command) *cobra.Command {
+	cmd.Args = func(c *cobra.Command, args []string) error {
+		if len(args) > 0 {
+			return usagef("unknown command %q for %q", args[0], c.CommandPath())
+		}
+		return nil
+	}
+	cmd.RunE = func(c *cobra.Command, _ []string) error {
+		var names []string
+		for _, sub := range c.Commands() {
+			if sub.IsAvailableCommand() {
+				names = append(names, sub.Name())
+			}
+		}
+		return usagef("%s needs a subcommand: %s (see %s --help)", c.Name(), strings.Join(names, ", "), c.CommandPath())
+	}
+	return cmd
 }
 
 // connect opens the pool on first use.

@@ -1,7 +1,6 @@
 package cli_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -18,17 +17,18 @@ import (
 
 // run runs the pgquota command line against dbURL and returns its exit
 // status, stdout and stderr.
-func run(t *testing.T, dbURL string, args ...string) (int, string, string) {
+// runLease runs the CLI against dbURL and returns its exit code, stdout and
+// stderr.
+func runLease(t *testing.T, dbURL string, args ...string) (int, string, string) {
 	t.Helper()
-	var out, errb bytes.Buffer
-	code := cli.Run(context.Background(), append([]string{"--database-url", dbURL}, args...), &out, &errb)
-	return code, out.String(), errb.String()
+	r := runDB(t, dbURL, args...)
+	return r.code, r.stdout, r.stderr
 }
 
 // acquireJSON acquires a lease through the CLI and returns its token.
 func acquireJSON(t *testing.T, dbURL string, args ...string) int64 {
 	t.Helper()
-	code, out, errOut := run(t, dbURL, append([]string{"lease", "acquire", "--json"}, args...)...)
+	code, out, errOut := runLease(t, dbURL, append([]string{"lease", "acquire", "--json"}, args...)...)
 	require.Equal(t, cli.ExitOK, code, errOut)
 	var l struct {
 		Token    int64 `json:"token"`
@@ -49,19 +49,19 @@ func TestCLILeaseFenceDoneWhen(t *testing.T) {
 	t2 := acquireJSON(t, dbURL, "--name", "report", "--holder", "host-b")
 	require.Greater(t, t2, t1)
 
-	code, out, errOut := run(t, dbURL, "fence", "write", "--resource", "report", "--key", "status", "--token", fmt.Sprint(t2), "--value", "done")
+	code, out, errOut := runLease(t, dbURL, "fence", "write", "--resource", "report", "--key", "status", "--token", fmt.Sprint(t2), "--value", "done")
 	require.Equal(t, cli.ExitOK, code, errOut)
 	require.Contains(t, out, "written")
 
 	for _, key := range []string{"status", "new-key"} {
-		code, out, errOut = run(t, dbURL, "fence", "write", "--resource", "report", "--key", key, "--token", fmt.Sprint(t1), "--value", "stale")
+		code, out, errOut = runLease(t, dbURL, "fence", "write", "--resource", "report", "--key", key, "--token", fmt.Sprint(t1), "--value", "stale")
 		require.Equal(t, cli.ExitDenied, code, "key %s: %s%s", key, out, errOut)
 		require.Contains(t, errOut, fmt.Sprintf("stale fencing token %d", t1), "the message names the stale token")
 		require.Contains(t, errOut, fmt.Sprintf("highest token seen is %d", t2))
 		require.Equal(t, 1, strings.Count(errOut, "\n"), "one line on stderr")
 	}
 
-	code, out, _ = run(t, dbURL, "fence", "show", "--resource", "report", "--json")
+	code, out, _ = runLease(t, dbURL, "fence", "show", "--resource", "report", "--json")
 	require.Equal(t, cli.ExitOK, code)
 	var shown struct {
 		Highest int64 `json:"highest_token"`
@@ -83,16 +83,16 @@ func TestCLILease(t *testing.T) {
 	tok := acquireJSON(t, dbURL, "--name", "job", "--ttl", "30s", "--holder", "a")
 
 	// Held: exit 3, naming the holder.
-	code, out, errOut := run(t, dbURL, "lease", "acquire", "--name", "job", "--holder", "b")
+	code, out, errOut := runLease(t, dbURL, "lease", "acquire", "--name", "job", "--holder", "b")
 	require.Equal(t, cli.ExitDenied, code)
 	require.Contains(t, errOut, `held by "a"`)
 	require.Contains(t, out, "acquired")
 
-	code, out, errOut = run(t, dbURL, "lease", "renew", "--name", "job", "--token", fmt.Sprint(tok), "--ttl", "1m")
+	code, out, errOut = runLease(t, dbURL, "lease", "renew", "--name", "job", "--token", fmt.Sprint(tok), "--ttl", "1m")
 	require.Equal(t, cli.ExitOK, code, errOut)
 	require.Contains(t, out, fmt.Sprint(tok))
 
-	code, out, _ = run(t, dbURL, "lease", "show", "--name", "job", "--json")
+	code, out, _ = runLease(t, dbURL, "lease", "show", "--name", "job", "--json")
 	require.Equal(t, cli.ExitOK, code)
 	var l struct {
 		Holder string  `json:"holder"`
@@ -106,35 +106,35 @@ func TestCLILease(t *testing.T) {
 	require.Greater(t, l.Left, 50.0)
 
 	// A wrong token: exit 3, the lease untouched.
-	code, _, errOut = run(t, dbURL, "lease", "release", "--name", "job", "--token", fmt.Sprint(tok+100))
+	code, _, errOut = runLease(t, dbURL, "lease", "release", "--name", "job", "--token", fmt.Sprint(tok+100))
 	require.Equal(t, cli.ExitDenied, code)
 	require.Contains(t, errOut, "lease lost")
-	code, _, errOut = run(t, dbURL, "lease", "release", "--name", "job", "--token", fmt.Sprint(tok))
+	code, _, errOut = runLease(t, dbURL, "lease", "release", "--name", "job", "--token", fmt.Sprint(tok))
 	require.Equal(t, cli.ExitOK, code, errOut)
-	code, out, _ = run(t, dbURL, "lease", "show", "--name", "job")
+	code, out, _ = runLease(t, dbURL, "lease", "show", "--name", "job")
 	require.Equal(t, cli.ExitOK, code)
 	require.Regexp(t, `held\s+no`, out)
 
 	// Usage errors.
-	code, _, errOut = run(t, dbURL, "lease", "acquire", "--name", "job", "--ttl", "0s")
+	code, _, errOut = runLease(t, dbURL, "lease", "acquire", "--name", "job", "--ttl", "0s")
 	require.Equal(t, cli.ExitUsage, code)
 	require.Contains(t, errOut, "ttl")
-	code, _, _ = run(t, dbURL, "lease", "renew", "--name", "job")
+	code, _, _ = runLease(t, dbURL, "lease", "renew", "--name", "job")
 	require.Equal(t, cli.ExitUsage, code)
-	code, _, _ = run(t, dbURL, "lease", "show", "--name", "nope")
+	code, _, _ = runLease(t, dbURL, "lease", "show", "--name", "nope")
 	require.Equal(t, cli.ExitUsage, code)
 }
 
 func TestCLIFenceExternalAndGuard(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewURL(t)
-	code, _, errOut := run(t, dbURL, "fence", "write", "--resource", "zk", "--key", "k", "--token", "7719", "--value", "v", "--external")
+	code, _, errOut := runLease(t, dbURL, "fence", "write", "--resource", "zk", "--key", "k", "--token", "7719", "--value", "v", "--external")
 	require.Equal(t, cli.ExitOK, code, errOut)
 	// Without --external the token must belong to a held lease.
-	code, _, errOut = run(t, dbURL, "fence", "write", "--resource", "zk", "--key", "k", "--token", "7720", "--value", "v")
+	code, _, errOut = runLease(t, dbURL, "fence", "write", "--resource", "zk", "--key", "k", "--token", "7720", "--value", "v")
 	require.Equal(t, cli.ExitDenied, code)
 	require.Contains(t, errOut, "lease lost")
-	code, _, _ = run(t, dbURL, "fence", "write", "--resource", "zk", "--key", "k", "--token", "7720", "--external", "--lease", "x")
+	code, _, _ = runLease(t, dbURL, "fence", "write", "--resource", "zk", "--key", "k", "--token", "7720", "--external", "--lease", "x")
 	require.Equal(t, cli.ExitUsage, code)
 
 	pool, err := pgxpool.New(context.Background(), dbURL)
@@ -142,13 +142,13 @@ func TestCLIFenceExternalAndGuard(t *testing.T) {
 	defer pool.Close()
 	_, err = pool.Exec(context.Background(), `CREATE TABLE orders (id int PRIMARY KEY, fence_token bigint)`)
 	require.NoError(t, err)
-	code, out, errOut := run(t, dbURL, "fence", "guard", "--table", "orders", "--column", "fence_token")
+	code, out, errOut := runLease(t, dbURL, "fence", "guard", "--table", "orders", "--column", "fence_token")
 	require.Equal(t, cli.ExitOK, code, errOut)
 	require.Contains(t, out, "PQ001")
 	_, err = pool.Exec(context.Background(), `INSERT INTO orders VALUES (1, 10)`)
 	require.NoError(t, err)
 	_, err = pool.Exec(context.Background(), `UPDATE orders SET fence_token = 9`)
 	require.ErrorContains(t, err, "PQ001")
-	code, _, errOut = run(t, dbURL, "fence", "guard", "--table", "orders", "--column", "nope")
+	code, _, errOut = runLease(t, dbURL, "fence", "guard", "--table", "orders", "--column", "nope")
 	require.Equal(t, cli.ExitUsage, code, errOut)
 }
