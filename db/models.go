@@ -71,6 +71,14 @@ type PgquotaVoucherPool struct {
 	CreatedAt pgtype.Timestamptz
 }
 
+type PgquotaVoucherShard struct {
+	Campaign string
+	Shard    int32
+	Base     int64
+	Total    int64
+	Claimed  int64
+}
+
 type QuotaRow struct {
 	Name         string
 	WindowUnit   string

@@ -77,8 +77,10 @@ const voucherPoolStatus = `-- name: VoucherPoolStatus :one
 SELECT p.campaign, p.kind, p.total,
        CASE p.kind
            WHEN 'counted' THEN p.claimed
+           WHEN 'sharded' THEN (SELECT coalesce(sum(s.claimed), 0) FROM pgquota.voucher_shard s WHERE s.campaign = p.campaign)
            ELSE (SELECT count(*) FROM pgquota.voucher_claim c WHERE c.campaign = p.campaign)
        END::bigint AS claimed,
+       (SELECT count(*) FROM pgquota.voucher_shard s WHERE s.campaign = p.campaign)::integer AS shards,
        p.created_at
 FROM pgquota.voucher_pool p
 WHERE p.campaign = $1::text
@@ -89,11 +91,13 @@ type VoucherPoolStatusRow struct {
 	Kind      string
 	Total     int64
 	Claimed   int64
+	Shards    int32
 	CreatedAt pgtype.Timestamptz
 }
 
 // A campaign's totals. For a counted pool claimed is the pool's counter; for
-// a code campaign it is the number of codes handed out.
+// a sharded pool the sum of its shards' counters (shards is their number,
+// 0 for other kinds); for a code campaign the number of codes handed out.
 func (q *Queries) VoucherPoolStatus(ctx context.Context, db DBTX, campaign string) (VoucherPoolStatusRow, error) {
 	row := db.QueryRow(ctx, voucherPoolStatus, campaign)
 	var i VoucherPoolStatusRow
@@ -102,6 +106,7 @@ func (q *Queries) VoucherPoolStatus(ctx context.Context, db DBTX, campaign strin
 		&i.Kind,
 		&i.Total,
 		&i.Claimed,
+		&i.Shards,
 		&i.CreatedAt,
 	)
 	return i, err

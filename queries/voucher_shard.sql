@@ -1,0 +1,129 @@
+-- name: VoucherShardCreate :exec
+-- Creates the shards of a sharded pool: shard @shards[i] holds @totals[i]
+-- units numbered @bases[i] + 1 .. @bases[i] + @totals[i] (quota/shard.go
+-- computes the split).
+INSERT INTO pgquota.voucher_shard (campaign, shard, base, total)
+SELECT @campaign::text,
+       unnest(@shards::integer[]),
+       unnest(@bases::bigint[]),
+       unnest(@totals::bigint[]);
+
+-- name: VoucherShardCount :one
+SELECT count(*)::integer AS shards
+FROM pgquota.voucher_shard
+WHERE campaign = @campaign::text;
+
+-- name: VoucherShardClaim :one
+-- Claims one unit of a sharded pool for a member, in one statement,
+-- without waiting for any lock.
+--
+-- pick locks one shard with room (claimed < total) with FOR UPDATE SKIP
+-- LOCKED, trying the shards from @start on (then wrapping around), so that
+-- concurrent claimers starting at random shards lock different rows, and a
+-- claimer whose shard is empty or locked moves on to the next one. The
+-- locking read re-checks claimed < total against the newest version of a
+-- shard that changed since the statement's snapshot (the manual, section
+-- 13.2.1) and returns that version, so the unit number base + claimed + 1
+-- is the shard's next free unit. The claim row is inserted next; its
+-- primary key (campaign, member) makes a member's second claim a no-op, and
+-- only an inserted claim raises the shard's counter. The CHECK claimed <=
+-- total stays as a backstop.
+--
+-- When nothing was handed out, the member's earlier claim is read with a
+-- fresh snapshot, and so is whether any shard still has units (units_left):
+-- shards that SKIP LOCKED passed over are held by claims in progress that
+-- may still roll back, so the pool is sold out only when no shard has room
+-- at all. The caller then runs VoucherShardClaimWait.
+WITH pick AS (
+    SELECT s.campaign, s.shard, s.base, s.claimed
+    FROM pgquota.voucher_shard s
+    WHERE s.campaign = @campaign::text
+      AND s.claimed < s.total
+      AND NOT EXISTS (
+          SELECT 1 FROM pgquota.voucher_claim c
+          WHERE c.campaign = @campaign::text AND c.member = @member::text
+      )
+    ORDER BY s.shard >= @start::integer DESC, s.shard
+    LIMIT 1
+    FOR UPDATE OF s SKIP LOCKED
+), ins AS (
+    INSERT INTO pgquota.voucher_claim (campaign, member, seq, claimed_at)
+    SELECT pick.campaign, @member::text, pick.base + pick.claimed + 1, pgquota.clock()
+    FROM pick
+    ON CONFLICT (campaign, member) DO NOTHING
+    RETURNING seq, claimed_at
+), upd AS (
+    UPDATE pgquota.voucher_shard s
+    SET claimed = s.claimed + 1
+    FROM pick, ins
+    WHERE s.campaign = pick.campaign AND s.shard = pick.shard
+    RETURNING s.shard
+), prior AS (
+    SELECT f.seq, f.code, f.member, f.claimed_at
+    FROM pgquota.voucher_claim_fresh(@campaign::text, @member::text) f
+    WHERE NOT EXISTS (SELECT 1 FROM ins)
+)
+SELECT p.kind,
+       p.total,
+       EXISTS (SELECT 1 FROM upd)::boolean AS claimed_now,
+       coalesce((SELECT ins.seq FROM ins), (SELECT prior.seq FROM prior), 0)::bigint AS seq,
+       coalesce((SELECT ins.claimed_at FROM ins), (SELECT prior.claimed_at FROM prior))::timestamptz AS claimed_at,
+       (NOT EXISTS (SELECT 1 FROM ins)
+        AND NOT EXISTS (SELECT 1 FROM prior WHERE prior.member IS NOT NULL)
+        AND p.kind = 'sharded'
+        AND pgquota.voucher_shards_left_fresh(@campaign::text))::boolean AS units_left
+FROM pgquota.voucher_pool p
+WHERE p.campaign = @campaign::text;
+
+-- name: VoucherShardClaimWait :one
+-- VoucherShardClaim for when every shard with room was locked: the same
+-- statement without SKIP LOCKED. pick waits for the lock of the first
+-- shard (from @start on) that had room in the statement's snapshot; when
+-- the claim holding it commits, the locking read re-checks claimed < total
+-- on the newest version and moves on to the next shard if it is full now,
+-- and when that claim rolls back the shard keeps its room and is taken. A
+-- shard without room in the snapshot never gets one back (units are never
+-- returned to a sharded pool), so when pick returns nothing every shard is
+-- full: the pool is sold out. units_left is then false, except when a claim
+-- that committed while this statement ran is seen by the fresh read only
+-- (never more room than the snapshot showed), and the caller tries again.
+WITH pick AS (
+    SELECT s.campaign, s.shard, s.base, s.claimed
+    FROM pgquota.voucher_shard s
+    WHERE s.campaign = @campaign::text
+      AND s.claimed < s.total
+      AND NOT EXISTS (
+          SELECT 1 FROM pgquota.voucher_claim c
+          WHERE c.campaign = @campaign::text AND c.member = @member::text
+      )
+    ORDER BY s.shard >= @start::integer DESC, s.shard
+    LIMIT 1
+    FOR UPDATE OF s
+), ins AS (
+    INSERT INTO pgquota.voucher_claim (campaign, member, seq, claimed_at)
+    SELECT pick.campaign, @member::text, pick.base + pick.claimed + 1, pgquota.clock()
+    FROM pick
+    ON CONFLICT (campaign, member) DO NOTHING
+    RETURNING seq, claimed_at
+), upd AS (
+    UPDATE pgquota.voucher_shard s
+    SET claimed = s.claimed + 1
+    FROM pick, ins
+    WHERE s.campaign = pick.campaign AND s.shard = pick.shard
+    RETURNING s.shard
+), prior AS (
+    SELECT f.seq, f.code, f.member, f.claimed_at
+    FROM pgquota.voucher_claim_fresh(@campaign::text, @member::text) f
+    WHERE NOT EXISTS (SELECT 1 FROM ins)
+)
+SELECT p.kind,
+       p.total,
+       EXISTS (SELECT 1 FROM upd)::boolean AS claimed_now,
+       coalesce((SELECT ins.seq FROM ins), (SELECT prior.seq FROM prior), 0)::bigint AS seq,
+       coalesce((SELECT ins.claimed_at FROM ins), (SELECT prior.claimed_at FROM prior))::timestamptz AS claimed_at,
+       (NOT EXISTS (SELECT 1 FROM ins)
+        AND NOT EXISTS (SELECT 1 FROM prior WHERE prior.member IS NOT NULL)
+        AND p.kind = 'sharded'
+        AND pgquota.voucher_shards_left_fresh(@campaign::text))::boolean AS units_left
+FROM pgquota.voucher_pool p
+WHERE p.campaign = @campaign::text;
