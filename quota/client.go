@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -24,6 +25,29 @@ type Config struct {
 	// has not committed yet (it may still roll back, so the campaign is not
 	// sold out). The caller's context bounds it too. Defaults to 5s.
 	CodeClaimWait time.Duration
+
+	// Coalesce makes Grant combine concurrent calls of this client for the
+	// same counter (quota and member) and the same limit (given, or none)
+	// into one statement: while one statement for a counter is in flight,
+	// the calls that arrive wait, and the next statement decides all of
+	// them. Each call still gets its own outcome, exactly the one it would
+	// have got had the calls run one after another in arrival order, and the
+	// limit holds as for single grants; a hot counter then takes one
+	// statement and one commit per batch instead of per call (see
+	// coalesce.go). A call's context still bounds its wait: see
+	// ErrGrantAbandoned. GrantTx is never coalesced. Defaults to false.
+	Coalesce bool
+
+	// OnAbandonedGrant, when not nil, is called with the outcome of each
+	// coalesced grant whose caller gave up (its context ended) after the
+	// call had been sent to the database: res when err is nil, else the
+	// error the call would have returned. The database decided such a call
+	// like any other, so an application that counts the units it handed out
+	// adds the granted ones here. It is called from the goroutine that sent
+	// the statement, after the batch's outcomes were delivered; it must not
+	// block for long. Defaults to nil (such outcomes are only in the
+	// counter).
+	OnAbandonedGrant func(req GrantRequest, res GrantResult, err error)
 }
 
 // Client runs pgquota's operations on a connection pool. It is safe for
@@ -39,9 +63,21 @@ type Client struct {
 
 	notifier leaseNotifier // AcquireWait's shared LISTEN connection (lease.go)
 
+	// coalescer queues Grant calls when Config.Coalesce is set (coalesce.go).
+	coalescer *coalescer
+
+	// shardCounts caches the number of shards of sharded pools, by
+	// campaign (shard.go).
+	shardCounts sync.Map
+
 	// testHookFencedGrantPause, set by tests only, runs in GrantFenced
 	// between the read and the fenced write.
 	testHookFencedGrantPause func(context.Context, Lease)
+
+	// testHookCoalesceSend, set by tests only, runs before each coalesced
+	// statement with the number of calls it decides, after they were
+	// marked as sent.
+	testHookCoalesceSend func(n int)
 }
 
 // New returns a Client on pool. cfg may be nil. It does not touch the
@@ -66,6 +102,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	}
 	if c.cfg.CodeClaimWait == 0 {
 		c.cfg.CodeClaimWait = 5 * time.Second
+	}
+	if c.cfg.Coalesce {
+		c.coalescer = newCoalescer(c)
 	}
 	return c, nil
 }

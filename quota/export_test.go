@@ -15,3 +15,15 @@ func SetFencedGrantPause(c *Client, pause func(ctx context.Context, l Lease)) {
 func SetBeforeRenew(o *KeepaliveOptions, hook func(ctx context.Context) error) {
 	o.beforeRenew = hook
 }
+
+// SetCoalesceSend makes c call hook before each coalesced statement with
+// the number of calls it decides. Set it before the first Grant.
+func SetCoalesceSend(c *Client, hook func(n int)) {
+	c.testHookCoalesceSend = hook
+}
+
+// CoalesceQueued returns the number of coalesced calls of c waiting, not
+// sent yet, for quota and member.
+func CoalesceQueued(c *Client, quota, member string) int {
+	return c.coalescer.queued(quota, member)
+}

@@ -62,11 +62,23 @@ type GrantResult struct {
 // READ COMMITTED re-checks an UPDATE's WHERE clause against the newest row
 // version).
 //
+// With Config.Coalesce, concurrent calls for the same counter and limit
+// share one statement (see Config.Coalesce and coalesce.go); the outcome of
+// each call is the same as without, and the errors are those of GrantBatch
+// for one request, plus the context's error when ctx ends before the call
+// was sent (nothing granted), or ErrGrantAbandoned when it ends after.
+//
 // Errors: *InputError (ErrInvalidInput) for a bad quota name, member,
 // amount or limit; ErrQuotaNotFound; ErrNoLimit when no limit applies;
 // ErrSchemaMissing; database errors (SQLSTATE kept). On any error nothing
 // was written.
 func (c *Client) Grant(ctx context.Context, req GrantRequest) (GrantResult, error) {
+	if c.coalescer != nil {
+		if err := checkGrantRequest(req); err != nil {
+			return GrantResult{}, err
+		}
+		return c.coalescer.grant(ctx, req)
+	}
 	return c.grant(ctx, c.pool, req)
 }
 

@@ -1,0 +1,221 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+)
+
+// Coalesced grants (Config.Coalesce).
+//
+// One hot counter takes one conditional UPDATE per commit: the row stays
+// locked until the commit's WAL flush, so callers of one counter queue one
+// flush after another. Coalescing is group commit applied to that queue
+// (DeWitt et al., "Implementation techniques for main memory database
+// systems", SIGMOD 1984; PostgreSQL's own commit_delay does it for WAL
+// flushes): while one statement for a counter is in flight, the calls that
+// arrive for the same counter wait in a queue, and the next statement
+// decides all of them at once, with one row lock and one flush.
+//
+// The statement is GrantBatch's (queries/usage_batch.sql): it locks the
+// counter at its newest version and adds pgquota.greedy_take of that value,
+// which decides the queued calls one after another in arrival order; the
+// per-call outcomes are replayed in Go from the counter's value before and
+// after. So a coalesced call gets exactly the outcome, Used included, that
+// it would have got had the calls run one after another in arrival order.
+
+// maxCoalesceBatch bounds the calls one coalesced statement decides; the
+// rest wait for the next statement.
+const maxCoalesceBatch = 1024
+
+// coalesceStatementTimeout bounds one coalesced statement. It runs on
+// behalf of every call in its batch, so no single caller's context may
+// cancel it; each caller's own context still bounds its wait.
+const coalesceStatementTimeout = time.Minute
+
+// ErrGrantAbandoned is returned by Grant with Config.Coalesce when the
+// caller's context ended after its call had been sent to the database in a
+// coalesced statement (the error also wraps the context's error). The
+// database decides the call anyway: its units are granted or not, exactly
+// as if the caller had waited, and the outcome is passed to
+// Config.OnAbandonedGrant. A call whose context ends before it is sent is
+// removed from its queue and returns the context's error alone: nothing
+// was granted for it.
+var ErrGrantAbandoned = errors.New("pgquota: coalesced grant abandoned after it was sent; its outcome goes to Config.OnAbandonedGrant")
+
+// coalesceKey identifies the calls that may share one statement: the same
+// counter (quota and member; the window is the one the statement's clock
+// falls in) and the same limit, given or not.
+type coalesceKey struct {
+	quota, member string
+	hasLimit      bool
+	limit         int64
+}
+
+// waiter states, changed under coalescer.mu only.
+const (
+	waitQueued    = iota // in its queue, not sent yet
+	waitDropped          // taken out unsent, its context had ended
+	waitSent             // in a statement in flight
+	waitAbandoned        // sent, and its caller gave up
+	waitDone             // outcome delivered
+)
+
+// waiter is one coalesced call.
+type waiter struct {
+	ctx   context.Context
+	req   GrantRequest
+	state int
+	res   GrantResult
+	err   error
+	done  chan struct{} // closed when the outcome is set
+}
+
+// queue holds the calls of one key that wait for a statement. running is
+// true while a goroutine sends its statements; the queue leaves the
+// coalescer's map when that goroutine finds it empty.
+type queue struct {
+	waiting []*waiter
+	running bool
+}
+
+// coalescer queues coalesced calls per key.
+type coalescer struct {
+	c      *Client
+	mu     sync.Mutex
+	queues map[coalesceKey]*queue
+}
+
+func newCoalescer(c *Client) *coalescer {
+	return &coalescer{c: c, queues: make(map[coalesceKey]*queue)}
+}
+
+// grant queues req (already validated) and waits for its outcome or for
+// ctx to end.
+func (co *coalescer) grant(ctx context.Context, req GrantRequest) (GrantResult, error) {
+	k := coalesceKey{quota: req.Quota, member: req.Member}
+	if req.Limit != nil {
+		k.hasLimit, k.limit = true, *req.Limit
+	}
+	if err := ctx.Err(); err != nil {
+		return GrantResult{}, err
+	}
+	w := &waiter{ctx: ctx, req: req, done: make(chan struct{})}
+	co.mu.Lock()
+	q := co.queues[k]
+	if q == nil {
+		q = &queue{}
+		co.queues[k] = q
+	}
+	q.waiting = append(q.waiting, w)
+	if !q.running {
+		q.running = true
+		go co.run(k, q)
+	}
+	co.mu.Unlock()
+
+	select {
+	case <-w.done:
+		return w.res, w.err
+	case <-ctx.Done():
+	}
+	co.mu.Lock()
+	defer co.mu.Unlock()
+	switch w.state {
+	case waitQueued:
+		q.waiting = slices.DeleteFunc(q.waiting, func(x *waiter) bool { return x == w })
+		w.state = waitDropped
+		return GrantResult{}, ctx.Err()
+	case waitDropped:
+		return GrantResult{}, ctx.Err()
+	case waitSent:
+		w.state = waitAbandoned
+		return GrantResult{}, fmt.Errorf("%w: %w", ErrGrantAbandoned, ctx.Err())
+	default: // waitDone: the outcome arrived together with the cancellation
+		return w.res, w.err
+	}
+}
+
+// run sends the statements of queue q, one at a time, each for every call
+// that is waiting when the previous one returns, until the queue is empty.
+func (co *coalescer) run(k coalesceKey, q *queue) {
+	for {
+		co.mu.Lock()
+		var batch []*waiter
+		for len(q.waiting) > 0 && len(batch) < maxCoalesceBatch {
+			w := q.waiting[0]
+			q.waiting = q.waiting[1:]
+			if w.ctx.Err() != nil {
+				w.state = waitDropped
+				continue
+			}
+			w.state = waitSent
+			batch = append(batch, w)
+		}
+		if len(batch) == 0 {
+			q.running = false
+			delete(co.queues, k)
+			co.mu.Unlock()
+			return
+		}
+		co.mu.Unlock()
+		co.send(batch)
+	}
+}
+
+// send runs one coalesced statement for batch and delivers the outcomes.
+func (co *coalescer) send(batch []*waiter) {
+	reqs := make([]GrantRequest, len(batch))
+	for i, w := range batch {
+		reqs[i] = w.req
+	}
+	// The statement serves every caller of the batch: none of their
+	// contexts may cancel it (context.WithoutCancel keeps the first one's
+	// values, for tracing).
+	if hook := co.c.testHookCoalesceSend; hook != nil {
+		hook(len(batch))
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), coalesceStatementTimeout)
+	outcomes, err := co.c.grantBatch(ctx, co.c.pool, reqs)
+	cancel()
+
+	var abandoned []*waiter
+	co.mu.Lock()
+	for i, w := range batch {
+		if err != nil {
+			w.err = err
+		} else {
+			w.res, w.err = outcomes[i].GrantResult, outcomes[i].Err
+		}
+		if w.state == waitAbandoned {
+			abandoned = append(abandoned, w)
+		}
+		w.state = waitDone
+	}
+	co.mu.Unlock()
+	for _, w := range batch {
+		close(w.done)
+	}
+	if hook := co.c.cfg.OnAbandonedGrant; hook != nil {
+		for _, w := range abandoned {
+			hook(w.req, w.res, w.err)
+		}
+	}
+}
+
+// queued returns the number of calls waiting (not sent) for quota and
+// member, any limit.
+func (co *coalescer) queued(quota, member string) int {
+	co.mu.Lock()
+	defer co.mu.Unlock()
+	n := 0
+	for k, q := range co.queues {
+		if k.quota == quota && k.member == member {
+			n += len(q.waiting)
+		}
+	}
+	return n
+}
