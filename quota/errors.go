@@ -32,13 +32,16 @@ var (
 
 	// ErrCampaignExists is returned by CreateVoucherPool and
 	// CreateVoucherPoolTx when the campaign already exists with another
-	// total or kind, and by ImportCodes and ImportCodesTx when the campaign
-	// exists as a counted pool. A repeated create with the same total is not
-	// an error.
+	// total or kind, by CreateShardedPool and CreateShardedPoolTx when it
+	// exists with another total, number of shards or kind, and by
+	// ImportCodes and ImportCodesTx when the campaign exists as a counted or
+	// sharded pool. A repeated create with the same total (and shards) is
+	// not an error.
 	ErrCampaignExists = errors.New("pgquota: voucher campaign already exists")
 
 	// ErrCampaignKind is returned by ClaimVoucher and ClaimVoucherTx for a
-	// code campaign, and by ClaimCode and ClaimCodeTx for a counted pool.
+	// code campaign, and by ClaimCode and ClaimCodeTx for a counted or
+	// sharded pool.
 	ErrCampaignKind = errors.New("pgquota: wrong kind of voucher campaign")
 
 	// ErrSchemaMissing is returned by every call that reaches the database

@@ -36,7 +36,10 @@ type Pool struct {
 	// Remaining is Total - Claimed.
 	Remaining int64 `json:"remaining"`
 	// SoldOut reports Remaining == 0.
-	SoldOut   bool      `json:"sold_out"`
+	SoldOut bool `json:"sold_out"`
+	// Shards is the number of shards of a sharded pool (KindSharded), 0
+	// for other kinds.
+	Shards    int       `json:"shards,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 }
 
@@ -126,7 +129,9 @@ func poolFromRow(r db.PgquotaVoucherPool, claimed int64) Pool {
 	}
 }
 
-// VoucherStatus returns a campaign's totals.
+// VoucherStatus returns a campaign's totals. For a sharded pool, Claimed is
+// the sum of its shards' claimed units, read in one statement (one
+// snapshot).
 //
 // Errors: *InputError for a bad campaign; ErrCampaignNotFound;
 // ErrSchemaMissing; database errors.
@@ -141,15 +146,21 @@ func (c *Client) VoucherStatus(ctx context.Context, campaign string) (Pool, erro
 	if err != nil {
 		return Pool{}, dbError("voucher status", err)
 	}
-	return poolFromRow(db.PgquotaVoucherPool{
-		Campaign: row.Campaign, Kind: row.Kind, Total: row.Total, CreatedAt: row.CreatedAt,
-	}, row.Claimed), nil
+	return poolFromStatus(row), nil
 }
 
 // ClaimVoucher claims one unit of a counted pool for member, in one SQL
 // statement. A member holds at most one unit per campaign: a repeated claim
 // (a double-click, a retry, a concurrent duplicate) returns the first claim
 // with Repeat set and takes nothing. The pool's total is never exceeded.
+//
+// For a sharded pool (CreateShardedPool) the claim takes a unit from a
+// shard with units left, starting at a random shard and skipping locked
+// ones (FOR UPDATE SKIP LOCKED); when every shard with units left is locked
+// by claims in progress, a second statement waits for one of them. The
+// result is sold out only when every shard is full. The first claim of a
+// sharded campaign by a client takes one more statement, to learn its kind
+// and number of shards.
 //
 // Errors: *InputError for a bad campaign or member; ErrCampaignNotFound;
 // ErrCampaignKind for a code campaign; ErrSchemaMissing; database errors.
@@ -170,12 +181,30 @@ func (c *Client) claimVoucher(ctx context.Context, x db.DBTX, campaign, member s
 	if err := checkName("member", member); err != nil {
 		return Claim{}, err
 	}
+	if n, ok := c.shardCounts.Load(campaign); ok {
+		claim, kind, err := c.claimSharded(ctx, x, campaign, member, n.(int))
+		if err != nil || kind == KindSharded {
+			return claim, err
+		}
+		c.shardCounts.Delete(campaign) // the campaign was recreated as another kind
+	}
 	row, err := c.queries.VoucherClaimCounted(ctx, x, db.VoucherClaimCountedParams{Campaign: campaign, Member: member})
 	if isNoRows(err) {
 		return Claim{}, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
 	}
 	if err != nil {
 		return Claim{}, dbError("claim voucher", err)
+	}
+	if CampaignKind(row.Kind) == KindSharded {
+		n, err := c.shardCount(ctx, x, campaign)
+		if err != nil {
+			return Claim{}, err
+		}
+		claim, kind, err := c.claimSharded(ctx, x, campaign, member, n)
+		if err == nil && kind != KindSharded {
+			err = fmt.Errorf("pgquota: claim voucher: campaign %q changed kind during the claim", campaign)
+		}
+		return claim, err
 	}
 	if CampaignKind(row.Kind) != KindCounted {
 		return Claim{}, fmt.Errorf("%w: %q holds codes: use ClaimCode", ErrCampaignKind, campaign)
@@ -237,7 +266,7 @@ func (c *Client) claimCode(ctx context.Context, x db.DBTX, campaign, member stri
 			return Claim{}, backoff.Permanent(dbError("claim code", err))
 		}
 		if CampaignKind(row.Kind) != KindCodes {
-			return Claim{}, backoff.Permanent(fmt.Errorf("%w: %q is a counted pool: use ClaimVoucher", ErrCampaignKind, campaign))
+			return Claim{}, backoff.Permanent(fmt.Errorf("%w: %q is a %s pool: use ClaimVoucher", ErrCampaignKind, campaign, row.Kind))
 		}
 		if row.CodesLeft {
 			return Claim{}, errCodesLocked
@@ -320,7 +349,7 @@ func (c *Client) importCodes(ctx context.Context, tx pgx.Tx, campaign string, co
 		return ImportResult{}, dbError("import codes", err)
 	}
 	if CampaignKind(pool.Kind) != KindCodes {
-		return ImportResult{}, fmt.Errorf("%w: %q is a counted pool, it cannot hold codes", ErrCampaignExists, campaign)
+		return ImportResult{}, fmt.Errorf("%w: %q is a %s pool, it cannot hold codes", ErrCampaignExists, campaign, pool.Kind)
 	}
 	// The staging table lives in this transaction only, so the import keeps
 	// no session state (and works behind a transaction-mode pooler).

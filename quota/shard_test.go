@@ -1,0 +1,287 @@
+package quota_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgquota/pgquota/quota"
+)
+
+// shardCounters returns each shard's (total, claimed) of a campaign, by
+// shard number.
+func (b *testBundle) shardCounters(t *testing.T, campaign string) (totals, claimed []int64) {
+	t.Helper()
+	rows, err := b.pool.Query(b.ctx, `SELECT total, claimed FROM pgquota.voucher_shard WHERE campaign = $1 ORDER BY shard`, campaign)
+	require.NoError(t, err)
+	defer rows.Close()
+	for rows.Next() {
+		var tt, c int64
+		require.NoError(t, rows.Scan(&tt, &c))
+		totals = append(totals, tt)
+		claimed = append(claimed, c)
+	}
+	require.NoError(t, rows.Err())
+	return totals, claimed
+}
+
+func TestShardedPool2000Claimers(t *testing.T) {
+	t.Parallel()
+	const (
+		total    = 1000
+		shards   = 32
+		claimers = 2000
+	)
+	b := setup(t, 16)
+	p, err := b.client.CreateShardedPool(b.ctx, "flash", total, shards)
+	require.NoError(t, err)
+	require.Equal(t, quota.KindSharded, p.Kind)
+	require.Equal(t, shards, p.Shards)
+	require.Equal(t, int64(total), p.Remaining)
+
+	results := make([]quota.Claim, claimers)
+	errs := make([]error, claimers)
+	var mu sync.Mutex
+	var early []string
+	concurrently(claimers, func(i int) {
+		results[i], errs[i] = b.client.ClaimVoucher(b.ctx, "flash", fmt.Sprint("member-", i))
+		if errs[i] == nil && !results[i].Claimed {
+			// Sold out must mean sold out: every unit is claimed by now
+			// (claims only ever add up, so a later read that finds units
+			// left proves the report early).
+			st, err := b.client.VoucherStatus(b.ctx, "flash")
+			mu.Lock()
+			if err != nil || !st.SoldOut {
+				early = append(early, fmt.Sprintf("member-%d: status %+v, %v", i, st, err))
+			}
+			mu.Unlock()
+		}
+	})
+	require.Empty(t, early, "no claimer reports sold out while units remain")
+	var seqs []int64
+	for i, r := range results {
+		require.NoError(t, errs[i])
+		if r.Claimed {
+			require.False(t, r.Repeat)
+			seqs = append(seqs, r.Seq)
+		} else {
+			require.Zero(t, r.Seq)
+		}
+	}
+	require.Len(t, seqs, total, "exactly the total is handed out")
+	slices.Sort(seqs)
+	for i, s := range seqs {
+		require.Equal(t, int64(i+1), s, "unit numbers are 1..%d, each once", total)
+	}
+	require.Equal(t, int64(total), b.countRows(t, "voucher_claim"))
+	totals, claimed := b.shardCounters(t, "flash")
+	require.Len(t, totals, shards)
+	for i := range totals {
+		require.Equal(t, totals[i], claimed[i], "shard %d is full", i)
+	}
+	st, err := b.client.VoucherStatus(b.ctx, "flash")
+	require.NoError(t, err)
+	require.Equal(t, int64(total), st.Claimed)
+	require.True(t, st.SoldOut)
+	require.Equal(t, shards, st.Shards)
+}
+
+func TestShardedPoolEveryUnitReachable(t *testing.T) {
+	t.Parallel()
+	// Uneven shards (100 in 32: four of 4, the others 3), claimed one at a
+	// time from random starting shards: as shards fill up, the claims fall
+	// through to the ones with units left, so every unit goes out before
+	// the first sold out; then the same with 33 units, where the last
+	// unit sits alone in shard 0.
+	for _, total := range []int64{100, 33} {
+		t.Run(fmt.Sprint(total), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 2)
+			_, err := b.client.CreateShardedPool(b.ctx, "p", total, 32)
+			require.NoError(t, err)
+			totals, _ := b.shardCounters(t, "p")
+			var sum int64
+			for _, tt := range totals {
+				sum += tt
+			}
+			require.Equal(t, total, sum, "the shards' totals add up to the pool's")
+			for i := range total {
+				c, err := b.client.ClaimVoucher(b.ctx, "p", fmt.Sprint("m", i))
+				require.NoError(t, err)
+				require.True(t, c.Claimed, "claim %d of %d", i+1, total)
+			}
+			c, err := b.client.ClaimVoucher(b.ctx, "p", "late")
+			require.NoError(t, err)
+			require.False(t, c.Claimed)
+			_, claimed := b.shardCounters(t, "p")
+			require.Equal(t, totals, claimed)
+		})
+	}
+}
+
+func TestShardedPoolConcurrentClicks(t *testing.T) {
+	t.Parallel()
+	const (
+		total   = 10
+		members = 50
+		clicks  = 4
+	)
+	b := setup(t, 16)
+	_, err := b.client.CreateShardedPool(b.ctx, "bf", total, 4)
+	require.NoError(t, err)
+	results := make([]quota.Claim, members*clicks)
+	errs := make([]error, members*clicks)
+	concurrently(members*clicks, func(i int) {
+		results[i], errs[i] = b.client.ClaimVoucher(b.ctx, "bf", fmt.Sprintf("m%02d", i%members))
+	})
+	seqByMember := map[string]int64{}
+	for i, r := range results {
+		require.NoError(t, errs[i])
+		if !r.Claimed {
+			continue
+		}
+		if s, ok := seqByMember[r.Member]; ok {
+			require.Equal(t, s, r.Seq, "a member's repeated clicks return its one unit")
+		}
+		seqByMember[r.Member] = r.Seq
+	}
+	require.Len(t, seqByMember, total)
+	require.Equal(t, int64(total), b.countRows(t, "voucher_claim"))
+	st, err := b.client.VoucherStatus(b.ctx, "bf")
+	require.NoError(t, err)
+	require.Equal(t, int64(total), st.Claimed)
+
+	again, err := b.client.ClaimVoucher(b.ctx, "bf", "m00")
+	require.NoError(t, err)
+	if s, ok := seqByMember["m00"]; ok {
+		require.True(t, again.Repeat)
+		require.Equal(t, s, again.Seq)
+	} else {
+		require.False(t, again.Claimed)
+	}
+}
+
+func TestShardedPoolWaitsForLockedShards(t *testing.T) {
+	t.Parallel()
+	// Two units in two shards. A transaction claims one and stays open;
+	// a second claim skips its shard and takes the other; a third finds the
+	// only shard with a unit left locked, waits, and gets the unit when
+	// the transaction rolls back, or sold out when it commits.
+	for _, commit := range []bool{true, false} {
+		t.Run(fmt.Sprint("commit ", commit), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 4)
+			_, err := b.client.CreateShardedPool(b.ctx, "p", 2, 2)
+			require.NoError(t, err)
+			tx, err := b.pool.Begin(b.ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(b.ctx) }()
+			held, err := b.client.ClaimVoucherTx(b.ctx, tx, "p", "holder")
+			require.NoError(t, err)
+			require.True(t, held.Claimed)
+
+			second, err := b.client.ClaimVoucher(b.ctx, "p", "second")
+			require.NoError(t, err)
+			require.True(t, second.Claimed, "a locked shard is skipped, not waited for, while another has units")
+			require.NotEqual(t, held.Seq, second.Seq)
+
+			done := make(chan quota.Claim, 1)
+			go func() {
+				c, err := b.client.ClaimVoucher(b.ctx, "p", "third")
+				if err != nil {
+					t.Errorf("third claim: %v", err)
+				}
+				done <- c
+			}()
+			waitForLockWait(t, b)
+			if commit {
+				require.NoError(t, tx.Commit(b.ctx))
+			} else {
+				require.NoError(t, tx.Rollback(b.ctx))
+			}
+			third := <-done
+			if commit {
+				require.False(t, third.Claimed, "sold out once the holder committed")
+			} else {
+				require.True(t, third.Claimed, "the rolled-back unit goes to the waiting claim")
+				require.Equal(t, held.Seq, third.Seq)
+			}
+			st, err := b.client.VoucherStatus(b.ctx, "p")
+			require.NoError(t, err)
+			require.Equal(t, int64(2), st.Claimed)
+		})
+	}
+}
+
+func TestShardedPoolCreateAndKinds(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	var ie *quota.InputError
+	for _, tc := range []struct {
+		campaign string
+		total    int64
+		shards   int
+		field    string
+	}{
+		{"", 10, 2, "campaign"},
+		{"p", 0, 1, "total"},
+		{"p", 10, 0, "shards"},
+		{"p", 10, 11, "shards"},
+		{"p", 5000, quota.MaxShards + 1, "shards"},
+	} {
+		_, err := b.client.CreateShardedPool(b.ctx, tc.campaign, tc.total, tc.shards)
+		require.ErrorAs(t, err, &ie, "%+v", tc)
+		require.Equal(t, tc.field, ie.Field)
+	}
+	require.Zero(t, b.countRows(t, "voucher_pool"))
+
+	p, err := b.client.CreateShardedPool(b.ctx, "p", 10, 3)
+	require.NoError(t, err)
+	require.Equal(t, 3, p.Shards)
+	totals, _ := b.shardCounters(t, "p")
+	require.Equal(t, []int64{4, 3, 3}, totals)
+	again, err := b.client.CreateShardedPool(b.ctx, "p", 10, 3)
+	require.NoError(t, err, "a repeated create is not an error")
+	require.Equal(t, p.CreatedAt, again.CreatedAt)
+	_, err = b.client.CreateShardedPool(b.ctx, "p", 10, 4)
+	require.ErrorIs(t, err, quota.ErrCampaignExists)
+	_, err = b.client.CreateShardedPool(b.ctx, "p", 11, 3)
+	require.ErrorIs(t, err, quota.ErrCampaignExists)
+	_, err = b.client.CreateVoucherPool(b.ctx, "p", 10)
+	require.ErrorIs(t, err, quota.ErrCampaignExists)
+	_, err = b.client.ImportCodes(b.ctx, "p", []string{"x"})
+	require.ErrorIs(t, err, quota.ErrCampaignExists)
+	_, err = b.client.ClaimCode(b.ctx, "p", "m")
+	require.ErrorIs(t, err, quota.ErrCampaignKind)
+
+	_, err = b.client.CreateVoucherPool(b.ctx, "counted", 10)
+	require.NoError(t, err)
+	_, err = b.client.CreateShardedPool(b.ctx, "counted", 10, 2)
+	require.ErrorIs(t, err, quota.ErrCampaignExists)
+
+	// The unit numbers of each shard are a consecutive range.
+	seen := map[int64]bool{}
+	for i := range 10 {
+		c, err := b.client.ClaimVoucher(b.ctx, "p", fmt.Sprint("m", i))
+		require.NoError(t, err)
+		require.True(t, c.Claimed)
+		require.GreaterOrEqual(t, c.Seq, int64(1))
+		require.LessOrEqual(t, c.Seq, int64(10))
+		require.False(t, seen[c.Seq])
+		seen[c.Seq] = true
+	}
+
+	// A fresh client learns the kind from its first claim.
+	fresh, err := quota.New(b.pool, nil)
+	require.NoError(t, err)
+	c, err := fresh.ClaimVoucher(b.ctx, "p", "m3")
+	require.NoError(t, err)
+	require.True(t, c.Repeat)
+	c, err = fresh.ClaimVoucher(context.Background(), "p", "other")
+	require.NoError(t, err)
+	require.False(t, c.Claimed)
+}
