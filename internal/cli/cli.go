@@ -144,6 +144,8 @@ held, stale token); 2 usage error or bad input; 1 any other error.`,
 		a.revokeCommand(),
 		a.usageCommand(),
 		a.voucherCommand(),
+		a.labCommand(),
+		a.benchCommand(),
 	)
 	return root
 }
