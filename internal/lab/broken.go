@@ -73,7 +73,7 @@ func (noLock) Injected(cfg Config) string {
 	return fmt.Sprintf("read the counter, think %s, write read+1 (what not to do)", cfg.Think)
 }
 func (noLock) Prepare(ctx context.Context, env *Env) error { return createLabSchema(ctx, env) }
-func (s noLock) Reset(ctx context.Context, env *Env) error  { return resetCounter(ctx, env, s.Name()) }
+func (s noLock) Reset(ctx context.Context, env *Env) error { return resetCounter(ctx, env, s.Name()) }
 func (s noLock) Counter(ctx context.Context, env *Env) (int64, error) {
 	return readCounter(ctx, env.DB, s.Name())
 }
@@ -166,7 +166,9 @@ func (*naiveLock) Injected(cfg Config) string {
 	return lockInjected(cfg, "lock row in PostgreSQL")
 }
 func (*naiveLock) Prepare(ctx context.Context, env *Env) error { return createLabSchema(ctx, env) }
-func (s *naiveLock) Reset(ctx context.Context, env *Env) error  { return resetCounter(ctx, env, s.Name()) }
+func (s *naiveLock) Reset(ctx context.Context, env *Env) error {
+	return resetCounter(ctx, env, s.Name())
+}
 func (s *naiveLock) Counter(ctx context.Context, env *Env) (int64, error) {
 	return readCounter(ctx, env.DB, s.Name())
 }
