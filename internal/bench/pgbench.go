@@ -29,8 +29,12 @@ type PgbenchResult struct {
 	// "total number of retries".
 	Failed  int64 `json:"failed"`
 	Retries int64 `json:"retries"`
+	// ConnectMS is pgbench's "initial connection time".
+	ConnectMS float64 `json:"connect_ms"`
 	// Command is the command line that ran (password not included).
 	Command string `json:"command"`
+	// Note says why the figures are missing or doubtful, when they are.
+	Note string `json:"note,omitempty"`
 }
 
 // PgbenchOptions say how to run pgbench.
@@ -112,6 +116,7 @@ var (
 	reFailed    = regexp.MustCompile(`(?m)^number of failed transactions: (\d+)`)
 	reRetries   = regexp.MustCompile(`(?m)^total number of retries: (\d+)`)
 	reTPS       = regexp.MustCompile(`(?m)^tps = ([0-9.]+)`)
+	reConnect   = regexp.MustCompile(`(?m)^initial connection time = ([0-9.]+) ms`)
 )
 
 // RunPgbench runs script with pgbench -M prepared and returns its figures.
@@ -154,6 +159,9 @@ func RunPgbench(ctx context.Context, script *Script, opt PgbenchOptions) (Pgbenc
 		args = append(args, "--time="+strconv.Itoa(int(secs)))
 	}
 	switch {
+	case script.MaxTries < 0 && opt.Transactions > 0:
+		// pgbench allows "without limit" only with a duration.
+		args = append(args, "--max-tries=1000000")
 	case script.MaxTries < 0:
 		args = append(args, "--max-tries=0")
 	case script.MaxTries > 1:
@@ -184,6 +192,12 @@ func RunPgbench(ctx context.Context, script *Script, opt PgbenchOptions) (Pgbenc
 	}
 	if m := reRetries.FindStringSubmatch(out); m != nil {
 		res.Retries, _ = strconv.ParseInt(m[1], 10, 64)
+	}
+	if m := reConnect.FindStringSubmatch(out); m != nil {
+		res.ConnectMS, _ = strconv.ParseFloat(m[1], 64)
+	}
+	if res.Transactions == 0 {
+		res.Note = fmt.Sprintf("pgbench processed no transaction (its connections took %.0f ms of the run)", res.ConnectMS)
 	}
 	// pgbench aborts a client on an error it does not retry and still
 	// exits 0 when others ran; say so instead of reporting a partial run.

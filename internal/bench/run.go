@@ -50,6 +50,9 @@ type LibraryResult struct {
 	Granted int64 `json:"granted"`
 	// Retries counts retried transactions (serializable).
 	Retries int64 `json:"retries"`
+	// Connections is the number of connections the pool held at the end:
+	// the run's client count, each connected before the clock started.
+	Connections int32 `json:"connections"`
 	// Errors counts operations that failed; FirstError is the first one.
 	Errors     int64  `json:"errors"`
 	FirstError string `json:"first_error,omitempty"`
@@ -239,6 +242,7 @@ wait:
 			}
 		}
 	}
+	res.Connections = pool.Stat().TotalConns()
 	res.OpsPerSec = float64(res.Ops) / d.Seconds()
 	res.Latency = percentiles(samples)
 	if firstErr != nil {

@@ -61,6 +61,8 @@ type Script struct {
 	// Statements are the statements as the library sent them (from the
 	// first captured operation).
 	Statements []Statement `json:"-"`
+	// Vars are the Op's varying inputs, drawn by the script's `\set`s.
+	Vars []Var `json:"vars"`
 	// MaxTries is the Op's MaxTries.
 	MaxTries int `json:"max_tries"`
 }
@@ -113,7 +115,7 @@ func BuildScript(strategy string, vars []Var, a, b []int64, capA, capB []Stateme
 		}
 		fmt.Fprintf(&sb, "\\set %s random(%d, %d)\n", v.Name, v.Min, v.Max)
 	}
-	s := &Script{Strategy: strategy, Statements: capA}
+	s := &Script{Strategy: strategy, Statements: capA, Vars: vars}
 	consts := map[string]string{}
 	for i := range capA {
 		sa, sb2 := capA[i], capB[i]
@@ -235,18 +237,33 @@ func argText(v any) (string, error) {
 	return "", fmt.Errorf("cannot pass a %T as a pgbench variable", v)
 }
 
+// WithFixedVars returns a copy of the script whose vars are set to vals
+// instead of drawn at random: for a one-transaction pgbench run whose
+// effect a test compares with the library's.
+func (s *Script) WithFixedVars(vals []int64) *Script {
+	out := *s
+	text := s.Text
+	for i, v := range s.Vars {
+		text = strings.Replace(text,
+			fmt.Sprintf("\\set %s random(%d, %d)\n", v.Name, v.Min, v.Max),
+			fmt.Sprintf("\\set %s %d\n", v.Name, vals[i]), 1)
+	}
+	out.Text = text
+	return &out
+}
+
 // PgbenchSQL returns the statements the way pgbench -M prepared sends them
 // for one run of the script with the given var values: each `:name`
 // becomes the next placeholder $1, $2, ... (pgbench numbers every
 // occurrence, even of a variable used twice), with the values as text.
 // Tests run these through pgx to compare their effect with the library's.
-func (s *Script) PgbenchSQL(vars []Var, vals []int64) ([]Statement, error) {
+func (s *Script) PgbenchSQL(vals []int64) ([]Statement, error) {
 	env := map[string]string{}
 	for _, d := range s.Defines {
 		name, value, _ := strings.Cut(d, "=")
 		env[name] = value
 	}
-	for i, v := range vars {
+	for i, v := range s.Vars {
 		env[v.Name] = strconv.FormatInt(vals[i], 10)
 	}
 	var out []Statement

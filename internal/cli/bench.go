@@ -169,7 +169,7 @@ func benchText(w *tabwriter.Writer, rep *bench.Report, chart string) {
 		if p := r.Pgbench; p != nil {
 			cells = append(cells, fmt.Sprintf("%.0f", p.TPS),
 				fmt.Sprintf("%.2f", p.P50), fmt.Sprintf("%.2f", p.P95), fmt.Sprintf("%.2f", p.P99),
-				fmt.Sprintf("%.2f", r.Ratio))
+				ratioText(r.Ratio))
 		}
 		row(w, cells...)
 	}
@@ -190,11 +190,22 @@ func benchText(w *tabwriter.Writer, rep *bench.Report, chart string) {
 		if r.Library.FirstError != "" {
 			fmt.Fprintf(w, "%s/%d: first error: %s\n", r.Strategy, r.Clients, r.Library.FirstError)
 		}
+		if r.Pgbench != nil && r.Pgbench.Note != "" {
+			fmt.Fprintf(w, "%s/%d: %s\n", r.Strategy, r.Clients, r.Pgbench.Note)
+		}
 	}
 	if withPgbench {
 		fmt.Fprintln(w)
 		for _, r := range rep.Results {
-			fmt.Fprintf(w, "ratio %s/%d %.2f\n", r.Strategy, r.Clients, r.Ratio)
+			fmt.Fprintf(w, "ratio %s/%d %s\n", r.Strategy, r.Clients, ratioText(r.Ratio))
 		}
 	}
+}
+
+// ratioText prints a ratio, or "-" when pgbench measured nothing.
+func ratioText(r float64) string {
+	if r == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", r)
 }

@@ -41,6 +41,9 @@ run, 1 otherwise.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			if err := cfg.Validate(); err != nil {
+				return usagef("%v", err)
+			}
 			admin, err := a.connect(ctx)
 			if err != nil {
 				return err

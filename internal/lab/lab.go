@@ -72,8 +72,8 @@ func DefaultConfig() Config {
 	}
 }
 
-// validate checks a Config; the error names the field.
-func (c Config) validate() error {
+// Validate checks a Config; the error names the field.
+func (c Config) Validate() error {
 	switch {
 	case c.Requests < 1 || c.Requests > 1000:
 		return fmt.Errorf("requests must be between 1 and 1000, got %d", c.Requests)
@@ -326,7 +326,7 @@ type Report struct {
 // Run creates a scratch database on admin's server, runs the experiment,
 // and drops the database unless cfg.Keep.
 func Run(ctx context.Context, admin *pgxpool.Pool, cfg Config) (_ *Report, err error) {
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	rep := &Report{
