@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -223,7 +224,16 @@ func (*redisLock) Safe() bool   { return false }
 func (*redisLock) Injected(cfg Config) string {
 	return lockInjected(cfg, "Redis SET NX PX lock at "+cfg.RedisURL)
 }
+// quietRedis keeps go-redis from logging to the process's stderr (the CLI
+// writes only to the writers it is given); errors reach us as values.
+var quietRedis sync.Once
+
+type voidLogger struct{}
+
+func (voidLogger) Printf(context.Context, string, ...any) {}
+
 func (s *redisLock) Prepare(ctx context.Context, env *Env) error {
+	quietRedis.Do(func() { redis.SetLogger(voidLogger{}) })
 	if err := createLabSchema(ctx, env); err != nil {
 		return err
 	}
