@@ -224,6 +224,7 @@ func (*redisLock) Safe() bool   { return false }
 func (*redisLock) Injected(cfg Config) string {
 	return lockInjected(cfg, "Redis SET NX PX lock at "+cfg.RedisURL)
 }
+
 // quietRedis keeps go-redis from logging to the process's stderr (the CLI
 // writes only to the writers it is given); errors reach us as values.
 var quietRedis sync.Once
