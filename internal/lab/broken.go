@@ -23,14 +23,17 @@ import (
 )
 
 // labSchema holds the broken strategies' tables in the scratch database:
-// a plain counter per strategy and a TTL lock row per lock name.
+// a plain counter per strategy and a TTL lock row per lock name. The lock
+// table is unlogged, as a lock service keeps its locks in memory: taking
+// and releasing a lock then waits for no WAL flush, so a slow disk does
+// not eat into the TTL.
 const labSchema = `
 CREATE SCHEMA IF NOT EXISTS lab;
 CREATE TABLE IF NOT EXISTS lab.counter (
     name  text   PRIMARY KEY,
     value bigint NOT NULL
 );
-CREATE TABLE IF NOT EXISTS lab.lock (
+CREATE UNLOGGED TABLE IF NOT EXISTS lab.lock (
     name       text        PRIMARY KEY,
     owner      text        NOT NULL,
     expires_at timestamptz NOT NULL
@@ -71,7 +74,7 @@ type noLock struct{}
 func (noLock) Name() string { return "no-lock" }
 func (noLock) Safe() bool   { return false }
 func (noLock) Injected(cfg Config) string {
-	return fmt.Sprintf("read the counter, think %s, write read+1 (what not to do)", cfg.Think)
+	return fmt.Sprintf("read the counter, think %s, write read+1", cfg.Think)
 }
 func (noLock) Prepare(ctx context.Context, env *Env) error { return createLabSchema(ctx, env) }
 func (s noLock) Reset(ctx context.Context, env *Env) error { return resetCounter(ctx, env, s.Name()) }
@@ -100,8 +103,9 @@ type locker interface {
 	release(ctx context.Context, c *Client, owner string) error
 }
 
-// retryEvery is how often a request that did not get a lock tries again.
-const retryEvery = 10 * time.Millisecond
+// retryEvery is how often a request that did not get a lock tries again
+// (plus up to half as much again at random).
+const retryEvery = 20 * time.Millisecond
 
 // lockedRequest is the naive critical section: take the lock, read, think,
 // check once that the lock is still ours, (maybe pause), write read+1
@@ -148,14 +152,14 @@ func lockedRequest(ctx context.Context, env *Env, c *Client, l locker, counter s
 }
 
 func lockInjected(cfg Config, what string) string {
-	s := fmt.Sprintf("%s with a %s TTL; take it, read the counter, think %s, check once that the lock is still ours", what, cfg.TTL, cfg.Think)
+	s := fmt.Sprintf("%s, TTL %s: lock, read, think %s, check once the lock is still ours", what, cfg.TTL, cfg.Think)
 	if cfg.Paused > 0 && cfg.Pause > 0 {
-		s += fmt.Sprintf(", then the first %d to pass the check pause %s", cfg.Paused, cfg.Pause)
+		s += fmt.Sprintf("; the first %d past the check pause %s", cfg.Paused, cfg.Pause)
 		if cfg.Pause > cfg.TTL {
-			s += " (past the TTL, like a GC pause)"
+			s += " (> TTL, like a GC pause)"
 		}
 	}
-	return s + "; write read+1 without a token (what not to do)"
+	return s + "; write read+1 with no token"
 }
 
 // naiveLock is a TTL lock row in PostgreSQL without a fencing token.
@@ -185,8 +189,16 @@ type pgLock struct {
 }
 
 func (l pgLock) tryAcquire(ctx context.Context, c *Client, owner string) (bool, error) {
-	var got string
+	// Look first: while the lock is held, waiting requests only read (an
+	// upsert that loses locks the row and commits a transaction).
+	var held bool
 	err := c.Pool.QueryRow(ctx, `
+		SELECT EXISTS (SELECT 1 FROM lab.lock WHERE name = $1 AND expires_at > clock_timestamp())`, l.name).Scan(&held)
+	if err != nil || held {
+		return false, err
+	}
+	var got string
+	err = c.Pool.QueryRow(ctx, `
 		INSERT INTO lab.lock AS l (name, owner, expires_at)
 		VALUES ($1, $2, clock_timestamp() + $3 * interval '1 microsecond')
 		ON CONFLICT (name) DO UPDATE SET owner = excluded.owner, expires_at = excluded.expires_at
@@ -222,7 +234,7 @@ type redisLock struct {
 func (*redisLock) Name() string { return "redis-lock" }
 func (*redisLock) Safe() bool   { return false }
 func (*redisLock) Injected(cfg Config) string {
-	return lockInjected(cfg, "Redis SET NX PX lock at "+cfg.RedisURL)
+	return lockInjected(cfg, "Redis SET NX PX lock ("+cfg.RedisURL+")")
 }
 
 // quietRedis keeps go-redis from logging to the process's stderr (the CLI

@@ -20,7 +20,7 @@ type conditional struct{}
 func (conditional) Name() string { return "conditional" }
 func (conditional) Safe() bool   { return true }
 func (conditional) Injected(cfg Config) string {
-	s := "pgquota Grant: check and write in one statement"
+	s := "pgquota Grant, check and write in one statement"
 	if cfg.Paused > 0 && cfg.Pause > 0 {
 		s += fmt.Sprintf("; the first %d requests pause %s before it", cfg.Paused, cfg.Pause)
 	}
