@@ -137,7 +137,7 @@ func Run(ctx context.Context, admin *pgxpool.Pool, cfg Config) (_ *Report, err e
 			rep.Scripts = append(rep.Scripts, script)
 		}
 		for _, n := range cfg.Clients {
-			label := fmt.Sprintf("%s, %d clients", s.Name(), n)
+			label := fmt.Sprintf("%s, clients=%d", s.Name(), n)
 			progress(label + " (library)")(0)
 			lib, err := RunLibrary(ctx, db, s, n, cfg.Duration, progress(label+" (library)"))
 			if err != nil {

@@ -193,49 +193,60 @@ type Pending struct {
 	Reason string
 }
 
+// registry holds constructors, so that each Run gets strategies of its
+// own (redis-lock keeps its client between Prepare and Close).
 var registry = struct {
 	sync.Mutex
-	strategies []Strategy
+	strategies []func() Strategy
 	pending    []Pending
 }{
-	strategies: []Strategy{noLock{}, &naiveLock{}, &redisLock{}, conditional{}},
+	strategies: []func() Strategy{
+		func() Strategy { return noLock{} },
+		func() Strategy { return &naiveLock{} },
+		func() Strategy { return &redisLock{} },
+		func() Strategy { return conditional{} },
+	},
 	// The fenced lock plugs in here: its package calls Register with a
-	// Strategy named "fenced" (lease + fenced write, Safe, the same Faults
-	// injected between its check and its write, StaleRejected counted),
-	// and the slot disappears.
+	// constructor of a Strategy named "fenced" (lease + fenced write, Safe,
+	// env.Faults.Pause between its check and its write, StaleRejected
+	// counted), and the slot disappears.
 	pending: []Pending{{Name: "fenced", Reason: "arrives with the fenced lock (pgquota lease + fenced write)"}},
 }
 
-// Register adds s after the built-in strategies, replacing a pending slot
-// of the same name.
-func Register(s Strategy) {
+// Register adds the strategy that newStrategy makes after the built-in
+// ones, replacing a pending slot of the same name. newStrategy is called
+// once per Run.
+func Register(newStrategy func() Strategy) {
 	registry.Lock()
 	defer registry.Unlock()
+	name := newStrategy().Name()
 	for _, have := range registry.strategies {
-		if have.Name() == s.Name() {
-			panic(fmt.Sprintf("lab: strategy %q registered twice", s.Name()))
+		if have().Name() == name {
+			panic(fmt.Sprintf("lab: strategy %q registered twice", name))
 		}
 	}
-	registry.strategies = append(registry.strategies, s)
-	registry.pending = slices.DeleteFunc(registry.pending, func(p Pending) bool { return p.Name == s.Name() })
+	registry.strategies = append(registry.strategies, newStrategy)
+	registry.pending = slices.DeleteFunc(registry.pending, func(p Pending) bool { return p.Name == name })
 }
 
-// Strategies returns the registered strategies in order.
+// Strategies returns new instances of the registered strategies, in order.
 func Strategies() []Strategy {
 	registry.Lock()
 	defer registry.Unlock()
-	return slices.Clone(registry.strategies)
+	out := make([]Strategy, len(registry.strategies))
+	for i, newStrategy := range registry.strategies {
+		out[i] = newStrategy()
+	}
+	return out
 }
 
 // Names lists every strategy name, pending ones included.
 func Names() []string {
-	registry.Lock()
-	defer registry.Unlock()
 	var names []string
-	for _, s := range registry.strategies {
+	for _, s := range Strategies() {
 		names = append(names, s.Name())
 	}
-	for _, p := range registry.pending {
+	for _, p := range pendingStrategies() {
 		names = append(names, p.Name)
 	}
 	return names
