@@ -29,6 +29,9 @@ type PgbenchResult struct {
 	// "total number of retries".
 	Failed  int64 `json:"failed"`
 	Retries int64 `json:"retries"`
+	// CPUMicrosPerOp is pgbench's CPU time (user + system) per
+	// transaction, connection and log writing included.
+	CPUMicrosPerOp float64 `json:"cpu_us_per_op"`
 	// ConnectMS is pgbench's "initial connection time".
 	ConnectMS float64 `json:"connect_ms"`
 	// Command is the command line that ran (password not included).
@@ -195,6 +198,9 @@ func RunPgbench(ctx context.Context, script *Script, opt PgbenchOptions) (Pgbenc
 	}
 	if m := reConnect.FindStringSubmatch(out); m != nil {
 		res.ConnectMS, _ = strconv.ParseFloat(m[1], 64)
+	}
+	if st := cmd.ProcessState; st != nil && res.Transactions > 0 {
+		res.CPUMicrosPerOp = float64((st.UserTime() + st.SystemTime()).Microseconds()) / float64(res.Transactions)
 	}
 	if res.Transactions == 0 {
 		res.Note = fmt.Sprintf("pgbench processed no transaction (its connections took %.0f ms of the run)", res.ConnectMS)

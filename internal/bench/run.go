@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -53,6 +54,10 @@ type LibraryResult struct {
 	// Connections is the number of connections the pool held at the end:
 	// the run's client count, each connected before the clock started.
 	Connections int32 `json:"connections"`
+	// CPUMicrosPerOp is the bench process's CPU time (user + system)
+	// during the run per operation: the client's cost, which competes with
+	// the server when both share a machine.
+	CPUMicrosPerOp float64 `json:"cpu_us_per_op"`
 	// Errors counts operations that failed; FirstError is the first one.
 	Errors     int64  `json:"errors"`
 	FirstError string `json:"first_error,omitempty"`
@@ -172,6 +177,7 @@ func RunLibrary(ctx context.Context, db *scratch.Database, s Strategy, clients i
 		firstErr error
 		failed   atomic.Int64
 	)
+	cpu0 := processCPU()
 	start := time.Now()
 	end := start.Add(d)
 	for i := range clients {
@@ -242,6 +248,9 @@ wait:
 			}
 		}
 	}
+	if res.Ops > 0 {
+		res.CPUMicrosPerOp = float64((processCPU() - cpu0).Microseconds()) / float64(res.Ops)
+	}
 	res.Connections = pool.Stat().TotalConns()
 	res.OpsPerSec = float64(res.Ops) / d.Seconds()
 	res.Latency = percentiles(samples)
@@ -258,4 +267,13 @@ wait:
 		return res, fmt.Errorf("%s: operations still running 30s after the end of the run", s.Name())
 	}
 	return res, nil
+}
+
+// processCPU returns the CPU time (user + system) this process used so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
