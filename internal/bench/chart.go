@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"image/color"
+	"os"
 	"path/filepath"
 	"strings"
 
@@ -11,6 +12,8 @@ import (
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
+	"gonum.org/v1/plot/vg/vgsvg"
 )
 
 // ChartFormat returns the chart format for path's extension, "svg" or
@@ -24,11 +27,13 @@ func ChartFormat(path string) (string, error) {
 	}
 }
 
-// WriteChart draws operations per second against clients, one line per
-// strategy (and a dashed one per strategy for pgbench, when measured), to
-// path as SVG or PNG (by its extension).
+// WriteChart draws operations per second against clients (log scale),
+// one line per strategy and a dashed one per strategy for pgbench when
+// measured, with the legend beside the plot, to path as SVG or PNG (by its
+// extension).
 func WriteChart(rep *Report, path string) error {
-	if _, err := ChartFormat(path); err != nil {
+	format, err := ChartFormat(path)
+	if err != nil {
 		return err
 	}
 	p := plot.New()
@@ -36,9 +41,11 @@ func WriteChart(rep *Report, path string) error {
 	p.X.Label.Text = "clients"
 	p.Y.Label.Text = "operations / s"
 	p.Y.Min = 0
+	p.X.Scale = plot.LogScale{}
 	p.Add(plotter.NewGrid())
-	p.Legend.Top = true
-	p.Legend.Left = false
+	legend := plot.NewLegend()
+	legend.Top = true
+	legend.Left = true
 
 	var order []string
 	byName := map[string][]Result{}
@@ -65,21 +72,51 @@ func WriteChart(rep *Report, path string) error {
 			}
 		}
 		c := plotutil.Color(i)
-		if err := addLine(p, name, lib, c, nil, plotutil.Shape(i)); err != nil {
+		if err := addLine(p, &legend, name, lib, c, nil, plotutil.Shape(i)); err != nil {
 			return err
 		}
 		if len(pg) > 0 {
 			dash := []vg.Length{vg.Points(4), vg.Points(3)}
-			if err := addLine(p, name+" (pgbench)", pg, c, dash, plotutil.Shape(i)); err != nil {
+			if err := addLine(p, &legend, name+" (pgbench)", pg, c, dash, plotutil.Shape(i)); err != nil {
 				return err
 			}
 		}
 	}
 	p.X.Tick.Marker = plot.ConstantTicks(ticks)
-	return p.Save(9*vg.Inch, 5.5*vg.Inch, path)
+	if len(ticks) == 1 {
+		// One client count: widen the axis around it.
+		p.X.Min, p.X.Max = ticks[0].Value/2, ticks[0].Value*2
+	}
+
+	const w, h = 10 * vg.Inch, 5.5 * vg.Inch
+	legendWidth := 2.6 * vg.Inch
+	var (
+		canvas vg.CanvasWriterTo
+		dc     draw.Canvas
+	)
+	switch format {
+	case "svg":
+		c := vgsvg.New(w, h)
+		canvas, dc = c, draw.New(c)
+	default:
+		c := vgimg.PngCanvas{Canvas: vgimg.New(w, h)}
+		canvas, dc = c, draw.New(c)
+	}
+	p.Draw(draw.Crop(dc, 0, -legendWidth, 0, 0))
+	legend.Draw(draw.Crop(dc, w-legendWidth+vg.Points(8), 0, 0, -vg.Points(30)))
+
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := canvas.WriteTo(f); err != nil {
+		f.Close()
+		return fmt.Errorf("write chart %s: %w", path, err)
+	}
+	return f.Close()
 }
 
-func addLine(p *plot.Plot, label string, xys plotter.XYs, c color.Color, dashes []vg.Length, shape draw.GlyphDrawer) error {
+func addLine(p *plot.Plot, legend *plot.Legend, label string, xys plotter.XYs, c color.Color, dashes []vg.Length, shape draw.GlyphDrawer) error {
 	l, pts, err := plotter.NewLinePoints(xys)
 	if err != nil {
 		return fmt.Errorf("chart %s: %w", label, err)
@@ -90,6 +127,6 @@ func addLine(p *plot.Plot, label string, xys plotter.XYs, c color.Color, dashes 
 	pts.Color = c
 	pts.Shape = shape
 	p.Add(l, pts)
-	p.Legend.Add(label, l, pts)
+	legend.Add(label, l, pts)
 	return nil
 }
