@@ -147,6 +147,8 @@ held, stale token); 2 usage error or bad input; 1 any other error.`,
 		needsSubcommand(a.voucherCommand()),
 		needsSubcommand(a.leaseCommand()),
 		needsSubcommand(a.fenceCommand()),
+		a.labCommand(),
+		a.benchCommand(),
 	)
 	return root
 }

@@ -1,0 +1,185 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgquota/pgquota/internal/pgtest"
+	"github.com/pgquota/pgquota/internal/scratch"
+)
+
+// newScratch creates a scratch database on the test server, dropped when
+// the test ends.
+func newScratch(t *testing.T) *scratch.Database {
+	t.Helper()
+	ctx := context.Background()
+	admin := pgtest.Connect(t, pgtest.BaseURL(t), 2)
+	db, err := scratch.Create(ctx, admin, "pgquota_test_bench")
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Drop(ctx)) })
+	return db
+}
+
+// snapshot renders the rows a strategy may have changed, without
+// timestamps that differ from one run to the next.
+func snapshot(t *testing.T, env Env) string {
+	t.Helper()
+	var s string
+	err := env.Pool.QueryRow(context.Background(), `
+		SELECT concat_ws(E'\n',
+			(SELECT format('usage: %s rows, %s used', count(*), coalesce(sum(used), 0)) FROM pgquota.usage),
+			(SELECT string_agg(format('usage %s|%s|%s|%s|%s', quota_name, member, window_start, window_end, used), E'\n'
+			        ORDER BY quota_name, member) FROM pgquota.usage WHERE used > 0),
+			(SELECT string_agg(format('pool %s|%s|%s|%s', campaign, kind, total, claimed), E'\n' ORDER BY campaign)
+			   FROM pgquota.voucher_pool),
+			(SELECT string_agg(format('claim %s|%s|%s|%s', campaign, member, seq, code), E'\n' ORDER BY campaign, member)
+			   FROM pgquota.voucher_claim))`).Scan(&s)
+	require.NoError(t, err)
+	return s
+}
+
+// effect resets the strategy's state (its Setup), runs do, and returns the
+// snapshot of what changed.
+func effect(t *testing.T, db *scratch.Database, s Strategy, do func(env Env, op Op)) string {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := openPool(ctx, db, 1, nil)
+	require.NoError(t, err)
+	defer pool.Close()
+	env, err := newEnv(pool)
+	require.NoError(t, err)
+	op, err := s.Setup(ctx, env)
+	require.NoError(t, err)
+	before := snapshot(t, env)
+	do(env, op)
+	after := snapshot(t, env)
+	require.NotEqual(t, before, after, "the operation changed nothing")
+	return after
+}
+
+// wantStatements is how many statements (round trips) one operation of
+// each strategy sends.
+var wantStatements = map[string]int{
+	"grant-hot": 1, "grant-spread": 1, "grant-first": 1, "voucher-claim": 1,
+	"for-update": 4, "advisory-lock": 5, "serializable": 4,
+}
+
+// TestPgbenchEquivalence checks, for every strategy, that the pgbench
+// script built from the library's statements has the library's effect on
+// the rows: once with the script's statements sent the way pgbench -M
+// prepared sends them (unnamed parameter types, values as text), and once
+// through pgbench itself (-t 1) when it is installed.
+func TestPgbenchEquivalence(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := newScratch(t)
+	_, noPgbench := LookPgbench("")
+	for _, s := range Strategies() {
+		t.Run(s.Name(), func(t *testing.T) {
+			script, err := Capture(ctx, db, s)
+			require.NoError(t, err)
+			if want, ok := wantStatements[s.Name()]; ok {
+				require.Len(t, script.Statements, want, "statements per operation")
+			}
+			vals := make([]int64, len(script.Vars))
+			for i, v := range script.Vars {
+				vals[i] = v.Min + (4242 % (v.Max - v.Min + 1))
+			}
+
+			lib := effect(t, db, s, func(_ Env, op Op) {
+				out, err := op.Do(ctx, vals)
+				require.NoError(t, err)
+				require.True(t, out.Granted)
+			})
+
+			stmts, err := script.PgbenchSQL(vals)
+			require.NoError(t, err)
+			viaScript := effect(t, db, s, func(env Env, _ Op) {
+				c, err := env.Pool.Acquire(ctx)
+				require.NoError(t, err)
+				defer c.Release()
+				pc := c.Conn().PgConn()
+				for i, st := range stmts {
+					name := fmt.Sprintf("pgbench_equivalence_%d", i)
+					_, err := pc.Prepare(ctx, name, st.SQL, nil) // parameter types left to the server
+					require.NoError(t, err, st.SQL)
+					params := make([][]byte, len(st.Args))
+					for k, a := range st.Args {
+						params[k] = []byte(a.(string))
+					}
+					res := pc.ExecPrepared(ctx, name, params, nil, nil).Read()
+					require.NoError(t, res.Err, st.SQL)
+					require.NoError(t, pc.Deallocate(ctx, name))
+				}
+			})
+			require.Equal(t, lib, viaScript)
+
+			if noPgbench != nil {
+				t.Logf("pgbench is not installed (%v): checked through pgx only", noPgbench)
+				return
+			}
+			viaPgbench := effect(t, db, s, func(Env, Op) {
+				res, err := RunPgbench(ctx, script.WithFixedVars(vals), PgbenchOptions{
+					Clients: 1, Transactions: 1, Conn: &db.Config(1).ConnConfig.Config,
+				})
+				require.NoError(t, err)
+				require.Equal(t, int64(1), res.Transactions)
+			})
+			require.Equal(t, lib, viaPgbench)
+		})
+	}
+}
+
+// TestRunLibrary runs a short measured run: exactly N connections, every
+// operation counted and granted, and the counter at least the count.
+func TestRunLibrary(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := newScratch(t)
+	s, ok := Lookup("grant-hot")
+	require.True(t, ok)
+	var ticks int
+	res, err := RunLibrary(ctx, db, s, 3, 300*time.Millisecond, func(time.Duration) { ticks++ })
+	require.NoError(t, err)
+	require.Equal(t, int32(3), res.Connections)
+	require.Positive(t, res.Ops)
+	require.Equal(t, res.Ops, res.Granted)
+	require.Zero(t, res.Errors)
+	require.Positive(t, res.P50)
+	require.LessOrEqual(t, res.P50, res.P99)
+	require.Positive(t, ticks)
+
+	pool, err := db.Pool(ctx, 1)
+	require.NoError(t, err)
+	defer pool.Close()
+	var used int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT used FROM pgquota.usage WHERE member = 'hot'`).Scan(&used))
+	// Operations that ended after the deadline committed but are not counted.
+	require.GreaterOrEqual(t, used, res.Ops)
+}
+
+func TestRegistry(t *testing.T) {
+	t.Parallel()
+	names := map[string]bool{}
+	for _, s := range Strategies() {
+		require.False(t, names[s.Name()], "duplicate %s", s.Name())
+		names[s.Name()] = true
+		require.NotEmpty(t, s.Describe())
+	}
+	for _, want := range []string{"grant-hot", "grant-spread", "grant-first", "for-update", "advisory-lock", "serializable", "voucher-claim"} {
+		require.True(t, names[want], want)
+	}
+	var pending []string
+	for _, p := range PendingStrategies() {
+		pending = append(pending, p.Name)
+	}
+	require.Equal(t, []string{"lease-acquire", "fenced-write"}, pending)
+	_, ok := Lookup("nope")
+	require.False(t, ok)
+	require.Equal(t, "10000", strconv.Itoa(SpreadMembers))
+}

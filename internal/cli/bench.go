@@ -1,0 +1,211 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/cobra"
+	"golang.org/x/term"
+
+	"github.com/pgquota/pgquota/internal/bench"
+)
+
+func (a *app) benchCommand() *cobra.Command {
+	var (
+		cfg        bench.Config
+		names      []string
+		chart      string
+		noProgress bool
+	)
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure throughput and latency of each check-then-act strategy, optionally beside pgbench",
+		Long: `Measure each strategy's operations per second and latency (p50, p95, p99) at
+each client count of --clients, for --duration per run, with durable commits
+(synchronous_commit=on in every session). The library side runs N goroutines
+on a pool of exactly N connections.
+
+--pgbench also runs pgbench (-M prepared, same client count, same duration,
+right after the library run) with the very statements the library sent:
+they are captured with a pgx tracer and written into a pgbench script, so
+the SQL is the same by construction. The output then ends with one line
+"ratio <strategy>/<clients> <library ops/s / pgbench tps>" per run.
+
+The bench works in a scratch database it creates on the server (the role
+needs CREATEDB) and drops afterwards. Strategies:
+` + strategyList(),
+		Example: `  pgquota bench --clients 1,8,32,64 --duration 5s
+  pgquota bench --strategy grant-hot,grant-spread --clients 8,32 --duration 5s --pgbench
+  pgquota bench --clients 1,8,32 --chart bench.svg --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			for _, name := range names {
+				s, ok := bench.Lookup(name)
+				if !ok {
+					return usagef("--strategy: unknown strategy %q (known: %s)", name, strings.Join(strategyNames(), ","))
+				}
+				cfg.Strategies = append(cfg.Strategies, s)
+			}
+			if chart != "" {
+				if _, err := bench.ChartFormat(chart); err != nil {
+					return usagef("--chart: %v", err)
+				}
+			}
+			if cfg.Duration <= 0 {
+				return usagef("--duration must be positive, got %s", cfg.Duration)
+			}
+			if cfg.Pgbench {
+				if s := cfg.Duration.Seconds(); s < 1 || s != float64(int(s)) {
+					return usagef("--duration must be whole seconds with --pgbench (pgbench -T), got %s", cfg.Duration)
+				}
+			}
+			for _, n := range cfg.Clients {
+				if n < 1 {
+					return usagef("--clients: counts must be at least 1, got %d", n)
+				}
+			}
+			admin, err := a.connect(ctx)
+			if err != nil {
+				return err
+			}
+			if w := a.progressWriter(noProgress); w != nil {
+				bar := newProgressBar(w)
+				cfg.Progress = func(label string, done, total time.Duration) {
+					bar.ChangeMax64(max(total.Milliseconds(), 1))
+					bar.Describe(label)
+					_ = bar.Set64(done.Milliseconds())
+				}
+				defer func() { _ = bar.Clear(); fmt.Fprint(w, "\r") }()
+			}
+			rep, err := bench.Run(ctx, admin, cfg)
+			if err != nil {
+				return err
+			}
+			if chart != "" {
+				if err := bench.WriteChart(rep, chart); err != nil {
+					return err
+				}
+			}
+			return a.output(rep, func(w *tabwriter.Writer) { benchText(w, rep, chart) })
+		},
+	}
+	f := cmd.Flags()
+	f.IntSliceVar(&cfg.Clients, "clients", []int{1, 8, 32, 64}, "client counts to measure")
+	f.DurationVar(&cfg.Duration, "duration", 5*time.Second, "duration of each run")
+	f.StringSliceVar(&names, "strategy", nil, "strategies to measure (default all): "+strings.Join(strategyNames(), ","))
+	f.BoolVar(&cfg.Pgbench, "pgbench", false, "also run pgbench with the same SQL and print the ratio")
+	f.StringVar(&cfg.PgbenchPath, "pgbench-path", "pgbench", "the pgbench binary")
+	f.StringVar(&chart, "chart", "", "draw throughput against clients to FILE.svg or FILE.png")
+	f.BoolVar(&noProgress, "no-progress", false, "no progress bar on stderr")
+	return cmd
+}
+
+func strategyNames() []string {
+	var names []string
+	for _, s := range bench.Strategies() {
+		names = append(names, s.Name())
+	}
+	return names
+}
+
+func strategyList() string {
+	var sb strings.Builder
+	for _, s := range bench.Strategies() {
+		fmt.Fprintf(&sb, "  %-14s %s\n", s.Name(), s.Describe())
+	}
+	for _, p := range bench.PendingStrategies() {
+		fmt.Fprintf(&sb, "  %-14s pending: %s\n", p.Name, p.Reason)
+	}
+	return sb.String()
+}
+
+// progressWriter returns stderr when a progress bar belongs there: not
+// with --json, not when asked not to, and only on a terminal.
+func (a *app) progressWriter(off bool) io.Writer {
+	if a.json || off {
+		return nil
+	}
+	f, ok := a.stderr.(*os.File)
+	if !ok || !term.IsTerminal(int(f.Fd())) {
+		return nil
+	}
+	return f
+}
+
+func newProgressBar(w io.Writer) *progressbar.ProgressBar {
+	return progressbar.NewOptions64(1,
+		progressbar.OptionSetWriter(w),
+		progressbar.OptionSetWidth(30),
+		progressbar.OptionShowElapsedTimeOnFinish(),
+		progressbar.OptionSetPredictTime(true),
+		progressbar.OptionThrottle(100*time.Millisecond),
+		progressbar.OptionClearOnFinish(),
+		progressbar.OptionFullWidth(),
+	)
+}
+
+// benchText prints the bench's report as an aligned table, then a legend
+// and, with pgbench, one ratio line per run.
+func benchText(w *tabwriter.Writer, rep *bench.Report, chart string) {
+	fmt.Fprintf(w, "pgquota bench: PostgreSQL %s, %s per run, synchronous_commit=%s (durable commits), fsync=%s\n",
+		rep.Server.Version, time.Duration(rep.DurationMS)*time.Millisecond, rep.Server.SynchronousCommit, rep.Server.Fsync)
+	fmt.Fprintf(w, "scratch database %s (dropped afterwards)\n\n", rep.Server.Database)
+	withPgbench := len(rep.Results) > 0 && rep.Results[0].Pgbench != nil
+	head := []any{"strategy", "clients", "ops/s", "p50 ms", "p95 ms", "p99 ms", "retries", "errors"}
+	if withPgbench {
+		head = append(head, "pgbench/s", "pgb p50", "pgb p95", "pgb p99", "ratio")
+	}
+	row(w, head...)
+	for _, r := range rep.Results {
+		l := r.Library
+		cells := []any{r.Strategy, r.Clients, fmt.Sprintf("%.0f", l.OpsPerSec),
+			fmt.Sprintf("%.2f", l.P50), fmt.Sprintf("%.2f", l.P95), fmt.Sprintf("%.2f", l.P99), l.Retries, l.Errors}
+		if p := r.Pgbench; p != nil {
+			cells = append(cells, fmt.Sprintf("%.0f", p.TPS),
+				fmt.Sprintf("%.2f", p.P50), fmt.Sprintf("%.2f", p.P95), fmt.Sprintf("%.2f", p.P99),
+				ratioText(r.Ratio))
+		}
+		row(w, cells...)
+	}
+	_ = w.Flush()
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "ops/s: operations completed per second; p50/p95/p99: latency of one operation as its client saw it, in ms;")
+	fmt.Fprintln(w, "retries: transactions retried after a serialization failure; errors: operations that failed.")
+	if withPgbench {
+		fmt.Fprintln(w, "pgbench/s and pgb p50..p99: pgbench -M prepared on the same SQL, clients and duration; ratio: ops/s / pgbench/s.")
+	}
+	for _, p := range rep.Pending {
+		fmt.Fprintf(w, "pending: %s (%s)\n", p.Name, p.Reason)
+	}
+	if chart != "" {
+		fmt.Fprintf(w, "chart: %s\n", chart)
+	}
+	for _, r := range rep.Results {
+		if r.Library.FirstError != "" {
+			fmt.Fprintf(w, "%s/%d: first error: %s\n", r.Strategy, r.Clients, r.Library.FirstError)
+		}
+		if r.Pgbench != nil && r.Pgbench.Note != "" {
+			fmt.Fprintf(w, "%s/%d: %s\n", r.Strategy, r.Clients, r.Pgbench.Note)
+		}
+	}
+	if withPgbench {
+		fmt.Fprintln(w)
+		for _, r := range rep.Results {
+			fmt.Fprintf(w, "ratio %s/%d %s\n", r.Strategy, r.Clients, ratioText(r.Ratio))
+		}
+	}
+}
+
+// ratioText prints a ratio, or "-" when pgbench measured nothing.
+func ratioText(r float64) string {
+	if r == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", r)
+}

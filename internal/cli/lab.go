@@ -1,0 +1,149 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgquota/pgquota/internal/lab"
+)
+
+func (a *app) labCommand() *cobra.Command {
+	cfg := lab.DefaultConfig()
+	cmd := &cobra.Command{
+		Use:   "lab",
+		Short: "Race concurrent requests against a limit with broken and safe strategies, and count the leaks",
+		Long: `Race --requests concurrent requests, each on its own connection, against a
+limit of --limit, once per strategy, and count what each strategy handed out:
+
+  no-lock      read the counter, think, write read+1            (what not to do)
+  naive-lock   TTL lock row in PostgreSQL, checked once, no token (what not to do)
+  redis-lock   the same lock with Redis SET NX PX                (what not to do)
+  conditional  pgquota's one-statement conditional grant
+  fenced       lease + fenced write (pending: arrives with the fenced lock)
+
+Faults are injected so that the failure shows: a think time between read and
+write, and a pause past the lock's TTL after the freshness check. The output
+says what was injected.
+
+The lab works in a scratch database it creates on the server (the role needs
+CREATEDB) and drops afterwards unless --keep. redis-lock is reported
+unavailable when no Redis answers at --redis-url.
+
+Exit status 0 when the safe strategies granted exactly the limit in every
+run, 1 otherwise.`,
+		Example: `  pgquota lab
+  pgquota lab --runs 5
+  pgquota lab --requests 50 --limit 3 --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			if err := cfg.Validate(); err != nil {
+				return usagef("%v", err)
+			}
+			admin, err := a.connect(ctx)
+			if err != nil {
+				return err
+			}
+			rep, err := lab.Run(ctx, admin, cfg)
+			if err != nil {
+				return err
+			}
+			if err := a.output(rep, func(w *tabwriter.Writer) { labText(w, rep) }); err != nil {
+				return err
+			}
+			if len(rep.Violations) > 0 {
+				return errors.New("the limit did not hold: " + strings.Join(rep.Violations, "; "))
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&cfg.Requests, "requests", cfg.Requests, "concurrent requests, each on its own connection")
+	f.Int64Var(&cfg.Limit, "limit", cfg.Limit, "units that may be handed out")
+	f.DurationVar(&cfg.Think, "think", cfg.Think, "work between reading the counter and writing it")
+	f.DurationVar(&cfg.TTL, "ttl", cfg.TTL, "time to live of the naive locks")
+	f.DurationVar(&cfg.Pause, "pause", cfg.Pause, "pause injected after the lock's freshness check, before the write (0: none)")
+	f.IntVar(&cfg.Paused, "paused", cfg.Paused, "how many requests pause (the first to reach the pause)")
+	f.IntVar(&cfg.Runs, "runs", cfg.Runs, "repeat the experiment; prints min/median/max")
+	f.StringVar(&cfg.RedisURL, "redis-url", cfg.RedisURL, "Redis server for redis-lock")
+	f.StringSliceVar(&cfg.Strategies, "strategy", nil, "strategies to run (default all): "+strings.Join(lab.Names(), ","))
+	f.BoolVar(&cfg.Keep, "keep", false, "keep the scratch database instead of dropping it")
+	return cmd
+}
+
+// labText prints the lab's report as aligned text.
+func labText(w *tabwriter.Writer, rep *lab.Report) {
+	runs := "1 run"
+	if rep.Runs > 1 {
+		runs = fmt.Sprintf("%d runs, figures are min/median/max", rep.Runs)
+	}
+	fmt.Fprintf(w, "pgquota lab: %d concurrent requests, each on its own connection, against a limit of %d (%s)\n",
+		rep.Requests, rep.Limit, runs)
+	kept := "dropped afterwards"
+	if rep.Kept {
+		kept = "kept (--keep)"
+	}
+	fmt.Fprintf(w, "PostgreSQL %s, scratch database %s (%s)\n\n", rep.Server, rep.Database, kept)
+	fmt.Fprintln(w, "injected:")
+	for _, s := range rep.Strategies {
+		if s.Status == lab.StatusPending {
+			continue
+		}
+		fmt.Fprintf(w, "  %s\t%s\n", s.Name, s.Injected)
+	}
+	fmt.Fprintln(w)
+	row(w, "strategy", "granted", "leaked", "stale rejected", "counter", "wall ms", "result")
+	for _, s := range rep.Strategies {
+		switch s.Status {
+		case lab.StatusPending:
+			row(w, s.Name, "-", "-", "-", "-", "-", "pending: "+s.Reason)
+			continue
+		case lab.StatusUnavailable:
+			row(w, s.Name, "-", "-", "-", "-", "-", s.Reason)
+			continue
+		}
+		m := s.Summary
+		row(w, s.Name, stat(m.Granted, rep.Runs, 0), stat(m.Leaked, rep.Runs, 0), stat(m.StaleRejected, rep.Runs, 0),
+			stat(m.Counter, rep.Runs, 0), stat(m.WallMS, rep.Runs, 0), labVerdict(s, rep.Runs))
+	}
+	for _, s := range rep.Strategies {
+		for i, r := range s.Runs {
+			if r.Errors > 0 {
+				fmt.Fprintf(w, "\n%s run %d: %d requests failed, first: %s", s.Name, i+1, r.Errors, r.FirstError)
+			}
+		}
+	}
+}
+
+// stat prints a figure: its value for one run, min/median/max for more.
+func stat(s lab.Stat, runs, decimals int) string {
+	f := func(v float64) string { return fmt.Sprintf("%.*f", decimals, v) }
+	if runs == 1 {
+		return f(s.Median)
+	}
+	return f(s.Min) + "/" + f(s.Median) + "/" + f(s.Max)
+}
+
+func labVerdict(s lab.StrategyReport, runs int) string {
+	of := ""
+	if runs > 1 {
+		of = fmt.Sprintf(" in %d of %d runs", s.LeakedRuns, runs)
+	}
+	switch {
+	case !s.Safe && s.LeakedRuns > 0:
+		return "LEAKED" + of + " (what not to do)"
+	case !s.Safe:
+		return "did not leak this time (still broken: what not to do)"
+	case s.ExactRuns == runs:
+		if runs > 1 {
+			return fmt.Sprintf("exact in %d of %d runs", runs, runs)
+		}
+		return "exact"
+	default:
+		return fmt.Sprintf("LIMIT BROKEN in %d of %d runs", runs-s.ExactRuns, runs)
+	}
+}

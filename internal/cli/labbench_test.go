@@ -1,0 +1,169 @@
+package cli_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"encoding/xml"
+	"image/png"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgquota/pgquota/internal/bench"
+	"github.com/pgquota/pgquota/internal/cli"
+	"github.com/pgquota/pgquota/internal/lab"
+	"github.com/pgquota/pgquota/internal/pgtest"
+)
+
+// run calls the CLI with buffers, against the test server.
+// runOut runs the CLI against the test server (the lab and the bench make
+// their own scratch databases) and returns its stdout, stderr and exit code.
+func runOut(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	r := runDB(t, pgtest.BaseURL(t), args...)
+	return r.stdout, r.stderr, r.code
+}
+
+func TestLabJSON(t *testing.T) {
+	t.Parallel()
+	out, errs, code := runOut(t, "lab", "--json", "--requests", "6", "--limit", "2", "--runs", "2",
+		"--strategy", "no-lock,conditional,redis-lock,fenced", "--redis-url", "redis://127.0.0.1:1")
+	require.Equal(t, cli.ExitOK, code, errs)
+	require.Empty(t, errs)
+	var rep lab.Report
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	require.Equal(t, 6, rep.Requests)
+	require.Equal(t, int64(2), rep.Limit)
+	require.Empty(t, rep.Violations)
+	got := map[string]lab.StrategyReport{}
+	for _, s := range rep.Strategies {
+		got[s.Name] = s
+	}
+	require.Len(t, got, 4)
+	require.Equal(t, 2, got["conditional"].ExactRuns)
+	require.Equal(t, 2, got["no-lock"].LeakedRuns)
+	require.Equal(t, lab.StatusUnavailable, got["redis-lock"].Status)
+	require.Equal(t, lab.StatusPending, got["fenced"].Status)
+}
+
+func TestLabText(t *testing.T) {
+	t.Parallel()
+	out, errs, code := runOut(t, "lab", "--requests", "5", "--strategy", "no-lock,conditional,fenced")
+	require.Equal(t, cli.ExitOK, code, errs)
+	require.Contains(t, out, "5 concurrent requests")
+	require.Contains(t, out, "injected:")
+	require.Contains(t, out, "think 50ms")
+	require.Regexp(t, regexp.MustCompile(`(?m)^strategy\s+granted\s+leaked\s+stale rejected\s+counter\s+wall ms\s+result$`), out)
+	require.Regexp(t, regexp.MustCompile(`(?m)^conditional\s+1\s+0\s+0\s+1\s+\d+\s+exact$`), out)
+	require.Regexp(t, regexp.MustCompile(`(?m)^no-lock\s+\d+\s+[1-9]\d*\s+0\s+1\s+\d+\s+LEAKED \(what not to do\)$`), out)
+	require.Regexp(t, regexp.MustCompile(`(?m)^fenced\s+-.*pending`), out)
+	require.Contains(t, out, "dropped afterwards")
+}
+
+func TestLabUsageErrors(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"lab", "--runs", "0"},
+		{"lab", "--requests", "-1"},
+		{"lab", "--strategy", "nope"},
+		{"lab", "--think", "soon"},
+	} {
+		_, errs, code := runOut(t, args...)
+		require.Equal(t, cli.ExitUsage, code, "%v: %s", args, errs)
+		require.Equal(t, 1, strings.Count(errs, "\n"), errs)
+	}
+}
+
+func TestBenchJSONWithPgbenchAndSVG(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("pgbench"); err != nil {
+		t.Skipf("pgbench is not installed: %v", err)
+	}
+	chart := filepath.Join(t.TempDir(), "bench.svg")
+	out, errs, code := runOut(t, "bench", "--json", "--strategy", "grant-hot", "--clients", "2",
+		"--duration", "1s", "--pgbench", "--chart", chart)
+	require.Equal(t, cli.ExitOK, code, errs)
+	require.Empty(t, errs, "no progress bar with --json")
+	var rep bench.Report
+	require.NoError(t, json.Unmarshal([]byte(out), &rep), out)
+	require.Len(t, rep.Results, 1)
+	r := rep.Results[0]
+	require.Equal(t, "grant-hot", r.Strategy)
+	require.Equal(t, 2, r.Clients)
+	require.Equal(t, int32(2), r.Library.Connections)
+	require.Positive(t, r.Library.Ops)
+	require.Zero(t, r.Library.Errors)
+	require.NotNil(t, r.Pgbench)
+	require.Contains(t, r.Pgbench.Command, "--protocol=prepared")
+	require.Contains(t, r.Pgbench.Command, "--client=2")
+	require.Contains(t, r.Pgbench.Command, "--time=1")
+	require.Equal(t, "on", rep.Server.SynchronousCommit)
+	require.Len(t, rep.Scripts, 1)
+	require.Contains(t, rep.Scripts[0].Text, "UPDATE pgquota.usage")
+	if r.Pgbench.TPS > 0 {
+		require.InDelta(t, r.Library.OpsPerSec/r.Pgbench.TPS, r.Ratio, 1e-9)
+	}
+	requireSVG(t, chart)
+}
+
+func TestBenchTextAndPNG(t *testing.T) {
+	t.Parallel()
+	chart := filepath.Join(t.TempDir(), "bench.png")
+	out, errs, code := runOut(t, "bench", "--strategy", "grant-spread,voucher-claim", "--clients", "1,2",
+		"--duration", "200ms", "--chart", chart)
+	require.Equal(t, cli.ExitOK, code, errs)
+	require.Empty(t, errs, "no progress bar when stderr is not a terminal")
+	require.Regexp(t, regexp.MustCompile(`(?m)^strategy\s+clients\s+ops/s\s+p50 ms\s+p95 ms\s+p99 ms\s+retries\s+errors$`), out)
+	require.Regexp(t, regexp.MustCompile(`(?m)^grant-spread\s+1\s+\d+\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+\s+0\s+0$`), out)
+	require.Regexp(t, regexp.MustCompile(`(?m)^voucher-claim\s+2\s+\d+`), out)
+	require.Contains(t, out, "pending: lease-acquire")
+	require.NotContains(t, out, "ratio ", "no ratio lines without --pgbench")
+
+	f, err := os.Open(chart)
+	require.NoError(t, err)
+	defer f.Close()
+	img, err := png.Decode(f)
+	require.NoError(t, err)
+	require.Greater(t, img.Bounds().Dx(), 100)
+}
+
+func TestBenchUsageErrors(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"bench", "--strategy", "nope"},
+		{"bench", "--chart", "x.pdf"},
+		{"bench", "--clients", "0"},
+		{"bench", "--duration", "0s"},
+		{"bench", "--pgbench", "--duration", "1500ms"},
+	} {
+		_, errs, code := runOut(t, args...)
+		require.Equal(t, cli.ExitUsage, code, "%v: %s", args, errs)
+		require.Equal(t, 1, strings.Count(errs, "\n"), errs)
+	}
+}
+
+// requireSVG checks that path holds a well-formed SVG document.
+func requireSVG(t *testing.T, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	dec := xml.NewDecoder(bytes.NewReader(b))
+	var root string
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			require.ErrorContains(t, err, "EOF")
+			break
+		}
+		if se, ok := tok.(xml.StartElement); ok && root == "" {
+			root = se.Name.Local
+		}
+	}
+	require.Equal(t, "svg", root)
+	require.Contains(t, string(b), "grant-hot")
+}

@@ -1,0 +1,120 @@
+package quota_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/pgquota/pgquota/internal/pgtest"
+	"github.com/pgquota/pgquota/quota"
+)
+
+// spreadMembers is how many counters the spread case grants to.
+const spreadMembers = 10000
+
+// BenchmarkGrant measures Grant with N concurrent clients, each a goroutine,
+// on a pool of exactly N connections: on one hot counter row, and spread
+// over 10,000 existing counters. It reports grants/s and allocs/op. The
+// limit is far above what a run uses, so every call is a full grant.
+//
+//	go test ./quota -run '^$' -bench Grant -benchtime 3s
+//
+// `make bench-compare` runs the same statement through pgbench beside it.
+func BenchmarkGrant(b *testing.B) {
+	ctx := context.Background()
+	url := pgtest.NewURL(b)
+	setupPool := pgtest.Connect(b, url, 2)
+	setup, err := quota.New(setupPool, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := setup.DefineQuota(ctx, quota.Definition{Name: "bench", Window: quota.WindowDay}); err != nil {
+		b.Fatal(err)
+	}
+	members := make([]string, spreadMembers)
+	for i := range members {
+		members[i] = strconv.Itoa(i + 1)
+	}
+	// The spread counters exist before the clock starts: the case measures
+	// the update path, not first grants.
+	if _, err := setupPool.Exec(ctx, `
+		INSERT INTO pgquota.usage (quota_name, member, window_start, window_end, used)
+		SELECT 'bench', m, pgquota.window_start('day', 'UTC', pgquota.clock()),
+		       pgquota.window_end('day', 'UTC', pgquota.clock()), 0
+		FROM unnest($1::text[]) AS m`, members); err != nil {
+		b.Fatal(err)
+	}
+
+	cases := []struct {
+		name   string
+		member func(rng *rand.Rand) string
+	}{
+		{"hot-row", func(*rand.Rand) string { return "hot" }},
+		{"spread", func(rng *rand.Rand) string { return members[rng.IntN(len(members))] }},
+	}
+	for _, c := range cases {
+		for _, clients := range []int{1, 8, 32} {
+			b.Run(fmt.Sprintf("%s/clients=%d", c.name, clients), func(b *testing.B) {
+				benchGrant(b, url, clients, c.member)
+			})
+		}
+	}
+}
+
+func benchGrant(b *testing.B, url string, clients int, member func(*rand.Rand) string) {
+	ctx := context.Background()
+	pool := pgtest.Connect(b, url, int32(clients))
+	// Connect all N before the clock starts.
+	conns := make([]interface{ Release() }, 0, clients)
+	for range clients {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+	client, err := quota.New(pool, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	limit := quota.MaxUnits
+
+	b.ReportAllocs()
+	b.ResetTimer()
+	var (
+		next    atomic.Int64
+		denied  atomic.Int64
+		wg      sync.WaitGroup
+		errOnce sync.Once
+	)
+	for g := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 42))
+			for next.Add(1) <= int64(b.N) {
+				res, err := client.Grant(ctx, quota.GrantRequest{Quota: "bench", Member: member(rng), Amount: 1, Limit: &limit})
+				if err != nil {
+					errOnce.Do(func() { b.Error(err) })
+					return
+				}
+				if !res.Granted {
+					denied.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	if n := denied.Load(); n > 0 {
+		b.Errorf("%d grants denied: the benchmark should only measure grants", n)
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "grants/s")
+}
