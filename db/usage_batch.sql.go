@@ -12,14 +12,13 @@ import (
 )
 
 const usageGrantBatch = `-- name: UsageGrantBatch :many
-WITH req AS (
+WITH grp AS (
     -- Set-returning functions in one select list run in lockstep: row i
     -- holds element i of each array.
     SELECT unnest($1::text[]) AS quota_name,
            unnest($2::text[]) AS member,
-           unnest($3::bigint[]) AS amount,
-           nullif(unnest($4::bigint[]), -1) AS limit_value,
-           generate_series(1, cardinality($1::text[])) AS ord
+           unnest($3::integer[]) AS first,
+           unnest($4::integer[]) AS n
 ), clk AS (
     SELECT pgquota.clock() AS at
 ), qdef AS (
@@ -29,15 +28,11 @@ WITH req AS (
            clk.at
     FROM pgquota.quota q
     CROSS JOIN clk
-    WHERE q.name = ANY ($1::text[])
-), grp AS (
-    SELECT r.quota_name, r.member,
-           array_agg(r.amount ORDER BY r.ord) AS amounts,
-           array_agg(r.limit_value ORDER BY r.ord) AS limits
-    FROM req r
-    GROUP BY r.quota_name, r.member
+    WHERE q.name IN (SELECT g.quota_name FROM grp g)
 ), gdef AS (
-    SELECT g.quota_name, g.member, g.amounts, g.limits,
+    SELECT g.quota_name, g.member,
+           ($5::bigint[])[g.first : g.first + g.n - 1] AS amounts,
+           ($6::bigint[])[g.first : g.first + g.n - 1] AS limits,
            coalesce(o.limit_value, q.default_limit) AS implicit_limit,
            q.window_start, q.window_end, q.at
     FROM grp g
@@ -111,6 +106,8 @@ FROM ins
 type UsageGrantBatchParams struct {
 	QuotaNames  []string
 	Members     []string
+	Firsts      []int32
+	Counts      []int32
 	Amounts     []int64
 	LimitValues []int64
 }
@@ -130,12 +127,14 @@ type UsageGrantBatchRow struct {
 }
 
 // Grants a batch of requests, in ONE statement (one round trip, one
-// commit when it runs on its own): request i asks for @amounts[i] units of
-// quota @quota_names[i] for member @members[i], with the call's limit
-// @limit_values[i], or -1 for none (the member's override, else the quota's
-// default applies). Requests on the same counter are decided one after
-// another in array order, exactly as if each had been a UsageGrant
-// (usage.sql) run in that order: see pgquota.greedy_take.
+// commit when it runs on its own). The requests come grouped by counter:
+// counter i is quota @quota_names[i] of member @members[i] (each pair at
+// most once), and its requests are elements @firsts[i] .. @firsts[i] +
+// @counts[i] - 1 of @amounts (units asked for) and @limit_values (the
+// call's limit, or -1 for none: the member's override, else the quota's
+// default applies). A counter's requests are decided one after another in
+// array order, exactly as if each had been a UsageGrant (usage.sql) run in
+// that order: see pgquota.greedy_take.
 //
 // The result holds, in no particular order, one row of kind 'counter' per
 // counter (quota, member) whose quota exists, and one row of kind
@@ -192,6 +191,8 @@ func (q *Queries) UsageGrantBatch(ctx context.Context, db DBTX, arg UsageGrantBa
 	rows, err := db.Query(ctx, usageGrantBatch,
 		arg.QuotaNames,
 		arg.Members,
+		arg.Firsts,
+		arg.Counts,
 		arg.Amounts,
 		arg.LimitValues,
 	)

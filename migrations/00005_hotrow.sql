@@ -13,8 +13,9 @@
 -- array order, starting from a counter at used: request i is granted when
 -- used + (units granted to requests before it) + amounts[i] <= its limit,
 -- and denied otherwise (a later, smaller request may still be granted). Its
--- limit is limits[i], or fallback_limit when limits[i] is NULL; a request
--- with no limit at all is denied. 0 means the batch grants nothing.
+-- limit is limits[i], or fallback_limit when limits[i] is NULL or negative
+-- (the request gave none); a request with no limit at all is denied. 0
+-- means the batch grants nothing.
 --
 -- It is IMMUTABLE (a function of its arguments only), so a statement can
 -- evaluate it in the WHERE and SET of the very row version it writes: see
@@ -38,7 +39,7 @@ BEGIN
         RETURN 0;
     END IF;
     FOR i IN 1 .. coalesce(array_length(amounts, 1), 0) LOOP
-        lim := coalesce(limits[i], fallback_limit);
+        lim := CASE WHEN limits[i] >= 0 THEN limits[i] ELSE fallback_limit END;
         IF lim IS NOT NULL AND amounts[i] IS NOT NULL AND used + taken + amounts[i] <= lim THEN
             taken := taken + amounts[i];
         END IF;
@@ -58,7 +59,8 @@ CREATE FUNCTION pgquota.greedy_take(used bigint, amounts bigint[], limits bigint
     AS $$
     SELECT CASE
         WHEN cardinality(amounts) = 1 THEN
-            CASE WHEN used + amounts[1] <= coalesce(limits[1], fallback_limit) THEN amounts[1] ELSE 0 END
+            CASE WHEN used + amounts[1] <= CASE WHEN limits[1] >= 0 THEN limits[1] ELSE fallback_limit END
+                 THEN amounts[1] ELSE 0 END
         ELSE pgquota.greedy_take_loop(used, amounts, limits, fallback_limit)
     END
 $$;

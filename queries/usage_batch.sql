@@ -1,11 +1,13 @@
 -- name: UsageGrantBatch :many
 -- Grants a batch of requests, in ONE statement (one round trip, one
--- commit when it runs on its own): request i asks for @amounts[i] units of
--- quota @quota_names[i] for member @members[i], with the call's limit
--- @limit_values[i], or -1 for none (the member's override, else the quota's
--- default applies). Requests on the same counter are decided one after
--- another in array order, exactly as if each had been a UsageGrant
--- (usage.sql) run in that order: see pgquota.greedy_take.
+-- commit when it runs on its own). The requests come grouped by counter:
+-- counter i is quota @quota_names[i] of member @members[i] (each pair at
+-- most once), and its requests are elements @firsts[i] .. @firsts[i] +
+-- @counts[i] - 1 of @amounts (units asked for) and @limit_values (the
+-- call's limit, or -1 for none: the member's override, else the quota's
+-- default applies). A counter's requests are decided one after another in
+-- array order, exactly as if each had been a UsageGrant (usage.sql) run in
+-- that order: see pgquota.greedy_take.
 --
 -- The result holds, in no particular order, one row of kind 'counter' per
 -- counter (quota, member) whose quota exists, and one row of kind
@@ -55,14 +57,13 @@
 -- The result is a UNION ALL of the three kinds rather than a join of the
 -- CTEs: CTE scans carry no statistics, and joined with each other they can
 -- be planned as nested loops, quadratic in the batch size.
-WITH req AS (
+WITH grp AS (
     -- Set-returning functions in one select list run in lockstep: row i
     -- holds element i of each array.
     SELECT unnest(@quota_names::text[]) AS quota_name,
            unnest(@members::text[]) AS member,
-           unnest(@amounts::bigint[]) AS amount,
-           nullif(unnest(@limit_values::bigint[]), -1) AS limit_value,
-           generate_series(1, cardinality(@quota_names::text[])) AS ord
+           unnest(@firsts::integer[]) AS first,
+           unnest(@counts::integer[]) AS n
 ), clk AS (
     SELECT pgquota.clock() AS at
 ), qdef AS (
@@ -72,15 +73,11 @@ WITH req AS (
            clk.at
     FROM pgquota.quota q
     CROSS JOIN clk
-    WHERE q.name = ANY (@quota_names::text[])
-), grp AS (
-    SELECT r.quota_name, r.member,
-           array_agg(r.amount ORDER BY r.ord) AS amounts,
-           array_agg(r.limit_value ORDER BY r.ord) AS limits
-    FROM req r
-    GROUP BY r.quota_name, r.member
+    WHERE q.name IN (SELECT g.quota_name FROM grp g)
 ), gdef AS (
-    SELECT g.quota_name, g.member, g.amounts, g.limits,
+    SELECT g.quota_name, g.member,
+           (@amounts::bigint[])[g.first : g.first + g.n - 1] AS amounts,
+           (@limit_values::bigint[])[g.first : g.first + g.n - 1] AS limits,
            coalesce(o.limit_value, q.default_limit) AS implicit_limit,
            q.window_start, q.window_end, q.at
     FROM grp g

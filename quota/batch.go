@@ -137,22 +137,10 @@ func checkGrantRequest(req GrantRequest) error {
 // into reqs, in order), fills their outcomes, and returns the requests to
 // run again because their counter changed under the statement.
 func (c *Client) grantBatchRound(ctx context.Context, x db.DBTX, reqs []GrantRequest, todo []int, out []BatchOutcome) ([]int, error) {
-	p := db.UsageGrantBatchParams{
-		QuotaNames:  make([]string, len(todo)),
-		Members:     make([]string, len(todo)),
-		Amounts:     make([]int64, len(todo)),
-		LimitValues: make([]int64, len(todo)),
-	}
 	counters := make(map[counterKey]*batchCounter)
 	var order []*batchCounter
-	for j, i := range todo {
-		req := reqs[i]
-		p.QuotaNames[j], p.Members[j], p.Amounts[j] = req.Quota, req.Member, req.Amount
-		p.LimitValues[j] = -1
-		if req.Limit != nil {
-			p.LimitValues[j] = *req.Limit
-		}
-		k := counterKey{req.Quota, req.Member}
+	for _, i := range todo {
+		k := counterKey{reqs[i].Quota, reqs[i].Member}
 		bc := counters[k]
 		if bc == nil {
 			bc = &batchCounter{}
@@ -160,6 +148,29 @@ func (c *Client) grantBatchRound(ctx context.Context, x db.DBTX, reqs []GrantReq
 			order = append(order, bc)
 		}
 		bc.reqs = append(bc.reqs, i)
+	}
+	p := db.UsageGrantBatchParams{
+		QuotaNames:  make([]string, 0, len(order)),
+		Members:     make([]string, 0, len(order)),
+		Firsts:      make([]int32, 0, len(order)),
+		Counts:      make([]int32, 0, len(order)),
+		Amounts:     make([]int64, 0, len(todo)),
+		LimitValues: make([]int64, 0, len(todo)),
+	}
+	for _, bc := range order {
+		first := reqs[bc.reqs[0]]
+		p.QuotaNames = append(p.QuotaNames, first.Quota)
+		p.Members = append(p.Members, first.Member)
+		p.Firsts = append(p.Firsts, int32(len(p.Amounts)+1))
+		p.Counts = append(p.Counts, int32(len(bc.reqs)))
+		for _, i := range bc.reqs {
+			limit := int64(-1)
+			if reqs[i].Limit != nil {
+				limit = *reqs[i].Limit
+			}
+			p.Amounts = append(p.Amounts, reqs[i].Amount)
+			p.LimitValues = append(p.LimitValues, limit)
+		}
 	}
 	rows, err := c.queries.UsageGrantBatch(ctx, x, p)
 	if err != nil {

@@ -60,6 +60,9 @@ type Result struct {
 	// Pgbench holds pgbench's figures for the same SQL and client count,
 	// with --pgbench.
 	Pgbench *PgbenchResult `json:"pgbench,omitempty"`
+	// PgbenchStrategy names the strategy whose SQL pgbench ran, when it is
+	// not this one (see Baseline).
+	PgbenchStrategy string `json:"pgbench_strategy,omitempty"`
 	// Ratio is the library's operations per second over pgbench's.
 	Ratio float64 `json:"ratio,omitempty"`
 }
@@ -131,7 +134,7 @@ func Run(ctx context.Context, admin *pgxpool.Pool, cfg Config) (_ *Report, err e
 	for _, s := range cfg.Strategies {
 		var script *Script
 		if cfg.Pgbench {
-			if script, err = Capture(ctx, db, s); err != nil {
+			if script, err = Capture(ctx, db, pgbenchSide(s)); err != nil {
 				return nil, err
 			}
 			rep.Scripts = append(rep.Scripts, script)
@@ -146,7 +149,10 @@ func Run(ctx context.Context, admin *pgxpool.Pool, cfg Config) (_ *Report, err e
 			done += perRun
 			r := Result{Strategy: s.Name(), Description: s.Describe(), Clients: n, Library: lib}
 			if cfg.Pgbench {
-				pg, err := runPgbench(ctx, db, s, script, n, cfg.Duration, pgbenchPath, progress(label+" (pgbench)"))
+				if base := pgbenchSide(s); base.Name() != s.Name() {
+					r.PgbenchStrategy = base.Name()
+				}
+				pg, err := runPgbench(ctx, db, pgbenchSide(s), script, n, cfg.Duration, pgbenchPath, progress(label+" (pgbench)"))
 				if err != nil {
 					return nil, fmt.Errorf("%s at %d clients: %w", s.Name(), n, err)
 				}

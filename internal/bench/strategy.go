@@ -81,6 +81,27 @@ type Outcome struct {
 	Retries int
 }
 
+// Baseline is implemented by a strategy whose pgbench side runs another
+// strategy's SQL instead of its own: a strategy that changes how many
+// statements an operation takes (coalesced grants decide many calls in one
+// statement) is measured against the statement it replaces. Run then
+// captures, sets up and runs the baseline's script for pgbench, and the
+// ratio compares the strategy's operations per second with the baseline's
+// transactions per second.
+type Baseline interface {
+	Strategy
+	// PgbenchBaseline returns the strategy whose SQL pgbench runs.
+	PgbenchBaseline() Strategy
+}
+
+// pgbenchSide returns the strategy whose SQL pgbench runs for s.
+func pgbenchSide(s Strategy) Strategy {
+	if b, ok := s.(Baseline); ok {
+		return b.PgbenchBaseline()
+	}
+	return s
+}
+
 // Pending is a strategy that is announced but not built yet.
 type Pending struct {
 	Name   string
@@ -96,6 +117,7 @@ var registry = struct {
 		grantHot{}, grantSpread{}, grantFirst{},
 		forUpdate{}, advisoryLock{}, serializable{},
 		voucherClaim{},
+		grantHotCoalesced{}, voucherSharded{},
 	},
 	// The fenced lock plugs in here: its package calls Register with a
 	// Strategy named "lease-acquire" and one named "fenced-write", and the

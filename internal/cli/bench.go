@@ -179,6 +179,7 @@ func benchText(w *tabwriter.Writer, rep *bench.Report, chart string) {
 	fmt.Fprintln(w, "retries: transactions retried after a serialization failure; errors: operations that failed.")
 	if withPgbench {
 		fmt.Fprintln(w, "pgbench/s and pgb p50..p99: pgbench -M prepared on the same SQL, clients and duration; ratio: ops/s / pgbench/s.")
+		fmt.Fprintln(w, "A strategy measured against another one's SQL says so on its ratio line (pgbench ran ...).")
 	}
 	for _, p := range rep.Pending {
 		fmt.Fprintf(w, "pending: %s (%s)\n", p.Name, p.Reason)
@@ -197,6 +198,10 @@ func benchText(w *tabwriter.Writer, rep *bench.Report, chart string) {
 	if withPgbench {
 		fmt.Fprintln(w)
 		for _, r := range rep.Results {
+			if r.PgbenchStrategy != "" {
+				fmt.Fprintf(w, "ratio %s/%d %s (pgbench ran %s)\n", r.Strategy, r.Clients, ratioText(r.Ratio), r.PgbenchStrategy)
+				continue
+			}
 			fmt.Fprintf(w, "ratio %s/%d %s\n", r.Strategy, r.Clients, ratioText(r.Ratio))
 		}
 	}

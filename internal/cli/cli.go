@@ -32,6 +32,8 @@ type app struct {
 	databaseURL    string
 	json           bool
 	connectTimeout time.Duration
+	// poolSize, when above 4, is the size of the pool connect opens.
+	poolSize int
 
 	pool   *pgxpool.Pool
 	client *quota.Client
@@ -195,7 +197,7 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > a.connectTimeout {
 		cfg.ConnConfig.ConnectTimeout = a.connectTimeout
 	}
-	cfg.MaxConns = 4
+	cfg.MaxConns = int32(max(4, a.poolSize))
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)

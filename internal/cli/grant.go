@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -11,17 +12,56 @@ import (
 func (a *app) grantCommand() *cobra.Command {
 	var req quota.GrantRequest
 	var limit int64
+	var file fileOptions
 	cmd := &cobra.Command{
 		Use:   "grant",
-		Short: "Grant units of a quota to a member, if the limit allows (exit 3 when denied)",
+		Short: "Grant units of a quota to a member, if the limit allows (exit 3 when denied); or every row of a CSV file",
 		Long: `Grant --amount units of a quota to a member in the current window, in one
 conditional statement: granted only if the member's counter stays at or below
 the limit. The limit is --limit, else the member's own limit, else the quota's
-default. Exit status 0 when granted, 3 when denied.`,
+default. Exit status 0 when granted, 3 when denied.
+
+With --file, grant every row of a CSV file instead. Its header names the
+columns quota,member,amount and optionally limit and idempotency_key; each
+row is one grant, as above. Rows are granted in batches, one statement and
+one durable commit per batch of --batch-size rows, with --workers batches in
+flight at once; the rows of one member are decided one after another in file
+order, so the same member several times in a file respects its limit
+exactly. A bad row (malformed, a bad value, an undefined quota, no limit) is
+reported with its line number on stderr and does not stop the others.
+--out writes every row's outcome (line, status granted/denied/error, used,
+limit, remaining, error) as CSV, or as JSON lines when the name ends in
+.jsonl or .ndjson (or with --out-format). A progress bar runs on stderr when
+it is a terminal (not with --json). The summary counts granted, denied and
+errors. Exit status 0 when every row was decided (granted or denied), 2 when
+some rows had errors, 1 when the run stopped (the database failed).`,
 		Example: `  pgquota grant --quota api-calls --member acme
-  pgquota grant --quota vouchers --member alice --limit 1 --json`,
+  pgquota grant --quota vouchers --member alice --limit 1 --json
+  pgquota grant --file requests.csv --out results.csv`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if file.path != "" {
+				for _, f := range []string{"quota", "member", "amount", "limit"} {
+					if cmd.Flags().Changed(f) {
+						return usagef("--%s cannot be used with --file: the file's rows give it", f)
+					}
+				}
+				return a.grantFile(cmd, file)
+			}
+			var missing []string
+			for _, f := range []string{"member", "quota"} {
+				if !cmd.Flags().Changed(f) {
+					missing = append(missing, `"`+f+`"`)
+				}
+			}
+			if len(missing) > 0 {
+				return usagef("required flag(s) %s not set (or give --file)", strings.Join(missing, ", "))
+			}
+			for _, f := range []string{"out", "out-format", "batch-size", "workers"} {
+				if cmd.Flags().Changed(f) {
+					return usagef("--%s needs --file", f)
+				}
+			}
 			if cmd.Flags().Changed("limit") {
 				req.Limit = &limit
 			}
@@ -51,12 +91,15 @@ default. Exit status 0 when granted, 3 when denied.`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&req.Quota, "quota", "", "quota name (required)")
-	cmd.Flags().StringVar(&req.Member, "member", "", "member (required)")
+	cmd.Flags().StringVar(&req.Quota, "quota", "", "quota name (required without --file)")
+	cmd.Flags().StringVar(&req.Member, "member", "", "member (required without --file)")
 	cmd.Flags().Int64Var(&req.Amount, "amount", 1, "units to grant")
 	cmd.Flags().Int64Var(&limit, "limit", 0, "limit for this call (default: the member's limit, else the quota's)")
-	_ = cmd.MarkFlagRequired("quota")
-	_ = cmd.MarkFlagRequired("member")
+	cmd.Flags().StringVar(&file.path, "file", "", "grant every row of this CSV file (- for stdin) instead")
+	cmd.Flags().StringVar(&file.out, "out", "", "with --file: write each row's outcome to this file (- for stdout)")
+	cmd.Flags().StringVar(&file.format, "out-format", "", "with --out: csv or jsonl (default: from the file name, else csv)")
+	cmd.Flags().IntVar(&file.batchSize, "batch-size", 2000, "with --file: rows per statement (and per commit)")
+	cmd.Flags().IntVar(&file.workers, "workers", 4, "with --file: batches in flight at once, each on its own connection")
 	return cmd
 }
 
