@@ -22,18 +22,33 @@ func (a *app) voucherCommand() *cobra.Command {
 
 	var campaign, member, file string
 	var total int64
+	var shards int
 
 	create := &cobra.Command{
-		Use:     "create",
-		Short:   "Create a counted voucher pool of --total units",
-		Example: `  pgquota voucher create --campaign black-friday --total 100`,
-		Args:    cobra.NoArgs,
+		Use:   "create",
+		Short: "Create a counted voucher pool of --total units, in one row or split across --shards rows",
+		Long: `Create a counted voucher pool of --total units. With --shards K (2 to 1024, at
+most the total), the total is split across K rows: a claim takes a unit from
+a random shard with units left and moves on when one is empty or locked, so
+up to K claims proceed at once, and the pool is sold out only when every
+shard is empty. The total is never exceeded. Status sums the shards.`,
+		Example: `  pgquota voucher create --campaign black-friday --total 100
+  pgquota voucher create --campaign flash-sale --total 100000 --shards 32`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if shards < 1 {
+				return usagef("--shards must be at least 1, got %d", shards)
+			}
 			c, err := a.quotaClient(cmd.Context())
 			if err != nil {
 				return err
 			}
-			p, err := c.CreateVoucherPool(cmd.Context(), campaign, total)
+			var p quota.Pool
+			if shards == 1 {
+				p, err = c.CreateVoucherPool(cmd.Context(), campaign, total)
+			} else {
+				p, err = c.CreateShardedPool(cmd.Context(), campaign, total, shards)
+			}
 			if err != nil {
 				return err
 			}
@@ -42,6 +57,7 @@ func (a *app) voucherCommand() *cobra.Command {
 	}
 	create.Flags().StringVar(&campaign, "campaign", "", "campaign name (required)")
 	create.Flags().Int64Var(&total, "total", 0, "number of units (required)")
+	create.Flags().IntVar(&shards, "shards", 1, "split the total across this many rows (1: one row)")
 	_ = create.MarkFlagRequired("campaign")
 	_ = create.MarkFlagRequired("total")
 
@@ -160,6 +176,9 @@ func (a *app) printPool(p quota.Pool) error {
 	return a.output(p, func(w *tabwriter.Writer) {
 		row(w, "campaign", p.Campaign)
 		row(w, "kind", p.Kind)
+		if p.Shards > 0 {
+			row(w, "shards", p.Shards)
+		}
 		row(w, "total", p.Total)
 		row(w, "claimed", p.Claimed)
 		row(w, "remaining", p.Remaining)

@@ -1,0 +1,123 @@
+package cli_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgquota/pgquota/internal/cli"
+)
+
+// writeFile writes content to a file in a test's temporary directory.
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	require.NoError(t, os.WriteFile(p, []byte(content), 0o600))
+	return p
+}
+
+func TestGrantFile(t *testing.T) {
+	t.Parallel()
+	dbURL := migratedURL(t) // q: no default limit; lim: default limit 2
+	file := writeFile(t, "requests.csv", "quota,member,amount,limit\n"+
+		"lim,a,1,\n"+ // 2: granted (1 of 2)
+		"lim,a,1,\n"+ // 3: granted (2 of 2)
+		"lim,a,1,\n"+ // 4: denied
+		"q,b,5,10\n"+ // 5: granted
+		"q,c,1,\n"+ // 6: no limit
+		"lim,d,x,\n"+ // 7: bad amount
+		"nope,e,1,5\n") // 8: undefined quota
+
+	out := filepath.Join(t.TempDir(), "results.csv")
+	r := runDB(t, dbURL, "grant", "--file", file, "--out", out)
+	require.Equal(t, cli.ExitUsage, r.code, "some rows had errors: stderr %q", r.stderr)
+	require.Regexp(t, `(?m)^rows\s+7$`, r.stdout)
+	require.Regexp(t, `(?m)^granted\s+3$`, r.stdout)
+	require.Regexp(t, `(?m)^denied\s+1$`, r.stdout)
+	require.Regexp(t, `(?m)^errors\s+3$`, r.stdout)
+	for _, want := range []string{"line 6: no limit", "line 7: amount", "line 8: quota not found", "3 of 7 rows had errors"} {
+		require.Contains(t, r.stderr, want)
+	}
+	results, err := os.ReadFile(out)
+	require.NoError(t, err)
+	require.Equal(t, "line,quota,member,amount,idempotency_key,status,used,limit,remaining,error\n"+
+		"2,lim,a,1,,granted,1,2,1,\n"+
+		"3,lim,a,1,,granted,2,2,0,\n"+
+		"4,lim,a,1,,denied,2,2,0,\n"+
+		"5,q,b,5,,granted,5,10,5,\n", strings.Join(strings.SplitAfter(string(results), "\n")[:5], ""))
+	require.Contains(t, string(results), "\n6,q,c,1,,error,0,0,0,")
+	require.Contains(t, string(results), "\n8,nope,e,1,,error,0,0,0,\"quota not found")
+
+	// The counters hold exactly the granted rows.
+	out2 := ok(t, dbURL, "usage", "--quota", "lim", "--member", "a")
+	require.Regexp(t, `(?m)^used\s+2$`, out2)
+
+	// A clean file exits 0; the summary goes to stdout (--json), the
+	// outcomes to a .jsonl file as JSON lines.
+	clean := writeFile(t, "clean.csv", "member,quota,amount\nx,lim,1\ny,lim,3\n")
+	jl := filepath.Join(t.TempDir(), "out.jsonl")
+	r = runDB(t, dbURL, "--json", "grant", "--file", clean, "--out", jl)
+	require.Equal(t, cli.ExitOK, r.code, "stderr %q", r.stderr)
+	require.Empty(t, r.stderr)
+	var sum map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &sum))
+	require.Equal(t, float64(2), sum["rows"])
+	require.Equal(t, float64(1), sum["granted"])
+	require.Equal(t, float64(1), sum["denied"])
+	lines, err := os.ReadFile(jl)
+	require.NoError(t, err)
+	var first map[string]any
+	require.NoError(t, json.Unmarshal([]byte(strings.SplitN(string(lines), "\n", 2)[0]), &first))
+	require.Equal(t, "granted", first["status"])
+	require.Equal(t, float64(2), first["line"])
+
+	// --out - writes the outcomes to stdout, with no summary there.
+	r = runDB(t, dbURL, "grant", "--file", clean, "--out", "-", "--out-format", "jsonl")
+	require.Equal(t, cli.ExitOK, r.code)
+	require.Equal(t, 2, strings.Count(r.stdout, "\n"))
+	require.Contains(t, r.stdout, `"status":"denied"`)
+}
+
+func TestGrantFileUsageErrors(t *testing.T) {
+	t.Parallel()
+	dbURL := migratedURL(t)
+	file := writeFile(t, "f.csv", "quota,member,amount\nlim,a,1\n")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"file and quota", []string{"grant", "--file", file, "--quota", "q"}, []string{"--quota cannot be used with --file"}},
+		{"out without file", []string{"grant", "--quota", "q", "--member", "m", "--out", "x.csv"}, []string{"--out needs --file"}},
+		{"neither", []string{"grant"}, []string{"required flag", "member", "quota"}},
+		{"missing file", []string{"grant", "--file", filepath.Join(t.TempDir(), "nope.csv")}, []string{"--file", "no such file"}},
+		{"bad header", []string{"grant", "--file", writeFile(t, "h.csv", "quota,member\n")}, []string{"amount", "missing"}},
+		{"bad format", []string{"grant", "--file", file, "--out", "x", "--out-format", "xml"}, []string{"--out-format"}},
+		{"bad batch size", []string{"grant", "--file", file, "--batch-size", "0"}, []string{"--batch-size"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			requireError(t, runDB(t, dbURL, tc.args...), cli.ExitUsage, tc.want...)
+		})
+	}
+}
+
+func TestVoucherCreateShards(t *testing.T) {
+	t.Parallel()
+	dbURL := migratedURL(t)
+	out := ok(t, dbURL, "voucher", "create", "--campaign", "flash", "--total", "10", "--shards", "4")
+	require.Regexp(t, `(?m)^kind\s+sharded$`, out)
+	require.Regexp(t, `(?m)^shards\s+4$`, out)
+	for _, m := range []string{"a", "b", "c"} {
+		ok(t, dbURL, "voucher", "claim", "--campaign", "flash", "--member", m)
+	}
+	out = ok(t, dbURL, "voucher", "status", "--campaign", "flash")
+	require.Regexp(t, `(?m)^claimed\s+3$`, out)
+	require.Regexp(t, `(?m)^remaining\s+7$`, out)
+	requireError(t, runDB(t, dbURL, "voucher", "create", "--campaign", "x", "--total", "3", "--shards", "5"), cli.ExitUsage, "shards")
+	requireError(t, runDB(t, dbURL, "voucher", "create", "--campaign", "x", "--total", "3", "--shards", "0"), cli.ExitUsage, "--shards")
+	requireError(t, runDB(t, dbURL, "voucher", "create", "--campaign", "flash", "--total", "10", "--shards", "5"), cli.ExitUsage, "already exists")
+}
