@@ -12,18 +12,36 @@ import (
 )
 
 const voucherShardClaim = `-- name: VoucherShardClaim :one
-WITH pick AS (
+WITH held AS (
+    SELECT EXISTS (
+        SELECT 1 FROM pgquota.voucher_claim c
+        WHERE c.campaign = $1::text AND c.member = $2::text
+    ) AS yes
+), pick_from AS (
     SELECT s.campaign, s.shard, s.base, s.claimed
     FROM pgquota.voucher_shard s
     WHERE s.campaign = $1::text
+      AND s.shard >= $3::integer
       AND s.claimed < s.total
-      AND NOT EXISTS (
-          SELECT 1 FROM pgquota.voucher_claim c
-          WHERE c.campaign = $1::text AND c.member = $2::text
-      )
-    ORDER BY s.shard >= $3::integer DESC, s.shard
+      AND NOT (SELECT yes FROM held)
+    ORDER BY s.shard
     LIMIT 1
     FOR UPDATE OF s SKIP LOCKED
+), pick_before AS (
+    SELECT s.campaign, s.shard, s.base, s.claimed
+    FROM pgquota.voucher_shard s
+    WHERE s.campaign = $1::text
+      AND s.shard < $3::integer
+      AND s.claimed < s.total
+      AND NOT (SELECT yes FROM held)
+      AND NOT EXISTS (SELECT 1 FROM pick_from)
+    ORDER BY s.shard
+    LIMIT 1
+    FOR UPDATE OF s SKIP LOCKED
+), pick AS (
+    SELECT campaign, shard, base, claimed FROM pick_from
+    UNION ALL
+    SELECT campaign, shard, base, claimed FROM pick_before
 ), ins AS (
     INSERT INTO pgquota.voucher_claim (campaign, member, seq, claimed_at)
     SELECT pick.campaign, $2::text, pick.base + pick.claimed + 1, pgquota.clock()
@@ -73,9 +91,13 @@ type VoucherShardClaimRow struct {
 // without waiting for any lock.
 //
 // pick locks one shard with room (claimed < total) with FOR UPDATE SKIP
-// LOCKED, trying the shards from @start on (then wrapping around), so that
+// LOCKED, trying the shards from @start on (pick_from), then those before
+// it (pick_before, which runs only when pick_from found none), so that
 // concurrent claimers starting at random shards lock different rows, and a
-// claimer whose shard is empty or locked moves on to the next one. The
+// claimer whose shard is empty or locked moves on to the next one. Each
+// part walks the primary key from its first shard and stops at the first
+// row it locks: a claim reads few shard rows, which also keeps claims from
+// conflicting with each other's reads under SERIALIZABLE. The
 // locking read re-checks claimed < total against the newest version of a
 // shard that changed since the statement's snapshot (the manual, section
 // 13.2.1) and returns that version, so the unit number base + claimed + 1
@@ -104,18 +126,36 @@ func (q *Queries) VoucherShardClaim(ctx context.Context, db DBTX, arg VoucherSha
 }
 
 const voucherShardClaimWait = `-- name: VoucherShardClaimWait :one
-WITH pick AS (
+WITH held AS (
+    SELECT EXISTS (
+        SELECT 1 FROM pgquota.voucher_claim c
+        WHERE c.campaign = $1::text AND c.member = $2::text
+    ) AS yes
+), pick_from AS (
     SELECT s.campaign, s.shard, s.base, s.claimed
     FROM pgquota.voucher_shard s
     WHERE s.campaign = $1::text
+      AND s.shard >= $3::integer
       AND s.claimed < s.total
-      AND NOT EXISTS (
-          SELECT 1 FROM pgquota.voucher_claim c
-          WHERE c.campaign = $1::text AND c.member = $2::text
-      )
-    ORDER BY s.shard >= $3::integer DESC, s.shard
+      AND NOT (SELECT yes FROM held)
+    ORDER BY s.shard
     LIMIT 1
     FOR UPDATE OF s
+), pick_before AS (
+    SELECT s.campaign, s.shard, s.base, s.claimed
+    FROM pgquota.voucher_shard s
+    WHERE s.campaign = $1::text
+      AND s.shard < $3::integer
+      AND s.claimed < s.total
+      AND NOT (SELECT yes FROM held)
+      AND NOT EXISTS (SELECT 1 FROM pick_from)
+    ORDER BY s.shard
+    LIMIT 1
+    FOR UPDATE OF s
+), pick AS (
+    SELECT campaign, shard, base, claimed FROM pick_from
+    UNION ALL
+    SELECT campaign, shard, base, claimed FROM pick_before
 ), ins AS (
     INSERT INTO pgquota.voucher_claim (campaign, member, seq, claimed_at)
     SELECT pick.campaign, $2::text, pick.base + pick.claimed + 1, pgquota.clock()
@@ -163,10 +203,11 @@ type VoucherShardClaimWaitRow struct {
 
 // VoucherShardClaim for when every shard with room was locked: the same
 // statement without SKIP LOCKED. pick waits for the lock of the first
-// shard (from @start on) that had room in the statement's snapshot; when
-// the claim holding it commits, the locking read re-checks claimed < total
-// on the newest version and moves on to the next shard if it is full now,
-// and when that claim rolls back the shard keeps its room and is taken. A
+// shard (from @start on, then before it) that had room in the statement's
+// snapshot; when the claim holding it commits, the locking read re-checks
+// claimed < total on the newest version and moves on to the next shard if
+// it is full now, and when that claim rolls back the shard keeps its room
+// and is taken. A
 // shard without room in the snapshot never gets one back (units are never
 // returned to a sharded pool), so when pick returns nothing every shard is
 // full: the pool is sold out. units_left is then false, except when a claim

@@ -18,9 +18,13 @@ WHERE campaign = @campaign::text;
 -- without waiting for any lock.
 --
 -- pick locks one shard with room (claimed < total) with FOR UPDATE SKIP
--- LOCKED, trying the shards from @start on (then wrapping around), so that
+-- LOCKED, trying the shards from @start on (pick_from), then those before
+-- it (pick_before, which runs only when pick_from found none), so that
 -- concurrent claimers starting at random shards lock different rows, and a
--- claimer whose shard is empty or locked moves on to the next one. The
+-- claimer whose shard is empty or locked moves on to the next one. Each
+-- part walks the primary key from its first shard and stops at the first
+-- row it locks: a claim reads few shard rows, which also keeps claims from
+-- conflicting with each other's reads under SERIALIZABLE. The
 -- locking read re-checks claimed < total against the newest version of a
 -- shard that changed since the statement's snapshot (the manual, section
 -- 13.2.1) and returns that version, so the unit number base + claimed + 1
@@ -34,18 +38,36 @@ WHERE campaign = @campaign::text;
 -- shards that SKIP LOCKED passed over are held by claims in progress that
 -- may still roll back, so the pool is sold out only when no shard has room
 -- at all. The caller then runs VoucherShardClaimWait.
-WITH pick AS (
+WITH held AS (
+    SELECT EXISTS (
+        SELECT 1 FROM pgquota.voucher_claim c
+        WHERE c.campaign = @campaign::text AND c.member = @member::text
+    ) AS yes
+), pick_from AS (
     SELECT s.campaign, s.shard, s.base, s.claimed
     FROM pgquota.voucher_shard s
     WHERE s.campaign = @campaign::text
+      AND s.shard >= @start::integer
       AND s.claimed < s.total
-      AND NOT EXISTS (
-          SELECT 1 FROM pgquota.voucher_claim c
-          WHERE c.campaign = @campaign::text AND c.member = @member::text
-      )
-    ORDER BY s.shard >= @start::integer DESC, s.shard
+      AND NOT (SELECT yes FROM held)
+    ORDER BY s.shard
     LIMIT 1
     FOR UPDATE OF s SKIP LOCKED
+), pick_before AS (
+    SELECT s.campaign, s.shard, s.base, s.claimed
+    FROM pgquota.voucher_shard s
+    WHERE s.campaign = @campaign::text
+      AND s.shard < @start::integer
+      AND s.claimed < s.total
+      AND NOT (SELECT yes FROM held)
+      AND NOT EXISTS (SELECT 1 FROM pick_from)
+    ORDER BY s.shard
+    LIMIT 1
+    FOR UPDATE OF s SKIP LOCKED
+), pick AS (
+    SELECT * FROM pick_from
+    UNION ALL
+    SELECT * FROM pick_before
 ), ins AS (
     INSERT INTO pgquota.voucher_claim (campaign, member, seq, claimed_at)
     SELECT pick.campaign, @member::text, pick.base + pick.claimed + 1, pgquota.clock()
@@ -78,27 +100,46 @@ WHERE p.campaign = @campaign::text;
 -- name: VoucherShardClaimWait :one
 -- VoucherShardClaim for when every shard with room was locked: the same
 -- statement without SKIP LOCKED. pick waits for the lock of the first
--- shard (from @start on) that had room in the statement's snapshot; when
--- the claim holding it commits, the locking read re-checks claimed < total
--- on the newest version and moves on to the next shard if it is full now,
--- and when that claim rolls back the shard keeps its room and is taken. A
+-- shard (from @start on, then before it) that had room in the statement's
+-- snapshot; when the claim holding it commits, the locking read re-checks
+-- claimed < total on the newest version and moves on to the next shard if
+-- it is full now, and when that claim rolls back the shard keeps its room
+-- and is taken. A
 -- shard without room in the snapshot never gets one back (units are never
 -- returned to a sharded pool), so when pick returns nothing every shard is
 -- full: the pool is sold out. units_left is then false, except when a claim
 -- that committed while this statement ran is seen by the fresh read only
 -- (never more room than the snapshot showed), and the caller tries again.
-WITH pick AS (
+WITH held AS (
+    SELECT EXISTS (
+        SELECT 1 FROM pgquota.voucher_claim c
+        WHERE c.campaign = @campaign::text AND c.member = @member::text
+    ) AS yes
+), pick_from AS (
     SELECT s.campaign, s.shard, s.base, s.claimed
     FROM pgquota.voucher_shard s
     WHERE s.campaign = @campaign::text
+      AND s.shard >= @start::integer
       AND s.claimed < s.total
-      AND NOT EXISTS (
-          SELECT 1 FROM pgquota.voucher_claim c
-          WHERE c.campaign = @campaign::text AND c.member = @member::text
-      )
-    ORDER BY s.shard >= @start::integer DESC, s.shard
+      AND NOT (SELECT yes FROM held)
+    ORDER BY s.shard
     LIMIT 1
     FOR UPDATE OF s
+), pick_before AS (
+    SELECT s.campaign, s.shard, s.base, s.claimed
+    FROM pgquota.voucher_shard s
+    WHERE s.campaign = @campaign::text
+      AND s.shard < @start::integer
+      AND s.claimed < s.total
+      AND NOT (SELECT yes FROM held)
+      AND NOT EXISTS (SELECT 1 FROM pick_from)
+    ORDER BY s.shard
+    LIMIT 1
+    FOR UPDATE OF s
+), pick AS (
+    SELECT * FROM pick_from
+    UNION ALL
+    SELECT * FROM pick_before
 ), ins AS (
     INSERT INTO pgquota.voucher_claim (campaign, member, seq, claimed_at)
     SELECT pick.campaign, @member::text, pick.base + pick.claimed + 1, pgquota.clock()

@@ -123,7 +123,7 @@ func TestGrantBatchEmptyAndTx(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, outs)
 
-	tx, err := b.pool.Begin(b.ctx)
+	tx, err := b.pool.BeginTx(b.ctx, readCommitted)
 	require.NoError(t, err)
 	outs, err = b.client.GrantBatchTx(b.ctx, tx, []quota.GrantRequest{
 		{Quota: "q", Member: "m", Amount: 5},
@@ -160,7 +160,7 @@ func TestGrantBatchCounterCreatedMeanwhile(t *testing.T) {
 	// the requests are decided again on the committed counter.
 	b := setup(t, 4)
 	defineBatchQuotas(t, b)
-	tx, err := b.pool.Begin(b.ctx)
+	tx, err := b.pool.BeginTx(b.ctx, readCommitted)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(b.ctx) }()
 	first, err := b.client.GrantTx(b.ctx, tx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 4})
@@ -206,7 +206,7 @@ func TestGrantBatchCounterFilledMeanwhile(t *testing.T) {
 			defineBatchQuotas(t, b)
 			_, err := b.client.Grant(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 8})
 			require.NoError(t, err)
-			tx, err := b.pool.Begin(b.ctx)
+			tx, err := b.pool.BeginTx(b.ctx, readCommitted)
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback(b.ctx) }()
 			_, err = b.client.GrantTx(b.ctx, tx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 4})
@@ -311,3 +311,9 @@ func TestGrantBatchCancelled(t *testing.T) {
 	require.ErrorIs(t, err, context.Canceled)
 	require.Zero(t, b.countRows(t, "usage"))
 }
+
+// readCommitted is the isolation of the tests' own transactions: they
+// test lock waits, which REPEATABLE READ or SERIALIZABLE (the server's
+// default_transaction_isolation in one CI pass) would turn into
+// serialization failures of the test's own transaction.
+var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}

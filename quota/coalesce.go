@@ -179,7 +179,7 @@ func (co *coalescer) send(batch []*waiter) {
 		hook(len(batch))
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), coalesceStatementTimeout)
-	outcomes, err := co.c.grantBatch(ctx, co.c.pool, reqs)
+	outcomes, err := co.c.grantBatch(ctx, ownTx{co.c.pool}, reqs)
 	cancel()
 
 	var abandoned []*waiter

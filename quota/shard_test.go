@@ -177,7 +177,7 @@ func TestShardedPoolWaitsForLockedShards(t *testing.T) {
 			b := setup(t, 4)
 			_, err := b.client.CreateShardedPool(b.ctx, "p", 2, 2)
 			require.NoError(t, err)
-			tx, err := b.pool.Begin(b.ctx)
+			tx, err := b.pool.BeginTx(b.ctx, readCommitted)
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback(b.ctx) }()
 			held, err := b.client.ClaimVoucherTx(b.ctx, tx, "p", "holder")

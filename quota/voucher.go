@@ -165,7 +165,7 @@ func (c *Client) VoucherStatus(ctx context.Context, campaign string) (Pool, erro
 // Errors: *InputError for a bad campaign or member; ErrCampaignNotFound;
 // ErrCampaignKind for a code campaign; ErrSchemaMissing; database errors.
 func (c *Client) ClaimVoucher(ctx context.Context, campaign, member string) (Claim, error) {
-	return c.claimVoucher(ctx, c.pool, campaign, member)
+	return c.claimVoucher(ctx, ownTx{c.pool}, campaign, member)
 }
 
 // ClaimVoucherTx is ClaimVoucher inside the caller's transaction. The unit
