@@ -30,18 +30,19 @@
 // reports current usage.
 //
 // # Hot rows: coalescing, sharding, batches
-
-A single counter row serializes its writers on the row lock, which each
-holds until its commit is flushed. Config.Coalesce combines concurrent Grant
-calls for the same counter into one statement (group commit for one row);
-CreateShardedPool splits a voucher pool's total across several rows;
-GrantBatch grants many requests in one statement and one commit. All three
-decide requests on one counter exactly as running them one after another
-would: the statement locks the counter at its newest version and adds
-pgquota.greedy_take of that value (queries/usage_batch.sql), and each
-request's outcome is replayed from the counter before and after.
-
-# Windows and the one clock
+//
+// A single counter row serializes its writers on the row lock, which each
+// holds until its commit is flushed. Config.Coalesce combines concurrent
+// Grant calls for the same counter into one statement (group commit for one
+// row); CreateShardedPool splits a voucher pool's total across several rows;
+// GrantBatch grants many requests in one statement and one commit. All
+// three keep the total exact, and coalesced and batched grants decide the
+// requests on one counter exactly as running them one after another would:
+// the statement locks the counter at its newest version and adds
+// pgquota.greedy_take of that value (queries/usage_batch.sql), and each
+// request's outcome is replayed from the counter before and after.
+//
+// # Windows and the one clock
 //
 // A quota's counters are kept per member and window: an hour, day, week or
 // month cut in the quota's IANA time zone, or none (a lifetime cap). Every
