@@ -27,6 +27,16 @@ import (
 // after. So a coalesced call gets exactly the outcome, Used included, that
 // it would have got had the calls run one after another in arrival order.
 
+// The grant ledger (idempotency keys, grant ids; issue 5) is not part of
+// this build. When it is: a call that carries an idempotency key needs its
+// own ledger row and grant id, written by the statement that grants it, so
+// Client.Grant sends keyed calls down the ledger's single-statement path,
+// not into a queue (coalescer.grant is only reached for calls without a
+// key), until the batch statement learns to write one ledger row per
+// granted call (ledger rows FROM the batch's per-request outcomes, in the
+// same statement). A keyed call abandoned after it was sent is then also
+// retrievable by its key.
+
 // maxCoalesceBatch bounds the calls one coalesced statement decides; the
 // rest wait for the next statement.
 const maxCoalesceBatch = 1024
