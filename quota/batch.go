@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -23,13 +22,6 @@ type BatchOutcome struct {
 	// Nothing was granted for a request with an error.
 	Err error `json:"-"`
 }
-
-// ErrBatchContended is the error of a GrantBatch request whose counter was
-// changed by concurrent transactions between the batch statement's snapshot
-// and its write, every time, in maxBatchRounds statements in a row (see
-// queries/usage_batch.sql): nothing was granted for it. It takes other
-// writers creating or filling the very same counter that often; try again.
-var ErrBatchContended = errors.New("pgquota: batch grant: the counter kept changing under the batch")
 
 // maxBatchRounds bounds the statements a batch runs for requests whose
 // counter changed under it. Each round re-runs only those requests, and

@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -45,16 +44,6 @@ const maxCoalesceBatch = 1024
 // behalf of every call in its batch, so no single caller's context may
 // cancel it; each caller's own context still bounds its wait.
 const coalesceStatementTimeout = time.Minute
-
-// ErrGrantAbandoned is returned by Grant with Config.Coalesce when the
-// caller's context ended after its call had been sent to the database in a
-// coalesced statement (the error also wraps the context's error). The
-// database decides the call anyway: its units are granted or not, exactly
-// as if the caller had waited, and the outcome is passed to
-// Config.OnAbandonedGrant. A call whose context ends before it is sent is
-// removed from its queue and returns the context's error alone: nothing
-// was granted for it.
-var ErrGrantAbandoned = errors.New("pgquota: coalesced grant abandoned after it was sent; its outcome goes to Config.OnAbandonedGrant")
 
 // coalesceKey identifies the calls that may share one statement: the same
 // counter (quota and member; the window is the one the statement's clock

@@ -142,3 +142,25 @@ var (
 	// renewal error, if any.
 	ErrLeaseExpiring = errors.New("pgquota: lease about to expire without a confirmed renewal")
 )
+
+// Sentinel errors of coalesced and batched grants (coalesce.go, batch.go).
+var (
+	// ErrGrantAbandoned is returned by Grant with Config.Coalesce when the
+	// caller's context ended after its call had been sent to the database
+	// in a coalesced statement (the error also wraps the context's error).
+	// The database decides the call anyway: its units are granted or not,
+	// exactly as if the caller had waited, and the outcome is passed to
+	// Config.OnAbandonedGrant. A call whose context ends before it is sent
+	// is removed from its queue and returns the context's error alone:
+	// nothing was granted for it.
+	ErrGrantAbandoned = errors.New("pgquota: coalesced grant abandoned after it was sent; its outcome goes to Config.OnAbandonedGrant")
+
+	// ErrBatchContended is the error of a GrantBatch or GrantBatchTx request
+	// (in its BatchOutcome), and of a coalesced Grant, whose counter was
+	// changed by concurrent transactions between the batch statement's
+	// snapshot and its write, every time, in 10 statements in a row (see
+	// queries/usage_batch.sql): nothing was granted for it. It takes other
+	// writers creating or filling the very same counter that often; try
+	// again.
+	ErrBatchContended = errors.New("pgquota: batch grant: the counter kept changing under the batch")
+)
