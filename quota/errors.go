@@ -17,12 +17,15 @@ var (
 
 	// ErrQuotaNotFound is returned by Grant, GrantTx, Revoke, RevokeTx,
 	// Usage, Quota, SetMemberLimit, SetMemberLimitTx and MemberLimits when no
-	// quota of that name has been defined.
+	// quota of that name has been defined, and is the error of a GrantBatch
+	// or GrantBatchTx request (in its BatchOutcome) that names one.
 	ErrQuotaNotFound = errors.New("pgquota: quota not found")
 
-	// ErrNoLimit is returned by Grant and GrantTx when the call gives no
-	// limit, the member has no override and the quota has no default limit.
-	// Nothing is written. (Usage reports the same case as HasLimit false.)
+	// ErrNoLimit is returned by Grant and GrantTx, and is the error of a
+	// GrantBatch or GrantBatchTx request (in its BatchOutcome), when the
+	// call gives no limit, the member has no override and the quota has no
+	// default limit. Nothing is written. (Usage reports the same case as
+	// HasLimit false.)
 	ErrNoLimit = errors.New("pgquota: no limit: give one in the call, set a member limit, or define the quota with a default limit")
 
 	// ErrCampaignNotFound is returned by ClaimVoucher, ClaimVoucherTx,
