@@ -48,7 +48,12 @@ func TestLabJSON(t *testing.T) {
 	require.Equal(t, 2, got["conditional"].ExactRuns)
 	require.Equal(t, 2, got["no-lock"].LeakedRuns)
 	require.Equal(t, lab.StatusUnavailable, got["redis-lock"].Status)
-	require.Equal(t, lab.StatusPending, got["fenced"].Status)
+	require.Equal(t, 2, got["fenced"].ExactRuns)
+	for _, r := range got["fenced"].Runs {
+		require.Equal(t, int64(2), r.Granted)
+		require.Zero(t, r.Leaked)
+		require.Positive(t, r.StaleRejected, "holders paused past the TTL are fenced off")
+	}
 }
 
 func TestLabText(t *testing.T) {
@@ -61,7 +66,9 @@ func TestLabText(t *testing.T) {
 	require.Regexp(t, regexp.MustCompile(`(?m)^strategy\s+granted\s+leaked\s+stale rejected\s+counter\s+wall ms\s+result$`), out)
 	require.Regexp(t, regexp.MustCompile(`(?m)^conditional\s+1\s+0\s+0\s+1\s+\d+\s+exact$`), out)
 	require.Regexp(t, regexp.MustCompile(`(?m)^no-lock\s+\d+\s+[1-9]\d*\s+0\s+1\s+\d+\s+LEAKED \(what not to do\)$`), out)
-	require.Regexp(t, regexp.MustCompile(`(?m)^fenced\s+-.*pending`), out)
+	require.Regexp(t, regexp.MustCompile(`(?m)^fenced\s+1\s+0\s+[1-9]\d*\s+1\s+\d+\s+exact$`), out)
+	require.Regexp(t, regexp.MustCompile(`(?m)^  fenced\s+pgquota lease, TTL 100ms: .*pause 200ms \(> TTL`), out)
+	require.NotContains(t, out, "pending")
 	require.Contains(t, out, "dropped afterwards")
 }
 
