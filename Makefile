@@ -42,12 +42,14 @@ test: ## Run every test with the race detector against PGQUOTA_TEST_DATABASE_URL
 # Benchmarks: the same statement through the library and through pgbench.
 CLIENTS  ?= 8
 DURATION ?= 5s
+CASES    ?= grant-hot,grant-spread,lease-acquire,fenced-write
+ROUNDS   ?= 3
 
 .PHONY: bench
 bench: ## Run the Go benchmarks (BenchmarkGrant: hot row and spread, 1/8/32 clients)
 	go test ./quota -run '^$$' -bench Grant -benchtime 3s
 
 .PHONY: bench-compare
-bench-compare: ## Library vs pgbench on the same SQL: make bench-compare CLIENTS=8 DURATION=5s; ends with "ratio <case> <library/pgbench>" lines
+bench-compare: ## Library vs pgbench on the same SQL: make bench-compare CLIENTS=8,32 CASES=lease-acquire,fenced-write ROUNDS=3; ends with "ratio <case> <library/pgbench>" lines
 	go run ./cmd/pgquota --database-url "$(PGQUOTA_TEST_DATABASE_URL)" bench --pgbench \
-		--strategy grant-hot,grant-spread --clients $(CLIENTS) --duration $(DURATION)
+		--strategy $(CASES) --clients $(CLIENTS) --duration $(DURATION) --rounds $(ROUNDS)

@@ -9,16 +9,14 @@
 // a pgbench script (see BuildScript), so both sides run the same SQL by
 // construction.
 //
-// New strategies plug in with Register. The fenced-lock strategies (lease
-// acquire, fenced write) are listed as pending until their package lands;
-// registering a strategy of the same name replaces the pending slot.
+// The strategies are listed in Strategies: the conditional grants, the
+// hand-written locking transactions, the voucher claim, and the fenced
+// lock's two hot statements (lease.go).
 package bench
 
 import (
 	"context"
-	"fmt"
 	"slices"
-	"sync"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -81,59 +79,16 @@ type Outcome struct {
 	Retries int
 }
 
-// Pending is a strategy that is announced but not built yet.
-type Pending struct {
-	Name   string
-	Reason string
+// strategies are the bench's strategies, in the order it runs them.
+var strategies = []Strategy{
+	grantHot{}, grantSpread{}, grantFirst{},
+	forUpdate{}, advisoryLock{}, serializable{},
+	voucherClaim{},
+	leaseAcquire{}, fencedWrite{},
 }
 
-var registry = struct {
-	sync.Mutex
-	strategies []Strategy
-	pending    []Pending
-}{
-	strategies: []Strategy{
-		grantHot{}, grantSpread{}, grantFirst{},
-		forUpdate{}, advisoryLock{}, serializable{},
-		voucherClaim{},
-	},
-	// The fenced lock plugs in here: its package calls Register with a
-	// Strategy named "lease-acquire" and one named "fenced-write", and the
-	// slots below disappear.
-	pending: []Pending{
-		{Name: "lease-acquire", Reason: "arrives with the fenced lock (pgquota lease)"},
-		{Name: "fenced-write", Reason: "arrives with the fenced lock (pgquota fence)"},
-	},
-}
-
-// Register adds s to the strategies the bench knows, after the built-in
-// ones. A pending slot of the same name is removed. It panics when a
-// strategy of that name is already registered.
-func Register(s Strategy) {
-	registry.Lock()
-	defer registry.Unlock()
-	for _, have := range registry.strategies {
-		if have.Name() == s.Name() {
-			panic(fmt.Sprintf("bench: strategy %q registered twice", s.Name()))
-		}
-	}
-	registry.strategies = append(registry.strategies, s)
-	registry.pending = slices.DeleteFunc(registry.pending, func(p Pending) bool { return p.Name == s.Name() })
-}
-
-// Strategies returns the registered strategies in order.
-func Strategies() []Strategy {
-	registry.Lock()
-	defer registry.Unlock()
-	return slices.Clone(registry.strategies)
-}
-
-// PendingStrategies returns the strategies announced but not built yet.
-func PendingStrategies() []Pending {
-	registry.Lock()
-	defer registry.Unlock()
-	return slices.Clone(registry.pending)
-}
+// Strategies returns the bench's strategies in order.
+func Strategies() []Strategy { return slices.Clone(strategies) }
 
 // Lookup returns the registered strategy called name.
 func Lookup(name string) (Strategy, bool) {
