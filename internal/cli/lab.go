@@ -89,7 +89,7 @@ func labText(w *tabwriter.Writer, rep *lab.Report) {
 	if rep.Kept {
 		kept = "kept (--keep)"
 	}
-	fmt.Fprintf(w, "PostgreSQL %s, scratch database %s (%s)\n\n", rep.Server, rep.Database, kept)
+	fmt.Fprintf(w, "PostgreSQL %s, scratch database %s (%s), synchronous_commit=%s\n\n", rep.Server, rep.Database, kept, rep.SynchronousCommit)
 	fmt.Fprintln(w, "injected:")
 	for _, s := range rep.Strategies {
 		fmt.Fprintf(w, "  %s\t%s\n", s.Name, s.Injected)

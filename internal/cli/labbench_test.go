@@ -69,7 +69,7 @@ func TestLabText(t *testing.T) {
 	require.Regexp(t, regexp.MustCompile(`(?m)^fenced\s+1\s+0\s+[1-9]\d*\s+1\s+\d+\s+exact$`), out)
 	require.Regexp(t, regexp.MustCompile(`(?m)^  fenced\s+pgquota lease, TTL 100ms: .*pause 200ms \(> TTL`), out)
 	require.NotContains(t, out, "pending")
-	require.Contains(t, out, "dropped afterwards")
+	require.Contains(t, out, "dropped afterwards), synchronous_commit=off")
 }
 
 func TestLabUsageErrors(t *testing.T) {

@@ -108,10 +108,12 @@ var errGaveUp = errors.New("gave up waiting for the lease")
 // paused, so the pauses hit as many requests as with the naive locks.
 func (fenced) attempt(ctx, wctx context.Context, env *Env, c *Client, holder string, first bool) (granted bool, err error) {
 	cfg := env.Config
-	// AcquireWait polls at the naive locks' pace; the clients' pools hold
-	// one connection each, which leaves none for LISTEN.
+	// AcquireWait with its default backoff, which never sleeps past the
+	// holder's remaining TTL. (Polling at the naive locks' pace loads a
+	// small machine enough to slow the holders' own statements.) Each
+	// client's pool holds one connection, which leaves none for LISTEN.
 	l, err := c.Quota.AcquireWait(wctx, quota.AcquireRequest{Name: fencedName, Holder: holder, TTL: cfg.TTL},
-		&quota.WaitOptions{MinInterval: retryEvery / 2, MaxInterval: retryEvery, NoListen: true})
+		&quota.WaitOptions{NoListen: true})
 	if err != nil {
 		if ctx.Err() == nil && wctx.Err() != nil {
 			return false, errGaveUp

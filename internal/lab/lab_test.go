@@ -38,6 +38,7 @@ func TestLabCounting(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, rep.Violations)
 	require.Equal(t, 8, rep.Requests)
+	require.Equal(t, "off", rep.SynchronousCommit)
 	require.NotEmpty(t, rep.Database)
 
 	cond := byName(t, rep, "conditional")
