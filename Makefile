@@ -42,6 +42,8 @@ test: ## Run every test with the race detector against PGQUOTA_TEST_DATABASE_URL
 # Benchmarks: the same statement through the library and through pgbench.
 CLIENTS  ?= 8
 DURATION ?= 5s
+CASES    ?= grant-hot,grant-spread,lease-acquire,fenced-write
+ROUNDS   ?= 3
 # bench-hotrow's runs: 64 clients take seconds to connect on a loaded machine.
 HOTROW_DURATION ?= 15s
 
@@ -50,15 +52,15 @@ bench: ## Run the Go benchmarks (BenchmarkGrant: hot row and spread, 1/8/32 clie
 	go test ./quota -run '^$$' -bench Grant -benchtime 3s
 
 .PHONY: bench-hotrow
-bench-hotrow: ## Hot row at 64 clients: coalesced grants and a 32-shard pool beside pgbench on the single-row statements: make bench-hotrow HOTROW_DURATION=15s
+bench-hotrow: ## Hot row at 64 clients: coalesced grants and a 32-shard pool beside pgbench on the single-row statements: make bench-hotrow HOTROW_DURATION=15s ROUNDS=3
 	go run ./cmd/pgquota --database-url "$(PGQUOTA_TEST_DATABASE_URL)" bench --pgbench \
-		--strategy grant-hot,grant-hot-coalesced,voucher-claim,voucher-sharded --clients 64 --duration $(HOTROW_DURATION)
+		--strategy grant-hot,grant-hot-coalesced,voucher-claim,voucher-sharded --clients 64 --duration $(HOTROW_DURATION) --rounds $(ROUNDS)
 
 .PHONY: bench-bulk
 bench-bulk: ## Bulk grants (grant --file's engine): rows/s on 100,000 distinct members, new and existing counters, 1/2/4/8 workers
 	go test ./internal/bulk -run '^$$' -bench Run -benchtime 2x
 
 .PHONY: bench-compare
-bench-compare: ## Library vs pgbench on the same SQL: make bench-compare CLIENTS=8 DURATION=5s; ends with "ratio <case> <library/pgbench>" lines
+bench-compare: ## Library vs pgbench on the same SQL: make bench-compare CLIENTS=8,32 CASES=lease-acquire,fenced-write ROUNDS=3; ends with "ratio <case> <library/pgbench>" lines
 	go run ./cmd/pgquota --database-url "$(PGQUOTA_TEST_DATABASE_URL)" bench --pgbench \
-		--strategy grant-hot,grant-spread --clients $(CLIENTS) --duration $(DURATION)
+		--strategy $(CASES) --clients $(CLIENTS) --duration $(DURATION) --rounds $(ROUNDS)

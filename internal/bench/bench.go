@@ -1,9 +1,11 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,6 +23,11 @@ type Config struct {
 	Duration time.Duration
 	// Pgbench also runs pgbench with the same SQL after each library run.
 	Pgbench bool
+	// Rounds measures each strategy and client count this many times,
+	// alternating the library and pgbench, and reports the median round of
+	// each side, so that a burst of load elsewhere on the machine skews one
+	// round, not the result. Defaults to 1.
+	Rounds int
 	// PgbenchPath is the pgbench binary. Defaults to "pgbench" on $PATH.
 	PgbenchPath string
 	// Progress, when not nil, is called as the runs advance, with a label
@@ -46,9 +53,9 @@ type Report struct {
 	Server     Server    `json:"server"`
 	DurationMS int64     `json:"duration_ms"`
 	Clients    []int     `json:"clients"`
+	Rounds     int       `json:"rounds"`
 	Results    []Result  `json:"results"`
 	Scripts    []*Script `json:"pgbench_scripts,omitempty"`
-	Pending    []Pending `json:"pending,omitempty"`
 }
 
 // Result is one strategy at one client count.
@@ -65,6 +72,24 @@ type Result struct {
 	PgbenchStrategy string `json:"pgbench_strategy,omitempty"`
 	// Ratio is the library's operations per second over pgbench's.
 	Ratio float64 `json:"ratio,omitempty"`
+	// Rounds holds every round's throughput, in the order they ran, when
+	// there was more than one; Library and Pgbench are then each side's
+	// median round (by throughput).
+	Rounds []Round `json:"rounds,omitempty"`
+}
+
+// Round is one round's throughput of each side.
+type Round struct {
+	OpsPerSec  float64 `json:"ops_per_sec"`
+	PgbenchTPS float64 `json:"pgbench_tps,omitempty"`
+}
+
+// medianBy returns the element at the middle of xs sorted by key (the
+// upper one of the two middles for an even count).
+func medianBy[T any](xs []T, key func(T) float64) T {
+	s := slices.Clone(xs)
+	slices.SortStableFunc(s, func(a, b T) int { return cmp.Compare(key(a), key(b)) })
+	return s[len(s)/2]
 }
 
 // Run creates a scratch database on admin's server, measures every
@@ -79,6 +104,12 @@ func Run(ctx context.Context, admin *pgxpool.Pool, cfg Config) (_ *Report, err e
 	if cfg.Duration <= 0 {
 		return nil, errors.New("the duration must be positive")
 	}
+	if cfg.Rounds == 0 {
+		cfg.Rounds = 1
+	}
+	if cfg.Rounds < 1 {
+		return nil, fmt.Errorf("rounds must be at least 1, got %d", cfg.Rounds)
+	}
 	var pgbenchPath string
 	if cfg.Pgbench {
 		secs := cfg.Duration.Seconds()
@@ -90,7 +121,7 @@ func Run(ctx context.Context, admin *pgxpool.Pool, cfg Config) (_ *Report, err e
 		}
 	}
 
-	rep := &Report{DurationMS: cfg.Duration.Milliseconds(), Clients: cfg.Clients, Pending: PendingStrategies()}
+	rep := &Report{DurationMS: cfg.Duration.Milliseconds(), Clients: cfg.Clients, Rounds: cfg.Rounds}
 	var maxConns int
 	err = admin.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('fsync'),
 		current_setting('max_connections')::int`).Scan(&rep.Server.Version, &rep.Server.Fsync, &maxConns)
@@ -116,7 +147,7 @@ func Run(ctx context.Context, admin *pgxpool.Pool, cfg Config) (_ *Report, err e
 	rep.Server.Database = db.Name
 
 	perRun := cfg.Duration
-	runs := len(cfg.Strategies) * len(cfg.Clients)
+	runs := len(cfg.Strategies) * len(cfg.Clients) * cfg.Rounds
 	if cfg.Pgbench {
 		runs *= 2
 	}
@@ -140,27 +171,46 @@ func Run(ctx context.Context, admin *pgxpool.Pool, cfg Config) (_ *Report, err e
 			rep.Scripts = append(rep.Scripts, script)
 		}
 		for _, n := range cfg.Clients {
-			label := fmt.Sprintf("%s, clients=%d", s.Name(), n)
-			progress(label + " (library)")(0)
-			lib, err := RunLibrary(ctx, db, s, n, cfg.Duration, progress(label+" (library)"))
-			if err != nil {
-				return nil, fmt.Errorf("%s at %d clients: %w", s.Name(), n, err)
+			r := Result{Strategy: s.Name(), Description: s.Describe(), Clients: n}
+			if base := pgbenchSide(s); cfg.Pgbench && base.Name() != s.Name() {
+				r.PgbenchStrategy = base.Name()
 			}
-			done += perRun
-			r := Result{Strategy: s.Name(), Description: s.Describe(), Clients: n, Library: lib}
-			if cfg.Pgbench {
-				if base := pgbenchSide(s); base.Name() != s.Name() {
-					r.PgbenchStrategy = base.Name()
+			var libs []LibraryResult
+			var pgs []PgbenchResult
+			for round := 1; round <= cfg.Rounds; round++ {
+				label := fmt.Sprintf("%s, clients=%d", s.Name(), n)
+				if cfg.Rounds > 1 {
+					label += fmt.Sprintf(", round %d/%d", round, cfg.Rounds)
 				}
-				pg, err := runPgbench(ctx, db, pgbenchSide(s), script, n, cfg.Duration, pgbenchPath, progress(label+" (pgbench)"))
+				progress(label + " (library)")(0)
+				lib, err := RunLibrary(ctx, db, s, n, cfg.Duration, progress(label+" (library)"))
 				if err != nil {
 					return nil, fmt.Errorf("%s at %d clients: %w", s.Name(), n, err)
 				}
 				done += perRun
+				libs = append(libs, lib)
+				rd := Round{OpsPerSec: lib.OpsPerSec}
+				if cfg.Pgbench {
+					pg, err := runPgbench(ctx, db, pgbenchSide(s), script, n, cfg.Duration, pgbenchPath, progress(label+" (pgbench)"))
+					if err != nil {
+						return nil, fmt.Errorf("%s at %d clients: %w", s.Name(), n, err)
+					}
+					done += perRun
+					pgs = append(pgs, pg)
+					rd.PgbenchTPS = pg.TPS
+				}
+				r.Rounds = append(r.Rounds, rd)
+			}
+			r.Library = medianBy(libs, func(l LibraryResult) float64 { return l.OpsPerSec })
+			if cfg.Pgbench {
+				pg := medianBy(pgs, func(p PgbenchResult) float64 { return p.TPS })
 				r.Pgbench = &pg
 				if pg.TPS > 0 {
-					r.Ratio = lib.OpsPerSec / pg.TPS
+					r.Ratio = r.Library.OpsPerSec / pg.TPS
 				}
+			}
+			if cfg.Rounds == 1 {
+				r.Rounds = nil
 			}
 			rep.Results = append(rep.Results, r)
 		}

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -38,7 +39,21 @@ func snapshot(t *testing.T, env Env) string {
 			(SELECT string_agg(format('pool %s|%s|%s|%s', campaign, kind, total, claimed), E'\n' ORDER BY campaign)
 			   FROM pgquota.voucher_pool),
 			(SELECT string_agg(format('claim %s|%s|%s|%s', campaign, member, seq, code), E'\n' ORDER BY campaign, member)
-			   FROM pgquota.voucher_claim))`).Scan(&s)
+			   FROM pgquota.voucher_claim),
+			(SELECT format('leases: %s rows, fences: %s rows, fenced rows: %s', (SELECT count(*) FROM pgquota.lease),
+			        (SELECT count(*) FROM pgquota.fence), (SELECT count(*) FROM pgquota.fenced_row))),
+			-- Acquired leases: held, for the TTL asked, with the newest token
+			-- of the sequence (tokens differ from run to run, so no value).
+			(SELECT string_agg(format('lease %s|%s|%s|held %s|ttl %s|newest token %s', name, holder, attempt,
+			        expires_at > clock_timestamp(), expires_at - acquired_at,
+			        token = (SELECT last_value FROM pgquota.lease_token)), E'\n' ORDER BY name)
+			   FROM pgquota.lease WHERE holder = $1),
+			-- Fenced rows written since the seed (seeded with an empty value).
+			(SELECT string_agg(format('fenced %s|%s|%s|%s', f.resource, f.key, f.value, f.fence_token), E'\n' ORDER BY f.resource, f.key)
+			   FROM pgquota.fenced_row f WHERE f.value <> ''),
+			(SELECT string_agg(format('fence %s|%s', resource, max_token), E'\n' ORDER BY resource)
+			   FROM pgquota.fence WHERE resource IN (SELECT resource FROM pgquota.fenced_row WHERE value <> '')))`,
+		acquireHolder).Scan(&s)
 	require.NoError(t, err)
 	return s
 }
@@ -67,11 +82,13 @@ func effect(t *testing.T, db *scratch.Database, s Strategy, do func(env Env, op 
 var wantStatements = map[string]int{
 	"grant-hot": 1, "grant-spread": 1, "grant-first": 1, "voucher-claim": 1,
 	"for-update": 4, "advisory-lock": 5, "serializable": 4,
+	"lease-acquire": 1, "fenced-write": 1,
 }
 
-// TestPgbenchEquivalence checks, for every strategy, that the pgbench
-// script built from the library's statements has the library's effect on
-// the rows: once with the script's statements sent the way pgbench -M
+// TestPgbenchEquivalence checks, for every strategy, how many statements
+// (round trips) one operation sends, and that the pgbench script built from
+// them matches its checked-in copy (testdataScripts) and has the library's
+// effect on the rows: once with the script's statements sent the way pgbench -M
 // prepared sends them (unnamed parameter types, values as text), and once
 // through pgbench itself (-t 1) when it is installed.
 func TestPgbenchEquivalence(t *testing.T) {
@@ -100,9 +117,10 @@ func TestPgbenchEquivalence(t *testing.T) {
 			}
 			script, err := Capture(ctx, db, s)
 			require.NoError(t, err)
-			if want, ok := wantStatements[s.Name()]; ok {
-				require.Len(t, script.Statements, want, "statements per operation")
-			}
+			want, ok := wantStatements[s.Name()]
+			require.True(t, ok, "wantStatements has no count for %s", s.Name())
+			require.Len(t, script.Statements, want, "statements per operation")
+			checkTestdata(t, script)
 			vals := make([]int64, len(script.Vars))
 			for i, v := range script.Vars {
 				vals[i] = v.Min + (4242 % (v.Max - v.Min + 1))
@@ -180,22 +198,65 @@ func TestRunLibrary(t *testing.T) {
 	require.GreaterOrEqual(t, used, res.Ops)
 }
 
+// TestRunRounds: with several rounds, every round is kept and the result
+// is the median round; the fenced lock's strategies run without errors.
+func TestRunRounds(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin := pgtest.Connect(t, pgtest.BaseURL(t), 2)
+	var strategies []Strategy
+	for _, name := range []string{"lease-acquire", "fenced-write"} {
+		s, ok := Lookup(name)
+		require.True(t, ok)
+		strategies = append(strategies, s)
+	}
+	rep, err := Run(ctx, admin, Config{Strategies: strategies, Clients: []int{2}, Duration: 200 * time.Millisecond, Rounds: 3})
+	require.NoError(t, err)
+	require.Equal(t, 3, rep.Rounds)
+	require.Len(t, rep.Results, 2)
+	for _, r := range rep.Results {
+		require.Len(t, r.Rounds, 3, r.Strategy)
+		var ops []float64
+		for _, rd := range r.Rounds {
+			ops = append(ops, rd.OpsPerSec)
+			require.Zero(t, rd.PgbenchTPS)
+		}
+		slices.Sort(ops)
+		require.Equal(t, ops[1], r.Library.OpsPerSec, r.Strategy)
+		require.Zero(t, r.Library.Errors, r.Library.FirstError)
+		require.Equal(t, r.Library.Ops, r.Library.Granted, "%s: every operation succeeds", r.Strategy)
+		require.Nil(t, r.Pgbench)
+	}
+
+	_, err = Run(ctx, admin, Config{Clients: []int{1}, Duration: time.Second, Rounds: -1})
+	require.ErrorContains(t, err, "rounds")
+}
+
+func TestMedianBy(t *testing.T) {
+	t.Parallel()
+	id := func(x int) float64 { return float64(x) }
+	require.Equal(t, 5, medianBy([]int{9, 5, 1}, id))
+	require.Equal(t, 7, medianBy([]int{9, 5, 1, 7}, id))
+	require.Equal(t, 3, medianBy([]int{3}, id))
+	in := []int{3, 2, 1}
+	medianBy(in, id)
+	require.Equal(t, []int{3, 2, 1}, in, "the input is not reordered")
+}
+
 func TestRegistry(t *testing.T) {
 	t.Parallel()
-	names := map[string]bool{}
+	var names []string
 	for _, s := range Strategies() {
-		require.False(t, names[s.Name()], "duplicate %s", s.Name())
-		names[s.Name()] = true
+		require.NotContains(t, names, s.Name(), "duplicate")
+		names = append(names, s.Name())
 		require.NotEmpty(t, s.Describe())
+		got, ok := Lookup(s.Name())
+		require.True(t, ok)
+		require.Equal(t, s, got)
 	}
-	for _, want := range []string{"grant-hot", "grant-spread", "grant-first", "for-update", "advisory-lock", "serializable", "voucher-claim", "grant-hot-coalesced", "voucher-sharded"} {
-		require.True(t, names[want], want)
-	}
-	var pending []string
-	for _, p := range PendingStrategies() {
-		pending = append(pending, p.Name)
-	}
-	require.Equal(t, []string{"lease-acquire", "fenced-write"}, pending)
+	require.Equal(t, []string{"grant-hot", "grant-spread", "grant-first", "for-update", "advisory-lock",
+		"serializable", "voucher-claim", "lease-acquire", "fenced-write",
+		"grant-hot-coalesced", "voucher-sharded"}, names)
 	_, ok := Lookup("nope")
 	require.False(t, ok)
 	require.Equal(t, "10000", strconv.Itoa(SpreadMembers))

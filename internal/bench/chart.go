@@ -27,6 +27,24 @@ func ChartFormat(path string) (string, error) {
 	}
 }
 
+// chartColors holds one distinct color per strategy (Tableau 10, then two
+// darker shades for the hot-row strategies; plotutil's default palette has
+// 7, fewer than the strategies).
+var chartColors = []color.Color{
+	color.RGBA{R: 0x4e, G: 0x79, B: 0xa7, A: 0xff},
+	color.RGBA{R: 0xf2, G: 0x8e, B: 0x2b, A: 0xff},
+	color.RGBA{R: 0xe1, G: 0x57, B: 0x59, A: 0xff},
+	color.RGBA{R: 0x76, G: 0xb7, B: 0xb2, A: 0xff},
+	color.RGBA{R: 0x59, G: 0xa1, B: 0x4f, A: 0xff},
+	color.RGBA{R: 0xed, G: 0xc9, B: 0x48, A: 0xff},
+	color.RGBA{R: 0xb0, G: 0x7a, B: 0xa1, A: 0xff},
+	color.RGBA{R: 0xff, G: 0x9d, B: 0xa7, A: 0xff},
+	color.RGBA{R: 0x9c, G: 0x75, B: 0x5f, A: 0xff},
+	color.RGBA{R: 0xba, G: 0xb0, B: 0xac, A: 0xff},
+	color.RGBA{R: 0x1f, G: 0x3a, B: 0x5f, A: 0xff},
+	color.RGBA{R: 0x8c, G: 0x2d, B: 0x04, A: 0xff},
+}
+
 // WriteChart draws operations per second against clients (log scale),
 // one line per strategy and a dashed one per strategy for pgbench when
 // measured, with the legend beside the plot, to path as SVG or PNG (by its
@@ -71,7 +89,7 @@ func WriteChart(rep *Report, path string) error {
 				ticks = append(ticks, plot.Tick{Value: float64(r.Clients), Label: fmt.Sprint(r.Clients)})
 			}
 		}
-		c := plotutil.Color(i)
+		c := chartColors[i%len(chartColors)]
 		if err := addLine(p, &legend, name, lib, c, nil, plotutil.Shape(i)); err != nil {
 			return err
 		}

@@ -13,7 +13,7 @@ import (
 
 func sampleReport() *Report {
 	rep := &Report{}
-	for i, s := range []string{"grant-hot", "grant-spread", "for-update", "serializable"} {
+	for i, s := range []string{"grant-hot", "grant-spread", "for-update", "serializable", "voucher-claim", "advisory-lock", "grant-first", "lease-acquire", "fenced-write"} {
 		for _, n := range []int{1, 8, 32, 64} {
 			ops := float64(1000*(i+1)) / float64(n)
 			rep.Results = append(rep.Results, Result{

@@ -226,6 +226,11 @@ func argText(v any) (string, error) {
 			return "", fmt.Errorf("NULL cannot be passed as a pgbench variable")
 		}
 		return strconv.FormatInt(x.Int64, 10), nil
+	case pgtype.Interval:
+		if !x.Valid {
+			return "", fmt.Errorf("NULL cannot be passed as a pgbench variable")
+		}
+		return fmt.Sprintf("%d months %d days %d microseconds", x.Months, x.Days, x.Microseconds), nil
 	case pgtype.Text:
 		if !x.Valid {
 			return "", fmt.Errorf("NULL cannot be passed as a pgbench variable")

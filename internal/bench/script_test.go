@@ -18,7 +18,8 @@ func TestBuildScript(t *testing.T) {
 		return []Statement{
 			{SQL: "begin"},
 			{SQL: "-- name: X :one\nSELECT f($1::text, $2::text, $3, $2, $4)", Args: []any{"q", member, int64(7), at}},
-			{SQL: "UPDATE t SET v = v + $1 WHERE q = $2", Args: []any{pgtype.Int8{Int64: 7, Valid: true}, "q"}},
+			{SQL: "UPDATE t SET v = v + $1 WHERE q = $2 AND d < $3::interval", Args: []any{
+				pgtype.Int8{Int64: 7, Valid: true}, "q", pgtype.Interval{Days: 1, Microseconds: 1500, Valid: true}}},
 			{SQL: "commit"},
 		}
 	}
@@ -26,9 +27,9 @@ func TestBuildScript(t *testing.T) {
 	require.Equal(t, []int64{68}, b)
 	s, err := BuildScript("x", vars, a, b, stmt("34"), stmt("68"))
 	require.NoError(t, err)
-	require.Equal(t, []string{"c1=q", "c2=7", "c3=2026-11-30 00:00:00Z"}, s.Defines)
+	require.Equal(t, []string{"c1=q", "c2=7", "c3=2026-11-30 00:00:00Z", "c4=0 months 1 days 1500 microseconds"}, s.Defines)
 	require.Contains(t, s.Text, "\\set member random(1, 100)\n")
-	require.Contains(t, s.Text, "begin;\nSELECT f(:c1::text, :member::text, :c2, :member, :c3);\nUPDATE t SET v = v + :c2 WHERE q = :c1;\ncommit;\n")
+	require.Contains(t, s.Text, "begin;\nSELECT f(:c1::text, :member::text, :c2, :member, :c3);\nUPDATE t SET v = v + :c2 WHERE q = :c1 AND d < :c4::interval;\ncommit;\n")
 	require.NotContains(t, s.Text, "name: X", "sqlc's leading comment is dropped, as pgbench drops it")
 
 	// What pgbench sends: every occurrence numbered anew, values as text.
@@ -59,6 +60,7 @@ func TestBuildScriptRejects(t *testing.T) {
 		"varies but no var":  {one("SELECT $1", "x"), one("SELECT $1", "y"), "no declared Var"},
 		"null":               {one("SELECT $1", nil), one("SELECT $1", nil), "NULL"},
 		"null int8":          {one("SELECT $1", pgtype.Int8{}), one("SELECT $1", pgtype.Int8{}), "NULL"},
+		"null interval":      {one("SELECT $1", pgtype.Interval{}), one("SELECT $1", pgtype.Interval{}), "NULL"},
 		"odd type":           {one("SELECT $1", []byte("x")), one("SELECT $1", []byte("x")), "cannot pass"},
 		"pgbench variable":   {one("SELECT ':x'"), one("SELECT ':x'"), "variable"},
 		"semicolon":          {one("SELECT 1; SELECT 2"), one("SELECT 1; SELECT 2"), "semicolon"},

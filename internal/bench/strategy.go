@@ -9,16 +9,14 @@
 // a pgbench script (see BuildScript), so both sides run the same SQL by
 // construction.
 //
-// New strategies plug in with Register. The fenced-lock strategies (lease
-// acquire, fenced write) are listed as pending until their package lands;
-// registering a strategy of the same name replaces the pending slot.
+// The strategies are listed in Strategies: the conditional grants, the
+// hand-written locking transactions, the voucher claim, and the fenced
+// lock's two hot statements (lease.go).
 package bench
 
 import (
 	"context"
-	"fmt"
 	"slices"
-	"sync"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -81,6 +79,15 @@ type Outcome struct {
 	Retries int
 }
 
+// strategies are the bench's strategies, in the order it runs them.
+var strategies = []Strategy{
+	grantHot{}, grantSpread{}, grantFirst{},
+	forUpdate{}, advisoryLock{}, serializable{},
+	voucherClaim{},
+	leaseAcquire{}, fencedWrite{},
+	grantHotCoalesced{}, voucherSharded{},
+}
+
 // Baseline is implemented by a strategy whose pgbench side runs another
 // strategy's SQL instead of its own: a strategy that changes how many
 // statements an operation takes (coalesced grants decide many calls in one
@@ -102,60 +109,8 @@ func pgbenchSide(s Strategy) Strategy {
 	return s
 }
 
-// Pending is a strategy that is announced but not built yet.
-type Pending struct {
-	Name   string
-	Reason string
-}
-
-var registry = struct {
-	sync.Mutex
-	strategies []Strategy
-	pending    []Pending
-}{
-	strategies: []Strategy{
-		grantHot{}, grantSpread{}, grantFirst{},
-		forUpdate{}, advisoryLock{}, serializable{},
-		voucherClaim{},
-		grantHotCoalesced{}, voucherSharded{},
-	},
-	// The fenced lock plugs in here: its package calls Register with a
-	// Strategy named "lease-acquire" and one named "fenced-write", and the
-	// slots below disappear.
-	pending: []Pending{
-		{Name: "lease-acquire", Reason: "arrives with the fenced lock (pgquota lease)"},
-		{Name: "fenced-write", Reason: "arrives with the fenced lock (pgquota fence)"},
-	},
-}
-
-// Register adds s to the strategies the bench knows, after the built-in
-// ones. A pending slot of the same name is removed. It panics when a
-// strategy of that name is already registered.
-func Register(s Strategy) {
-	registry.Lock()
-	defer registry.Unlock()
-	for _, have := range registry.strategies {
-		if have.Name() == s.Name() {
-			panic(fmt.Sprintf("bench: strategy %q registered twice", s.Name()))
-		}
-	}
-	registry.strategies = append(registry.strategies, s)
-	registry.pending = slices.DeleteFunc(registry.pending, func(p Pending) bool { return p.Name == s.Name() })
-}
-
-// Strategies returns the registered strategies in order.
-func Strategies() []Strategy {
-	registry.Lock()
-	defer registry.Unlock()
-	return slices.Clone(registry.strategies)
-}
-
-// PendingStrategies returns the strategies announced but not built yet.
-func PendingStrategies() []Pending {
-	registry.Lock()
-	defer registry.Unlock()
-	return slices.Clone(registry.pending)
-}
+// Strategies returns the bench's strategies in order.
+func Strategies() []Strategy { return slices.Clone(strategies) }
 
 // Lookup returns the registered strategy called name.
 func Lookup(name string) (Strategy, bool) {

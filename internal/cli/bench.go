@@ -36,11 +36,17 @@ they are captured with a pgx tracer and written into a pgbench script, so
 the SQL is the same by construction. The output then ends with one line
 "ratio <strategy>/<clients> <library ops/s / pgbench tps>" per run.
 
+--rounds K measures each strategy and client count K times, alternating the
+library and pgbench, and prints each side's median round: on a shared
+machine, a burst of load elsewhere then skews one round instead of the
+ratio.
+
 The bench works in a scratch database it creates on the server (the role
 needs CREATEDB) and drops afterwards. Strategies:
 ` + strategyList(),
 		Example: `  pgquota bench --clients 1,8,32,64 --duration 5s
   pgquota bench --strategy grant-hot,grant-spread --clients 8,32 --duration 5s --pgbench
+  pgquota bench --strategy lease-acquire,fenced-write --clients 8,32 --pgbench --rounds 3
   pgquota bench --clients 1,8,32 --chart bench.svg --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -69,6 +75,9 @@ needs CREATEDB) and drops afterwards. Strategies:
 				if n < 1 {
 					return usagef("--clients: counts must be at least 1, got %d", n)
 				}
+			}
+			if cfg.Rounds < 1 {
+				return usagef("--rounds must be at least 1, got %d", cfg.Rounds)
 			}
 			admin, err := a.connect(ctx)
 			if err != nil {
@@ -101,6 +110,7 @@ needs CREATEDB) and drops afterwards. Strategies:
 	f.StringSliceVar(&names, "strategy", nil, "strategies to measure (default all): "+strings.Join(strategyNames(), ","))
 	f.BoolVar(&cfg.Pgbench, "pgbench", false, "also run pgbench with the same SQL and print the ratio")
 	f.StringVar(&cfg.PgbenchPath, "pgbench-path", "pgbench", "the pgbench binary")
+	f.IntVar(&cfg.Rounds, "rounds", 1, "measure each run this many times, alternating library and pgbench; print the median rounds")
 	f.StringVar(&chart, "chart", "", "draw throughput against clients to FILE.svg or FILE.png")
 	f.BoolVar(&noProgress, "no-progress", false, "no progress bar on stderr")
 	return cmd
@@ -118,9 +128,6 @@ func strategyList() string {
 	var sb strings.Builder
 	for _, s := range bench.Strategies() {
 		fmt.Fprintf(&sb, "  %-14s %s\n", s.Name(), s.Describe())
-	}
-	for _, p := range bench.PendingStrategies() {
-		fmt.Fprintf(&sb, "  %-14s pending: %s\n", p.Name, p.Reason)
 	}
 	return sb.String()
 }
@@ -155,7 +162,11 @@ func newProgressBar(w io.Writer) *progressbar.ProgressBar {
 func benchText(w *tabwriter.Writer, rep *bench.Report, chart string) {
 	fmt.Fprintf(w, "pgquota bench: PostgreSQL %s, %s per run, synchronous_commit=%s (durable commits), fsync=%s\n",
 		rep.Server.Version, time.Duration(rep.DurationMS)*time.Millisecond, rep.Server.SynchronousCommit, rep.Server.Fsync)
-	fmt.Fprintf(w, "scratch database %s (dropped afterwards)\n\n", rep.Server.Database)
+	fmt.Fprintf(w, "scratch database %s (dropped afterwards)\n", rep.Server.Database)
+	if rep.Rounds > 1 {
+		fmt.Fprintf(w, "%d rounds per run, alternating library and pgbench: the figures are each side's median round\n", rep.Rounds)
+	}
+	fmt.Fprintln(w)
 	withPgbench := len(rep.Results) > 0 && rep.Results[0].Pgbench != nil
 	head := []any{"strategy", "clients", "ops/s", "p50 ms", "p95 ms", "p99 ms", "retries", "errors"}
 	if withPgbench {
@@ -181,8 +192,19 @@ func benchText(w *tabwriter.Writer, rep *bench.Report, chart string) {
 		fmt.Fprintln(w, "pgbench/s and pgb p50..p99: pgbench -M prepared on the same SQL, clients and duration; ratio: ops/s / pgbench/s.")
 		fmt.Fprintln(w, "A strategy measured against another one's SQL says so on its ratio line (pgbench ran ...).")
 	}
-	for _, p := range rep.Pending {
-		fmt.Fprintf(w, "pending: %s (%s)\n", p.Name, p.Reason)
+	if rep.Rounds > 1 {
+		fmt.Fprintln(w, "rounds (ops/s, and pgbench/s with --pgbench, in the order they ran):")
+		for _, r := range rep.Results {
+			var parts []string
+			for _, rd := range r.Rounds {
+				p := fmt.Sprintf("%.0f", rd.OpsPerSec)
+				if withPgbench {
+					p += fmt.Sprintf("/%.0f", rd.PgbenchTPS)
+				}
+				parts = append(parts, p)
+			}
+			fmt.Fprintf(w, "  %s/%d: %s\n", r.Strategy, r.Clients, strings.Join(parts, " "))
+		}
 	}
 	if chart != "" {
 		fmt.Fprintf(w, "chart: %s\n", chart)

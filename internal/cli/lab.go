@@ -23,11 +23,13 @@ limit of --limit, once per strategy, and count what each strategy handed out:
   naive-lock   TTL lock row in PostgreSQL, checked once, no token (what not to do)
   redis-lock   the same lock with Redis SET NX PX                (what not to do)
   conditional  pgquota's one-statement conditional grant
-  fenced       lease + fenced write (pending: arrives with the fenced lock)
+  fenced       pgquota lease + fenced write carrying the lease's token
 
 Faults are injected so that the failure shows: a think time between read and
-write, and a pause past the lock's TTL after the freshness check. The output
-says what was injected.
+write, and a pause past the lock's TTL right before the write (after the
+naive locks' freshness check). fenced gets the same lease TTL, think time and
+pauses; the storage rejects its stale writes ("stale rejected"), and the
+request starts over with a new lease. The output says what was injected.
 
 The lab works in a scratch database it creates on the server (the role needs
 CREATEDB) and drops afterwards unless --keep. redis-lock is reported
@@ -65,8 +67,8 @@ run, 1 otherwise.`,
 	f.IntVar(&cfg.Requests, "requests", cfg.Requests, "concurrent requests, each on its own connection")
 	f.Int64Var(&cfg.Limit, "limit", cfg.Limit, "units that may be handed out")
 	f.DurationVar(&cfg.Think, "think", cfg.Think, "work between reading the counter and writing it")
-	f.DurationVar(&cfg.TTL, "ttl", cfg.TTL, "time to live of the naive locks")
-	f.DurationVar(&cfg.Pause, "pause", cfg.Pause, "pause injected after the lock's freshness check, before the write (0: none)")
+	f.DurationVar(&cfg.TTL, "ttl", cfg.TTL, "time to live of the locks (naive locks and fenced's lease)")
+	f.DurationVar(&cfg.Pause, "pause", cfg.Pause, "pause injected right before the write, after the naive locks' freshness check (0: none)")
 	f.IntVar(&cfg.Paused, "paused", cfg.Paused, "how many requests pause (the first to reach the pause)")
 	f.IntVar(&cfg.Runs, "runs", cfg.Runs, "repeat the experiment; prints min/median/max")
 	f.StringVar(&cfg.RedisURL, "redis-url", cfg.RedisURL, "Redis server for redis-lock")
@@ -87,22 +89,15 @@ func labText(w *tabwriter.Writer, rep *lab.Report) {
 	if rep.Kept {
 		kept = "kept (--keep)"
 	}
-	fmt.Fprintf(w, "PostgreSQL %s, scratch database %s (%s)\n\n", rep.Server, rep.Database, kept)
+	fmt.Fprintf(w, "PostgreSQL %s, scratch database %s (%s), synchronous_commit=%s\n\n", rep.Server, rep.Database, kept, rep.SynchronousCommit)
 	fmt.Fprintln(w, "injected:")
 	for _, s := range rep.Strategies {
-		if s.Status == lab.StatusPending {
-			continue
-		}
 		fmt.Fprintf(w, "  %s\t%s\n", s.Name, s.Injected)
 	}
 	fmt.Fprintln(w)
 	row(w, "strategy", "granted", "leaked", "stale rejected", "counter", "wall ms", "result")
 	for _, s := range rep.Strategies {
-		switch s.Status {
-		case lab.StatusPending:
-			row(w, s.Name, "-", "-", "-", "-", "-", "pending: "+s.Reason)
-			continue
-		case lab.StatusUnavailable:
+		if s.Status == lab.StatusUnavailable {
 			row(w, s.Name, "-", "-", "-", "-", "-", s.Reason)
 			continue
 		}

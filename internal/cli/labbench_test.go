@@ -48,7 +48,12 @@ func TestLabJSON(t *testing.T) {
 	require.Equal(t, 2, got["conditional"].ExactRuns)
 	require.Equal(t, 2, got["no-lock"].LeakedRuns)
 	require.Equal(t, lab.StatusUnavailable, got["redis-lock"].Status)
-	require.Equal(t, lab.StatusPending, got["fenced"].Status)
+	require.Equal(t, 2, got["fenced"].ExactRuns)
+	for _, r := range got["fenced"].Runs {
+		require.Equal(t, int64(2), r.Granted)
+		require.Zero(t, r.Leaked)
+		require.Positive(t, r.StaleRejected, "holders paused past the TTL are fenced off")
+	}
 }
 
 func TestLabText(t *testing.T) {
@@ -61,8 +66,10 @@ func TestLabText(t *testing.T) {
 	require.Regexp(t, regexp.MustCompile(`(?m)^strategy\s+granted\s+leaked\s+stale rejected\s+counter\s+wall ms\s+result$`), out)
 	require.Regexp(t, regexp.MustCompile(`(?m)^conditional\s+1\s+0\s+0\s+1\s+\d+\s+exact$`), out)
 	require.Regexp(t, regexp.MustCompile(`(?m)^no-lock\s+\d+\s+[1-9]\d*\s+0\s+1\s+\d+\s+LEAKED \(what not to do\)$`), out)
-	require.Regexp(t, regexp.MustCompile(`(?m)^fenced\s+-.*pending`), out)
-	require.Contains(t, out, "dropped afterwards")
+	require.Regexp(t, regexp.MustCompile(`(?m)^fenced\s+1\s+0\s+[1-9]\d*\s+1\s+\d+\s+exact$`), out)
+	require.Regexp(t, regexp.MustCompile(`(?m)^  fenced\s+pgquota lease, TTL 100ms: .*pause 200ms \(> TTL`), out)
+	require.NotContains(t, out, "pending")
+	require.Contains(t, out, "dropped afterwards), synchronous_commit=off")
 }
 
 func TestLabUsageErrors(t *testing.T) {
@@ -115,14 +122,16 @@ func TestBenchTextAndPNG(t *testing.T) {
 	t.Parallel()
 	chart := filepath.Join(t.TempDir(), "bench.png")
 	out, errs, code := runOut(t, "bench", "--strategy", "grant-spread,voucher-claim", "--clients", "1,2",
-		"--duration", "200ms", "--chart", chart)
+		"--duration", "200ms", "--rounds", "2", "--chart", chart)
 	require.Equal(t, cli.ExitOK, code, errs)
 	require.Empty(t, errs, "no progress bar when stderr is not a terminal")
 	require.Regexp(t, regexp.MustCompile(`(?m)^strategy\s+clients\s+ops/s\s+p50 ms\s+p95 ms\s+p99 ms\s+retries\s+errors$`), out)
 	require.Regexp(t, regexp.MustCompile(`(?m)^grant-spread\s+1\s+\d+\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+\s+0\s+0$`), out)
 	require.Regexp(t, regexp.MustCompile(`(?m)^voucher-claim\s+2\s+\d+`), out)
-	require.Contains(t, out, "pending: lease-acquire")
+	require.NotContains(t, out, "pending")
 	require.NotContains(t, out, "ratio ", "no ratio lines without --pgbench")
+	require.Contains(t, out, "2 rounds per run")
+	require.Regexp(t, regexp.MustCompile(`(?m)^  voucher-claim/2: \d+ \d+$`), out)
 
 	f, err := os.Open(chart)
 	require.NoError(t, err)
@@ -130,6 +139,27 @@ func TestBenchTextAndPNG(t *testing.T) {
 	img, err := png.Decode(f)
 	require.NoError(t, err)
 	require.Greater(t, img.Bounds().Dx(), 100)
+}
+
+// TestBenchFencedLockWithPgbench: the fenced lock's two statements run
+// through the library and pgbench without errors, and the text ends with
+// their ratio lines.
+func TestBenchFencedLockWithPgbench(t *testing.T) {
+	t.Parallel()
+	if _, err := exec.LookPath("pgbench"); err != nil {
+		t.Skipf("pgbench is not installed: %v", err)
+	}
+	out, errs, code := runOut(t, "bench", "--strategy", "lease-acquire,fenced-write", "--clients", "2",
+		"--duration", "1s", "--pgbench")
+	require.Equal(t, cli.ExitOK, code, errs)
+	require.Empty(t, errs)
+	for _, name := range []string{"lease-acquire", "fenced-write"} {
+		// strategy, clients, ops/s, p50, p95, p99, retries 0, errors 0, pgbench/s, pgb p50..p99, ratio
+		require.Regexp(t, regexp.MustCompile(`(?m)^`+name+`\s+2\s+\d+\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+\s+0\s+0\s+\d+(\s+[0-9.]+){3}\s+[0-9.]+$`), out)
+		require.Regexp(t, regexp.MustCompile(`(?m)^ratio `+name+`/2 [0-9]+\.[0-9]{2}$`), out)
+	}
+	require.NotContains(t, out, "first error")
+	require.NotContains(t, out, "rounds")
 }
 
 func TestBenchUsageErrors(t *testing.T) {
@@ -140,6 +170,7 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"bench", "--clients", "0"},
 		{"bench", "--duration", "0s"},
 		{"bench", "--pgbench", "--duration", "1500ms"},
+		{"bench", "--rounds", "0"},
 	} {
 		_, errs, code := runOut(t, args...)
 		require.Equal(t, cli.ExitUsage, code, "%v: %s", args, errs)

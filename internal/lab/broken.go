@@ -7,7 +7,7 @@ package lab
 // Never copy them into an application, and never make package quota
 // depend on them. The safe ways are pgquota's one-statement conditional
 // grant (conditional.go) and, for work under a lock, a lease with a
-// fencing token that the storage checks on every write.
+// fencing token that the storage checks on every write (fenced.go).
 
 import (
 	"context"
@@ -103,10 +103,6 @@ type locker interface {
 	release(ctx context.Context, c *Client, owner string) error
 }
 
-// retryEvery is how often a request that did not get a lock tries again
-// (plus up to half as much again at random).
-const retryEvery = 20 * time.Millisecond
-
 // lockedRequest is the naive critical section: take the lock, read, think,
 // check once that the lock is still ours, (maybe pause), write read+1
 // without any token, release. A pause after the check and before the write
@@ -115,9 +111,7 @@ const retryEvery = 20 * time.Millisecond
 func lockedRequest(ctx context.Context, env *Env, c *Client, l locker, counter string) (Outcome, error) {
 	cfg := env.Config
 	owner := fmt.Sprintf("run%d-request%d", env.Run, c.ID)
-	// Give up when the lock never comes free: every holder keeps it at
-	// most a TTL.
-	deadline := time.Now().Add(time.Duration(cfg.Requests+2)*(cfg.TTL+cfg.Think+retryEvery) + 5*time.Second)
+	deadline := giveUpAt(cfg)
 	for {
 		ok, err := l.tryAcquire(ctx, c, owner)
 		if err != nil {

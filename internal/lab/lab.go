@@ -4,7 +4,9 @@
 //
 // The strategies that leak (no-lock, naive-lock, redis-lock, in broken.go)
 // are here to show what not to do. Nothing in package quota depends on
-// them.
+// them. The safe ones are pgquota's conditional grant (conditional.go) and
+// its lease with a fenced write (fenced.go), which meets the naive locks'
+// think time and pauses.
 package lab
 
 import (
@@ -33,11 +35,12 @@ type Config struct {
 	// Think is the work a request does between reading the counter and
 	// writing it.
 	Think time.Duration
-	// TTL is the naive locks' time to live.
+	// TTL is the locks' time to live: the naive locks' and the fenced
+	// strategy's lease.
 	TTL time.Duration
 	// Pause is the stop-the-world pause injected into the first Paused
-	// requests that reach their write (after the lock's freshness check,
-	// before the write); 0 injects none.
+	// requests that reach their write (after the naive locks' freshness
+	// check, right before the write); 0 injects none.
 	Pause time.Duration
 	// Paused is how many requests pause.
 	Paused int
@@ -58,7 +61,9 @@ type Config struct {
 // every 100ms, so the paused writers that read the counter before the
 // first write lands (at about 50+200ms) are the first three: the naive
 // locks leak in every run, typically 2 units, while the timing keeps
-// tens of milliseconds of margin on a loaded machine.
+// tens of milliseconds of margin on a loaded machine. The fenced strategy
+// meets the same pauses: its first three lease holders wake after their
+// lease ended, and their writes are rejected.
 func DefaultConfig() Config {
 	return Config{
 		Requests: 20,
@@ -187,82 +192,49 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-// Pending is a strategy announced but not built yet.
-type Pending struct {
-	Name   string
-	Reason string
+// retryEvery is how often a request that did not get a lock tries again
+// (plus up to half as much again at random).
+const retryEvery = 20 * time.Millisecond
+
+// giveUpAt is when a request stops waiting for a lock that never comes
+// free: every holder keeps a lock at most a TTL.
+func giveUpAt(cfg Config) time.Time {
+	return time.Now().Add(time.Duration(cfg.Requests+2)*(cfg.TTL+cfg.Think+retryEvery) + 5*time.Second)
 }
 
-// registry holds constructors, so that each Run gets strategies of its
-// own (redis-lock keeps its client between Prepare and Close).
-var registry = struct {
-	sync.Mutex
-	strategies []func() Strategy
-	pending    []Pending
-}{
-	strategies: []func() Strategy{
-		func() Strategy { return noLock{} },
-		func() Strategy { return &naiveLock{} },
-		func() Strategy { return &redisLock{} },
-		func() Strategy { return conditional{} },
-	},
-	// The fenced lock plugs in here: its package calls Register with a
-	// constructor of a Strategy named "fenced" (lease + fenced write, Safe,
-	// env.Faults.Pause between its check and its write, StaleRejected
-	// counted), and the slot disappears.
-	pending: []Pending{{Name: "fenced", Reason: "arrives with the fenced lock (pgquota lease + fenced write)"}},
+// strategies makes the lab's strategies, in order. Each Run gets instances
+// of its own, so concurrent labs share no state (redis-lock keeps its
+// client between Prepare and Close).
+var strategies = []func() Strategy{
+	func() Strategy { return noLock{} },
+	func() Strategy { return &naiveLock{} },
+	func() Strategy { return &redisLock{} },
+	func() Strategy { return conditional{} },
+	func() Strategy { return fenced{} },
 }
 
-// Register adds the strategy that newStrategy makes after the built-in
-// ones, replacing a pending slot of the same name. newStrategy is called
-// once per Run.
-func Register(newStrategy func() Strategy) {
-	registry.Lock()
-	defer registry.Unlock()
-	name := newStrategy().Name()
-	for _, have := range registry.strategies {
-		if have().Name() == name {
-			panic(fmt.Sprintf("lab: strategy %q registered twice", name))
-		}
-	}
-	registry.strategies = append(registry.strategies, newStrategy)
-	registry.pending = slices.DeleteFunc(registry.pending, func(p Pending) bool { return p.Name == name })
-}
-
-// Strategies returns new instances of the registered strategies, in order.
+// Strategies returns new instances of the lab's strategies, in order.
 func Strategies() []Strategy {
-	registry.Lock()
-	defer registry.Unlock()
-	out := make([]Strategy, len(registry.strategies))
-	for i, newStrategy := range registry.strategies {
+	out := make([]Strategy, len(strategies))
+	for i, newStrategy := range strategies {
 		out[i] = newStrategy()
 	}
 	return out
 }
 
-// Names lists every strategy name, pending ones included.
+// Names lists the strategies' names, in order.
 func Names() []string {
 	var names []string
 	for _, s := range Strategies() {
 		names = append(names, s.Name())
 	}
-	for _, p := range pendingStrategies() {
-		names = append(names, p.Name)
-	}
 	return names
-}
-
-func pendingStrategies() []Pending {
-	registry.Lock()
-	defer registry.Unlock()
-	return slices.Clone(registry.pending)
 }
 
 // Status of a strategy in a Report.
 const (
 	StatusOK          = "ok"
 	StatusUnavailable = "unavailable"
-	StatusPending     = "pending"
 )
 
 // RunResult is what one run of one strategy did.
@@ -318,17 +290,19 @@ type StrategyReport struct {
 
 // Report is the lab's outcome.
 type Report struct {
-	Requests   int              `json:"requests"`
-	Limit      int64            `json:"limit"`
-	Runs       int              `json:"runs"`
-	ThinkMS    float64          `json:"think_ms"`
-	TTLMS      float64          `json:"ttl_ms"`
-	PauseMS    float64          `json:"pause_ms"`
-	Paused     int              `json:"paused"`
-	Server     string           `json:"server_version"`
-	Database   string           `json:"database"`
-	Kept       bool             `json:"kept"`
-	Strategies []StrategyReport `json:"strategies"`
+	Requests int     `json:"requests"`
+	Limit    int64   `json:"limit"`
+	Runs     int     `json:"runs"`
+	ThinkMS  float64 `json:"think_ms"`
+	TTLMS    float64 `json:"ttl_ms"`
+	PauseMS  float64 `json:"pause_ms"`
+	Paused   int     `json:"paused"`
+	Server   string  `json:"server_version"`
+	// SynchronousCommit is what the requests' sessions ran with.
+	SynchronousCommit string           `json:"synchronous_commit"`
+	Database          string           `json:"database"`
+	Kept              bool             `json:"kept"`
+	Strategies        []StrategyReport `json:"strategies"`
 	// Violations lists safe strategies that did not grant exactly the
 	// limit; empty when everything held.
 	Violations []string `json:"violations"`
@@ -343,7 +317,7 @@ func Run(ctx context.Context, admin *pgxpool.Pool, cfg Config) (_ *Report, err e
 	rep := &Report{
 		Requests: cfg.Requests, Limit: cfg.Limit, Runs: cfg.Runs,
 		ThinkMS: ms(cfg.Think), TTLMS: ms(cfg.TTL), PauseMS: ms(cfg.Pause), Paused: cfg.Paused,
-		Kept: cfg.Keep, Violations: []string{},
+		Kept: cfg.Keep, Violations: []string{}, SynchronousCommit: sessionParams["synchronous_commit"],
 	}
 	var maxConns int
 	if err := admin.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('max_connections')::int`).
@@ -395,15 +369,20 @@ func Run(ctx context.Context, admin *pgxpool.Pool, cfg Config) (_ *Report, err e
 		}
 		rep.Strategies = append(rep.Strategies, sr)
 	}
-	for _, p := range pendingStrategies() {
-		if want(p.Name) {
-			rep.Strategies = append(rep.Strategies, StrategyReport{Name: p.Name, Safe: true, Status: StatusPending, Reason: p.Reason, Injected: "pending"})
-		}
-	}
 	return rep, nil
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// sessionParams are set on every request's connection. The lab shows
+// interleavings, not durability: its commits do not wait for the WAL
+// flush, so that a slow disk does not eat into the 100ms TTLs. A lease's
+// TTL counts from its acquire statement, and with durable commits on a
+// busy machine the flush alone can take tens of milliseconds before the
+// holder even learns it holds the lease. (The naive locks' table is
+// unlogged for the same reason.) Visibility and row locking, and so every
+// outcome the lab counts, are the same either way.
+var sessionParams = map[string]string{"synchronous_commit": "off"}
 
 // openClients opens n pools of one connection each, all connected.
 func openClients(ctx context.Context, db *scratch.Database, n int) ([]*Client, error) {
@@ -411,6 +390,9 @@ func openClients(ctx context.Context, db *scratch.Database, n int) ([]*Client, e
 	for i := range n {
 		cfg := db.Config(1)
 		cfg.ConnConfig.RuntimeParams["application_name"] = fmt.Sprintf("pgquota lab request %d", i+1)
+		for k, v := range sessionParams {
+			cfg.ConnConfig.RuntimeParams[k] = v
+		}
 		pool, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err == nil {
 			err = pool.Ping(ctx)

@@ -23,8 +23,9 @@ func byName(t *testing.T, rep *lab.Report, name string) lab.StrategyReport {
 }
 
 // TestLabCounting runs the lab with small settings: the conditional grant
-// hands out exactly the limit in every run, and the broken strategies leak
-// under the injected think time and pauses.
+// and the fenced lock hand out exactly the limit in every run, the fenced
+// lock rejecting the writes of the holders paused past the TTL, and the
+// broken strategies leak under the injected think time and pauses.
 func TestLabCounting(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -37,6 +38,7 @@ func TestLabCounting(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, rep.Violations)
 	require.Equal(t, 8, rep.Requests)
+	require.Equal(t, "off", rep.SynchronousCommit)
 	require.NotEmpty(t, rep.Database)
 
 	cond := byName(t, rep, "conditional")
@@ -77,10 +79,62 @@ func TestLabCounting(t *testing.T) {
 	}
 
 	fenced := byName(t, rep, "fenced")
-	require.Equal(t, lab.StatusPending, fenced.Status)
+	require.Equal(t, lab.StatusOK, fenced.Status)
+	require.True(t, fenced.Safe)
+	require.Contains(t, fenced.Injected, "TTL 100ms")
+	require.Contains(t, fenced.Injected, "pause 200ms (> TTL")
+	require.Len(t, fenced.Runs, 2)
+	for _, r := range fenced.Runs {
+		require.Zero(t, r.Errors, r.FirstError)
+		require.Equal(t, int64(2), r.Granted)
+		require.Equal(t, int64(6), r.Denied)
+		require.Zero(t, r.Leaked)
+		require.Equal(t, int64(2), r.Counter)
+		// Every paused holder wakes after its lease ended (pause > TTL):
+		// its write is rejected. A slow statement may add more.
+		require.GreaterOrEqual(t, r.StaleRejected, int64(cfg.Paused))
+	}
+	require.Equal(t, 2, fenced.ExactRuns)
+	require.Zero(t, fenced.LeakedRuns)
 
 	require.NotNil(t, cond.Summary)
 	require.Equal(t, lab.Stat{Min: 2, Median: 2, Max: 2}, cond.Summary.Granted)
+}
+
+// TestLabFencedWithoutPauses: with no pause and a TTL far above the think
+// time, no write is stale; the limit still holds.
+func TestLabFencedWithoutPauses(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin := pgtest.Connect(t, pgtest.BaseURL(t), 2)
+	cfg := lab.DefaultConfig()
+	cfg.Requests = 6
+	cfg.Limit = 3
+	cfg.Think = 10 * time.Millisecond
+	cfg.TTL = 5 * time.Second
+	cfg.Pause = 0
+	cfg.Strategies = []string{"fenced"}
+	rep, err := lab.Run(ctx, admin, cfg)
+	require.NoError(t, err)
+	require.Empty(t, rep.Violations)
+	require.Len(t, rep.Strategies, 1)
+	r := byName(t, rep, "fenced").Runs[0]
+	require.Zero(t, r.Errors, r.FirstError)
+	require.Equal(t, int64(3), r.Granted)
+	require.Equal(t, int64(3), r.Counter)
+	require.Zero(t, r.StaleRejected)
+	require.NotContains(t, byName(t, rep, "fenced").Injected, "pause")
+}
+
+// TestStrategies: every call makes new instances, so concurrent labs share
+// no state, in the order the output lists them.
+func TestStrategies(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, []string{"no-lock", "naive-lock", "redis-lock", "conditional", "fenced"}, lab.Names())
+	require.NotSame(t, lab.Strategies()[2], lab.Strategies()[2])
+	for _, s := range lab.Strategies() {
+		require.Equal(t, s.Name() == "conditional" || s.Name() == "fenced", s.Safe(), s.Name())
+	}
 }
 
 // TestLabRedisUnavailable: no Redis at the URL is "unavailable", not a
