@@ -617,4 +617,3 @@ func TestGrantTxKeyedSerializableRunInTx(t *testing.T) {
 	sum, _ := b.usageRows(t, "q", "m")
 	require.Equal(t, int64(10), sum)
 }
-
