@@ -63,11 +63,16 @@ func run(ctx context.Context, tx pgx.Tx, fn func(tx pgx.Tx) error) (err error) {
 
 // Rollback rolls tx back under context.WithoutCancel(ctx) with a short
 // timeout, and joins a rollback failure (other than an already closed
-// transaction) to *err.
+// transaction, or a connection that was closed before) to *err.
 func Rollback(ctx context.Context, tx pgx.Tx, err *error) {
+	// pgx closes the connection when a context ends mid-statement, and
+	// PostgreSQL rolls back a transaction whose connection is gone: the
+	// rollback then fails for no reason worth reporting. It is still called,
+	// since it returns a pooled connection to its pool.
+	closed := tx.Conn().IsClosed()
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
 	defer cancel()
-	if rerr := tx.Rollback(rctx); rerr != nil && !errors.Is(rerr, pgx.ErrTxClosed) {
+	if rerr := tx.Rollback(rctx); rerr != nil && !closed && !errors.Is(rerr, pgx.ErrTxClosed) {
 		*err = errors.Join(*err, fmt.Errorf("rollback: %w", rerr))
 	}
 }
