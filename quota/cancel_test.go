@@ -347,4 +347,3 @@ func TestGrantKeyedRetryAfterLostReply(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, r.Granted)
 }
-
