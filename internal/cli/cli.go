@@ -87,6 +87,7 @@ func isBadInput(err error) bool {
 	for _, target := range []error{
 		quota.ErrInvalidInput, quota.ErrQuotaNotFound, quota.ErrNoLimit,
 		quota.ErrCampaignNotFound, quota.ErrCampaignKind, quota.ErrCampaignExists,
+		quota.ErrIdempotencyKeyReused, quota.ErrGrantNotFound,
 	} {
 		if errors.Is(err, target) {
 			return true
@@ -144,6 +145,8 @@ held, stale token); 2 usage error or bad input; 1 any other error.`,
 		a.revokeCommand(),
 		a.usageCommand(),
 		a.voucherCommand(),
+		a.ledgerCommand(),
+		a.outboxCommand(),
 	)
 	return root
 }
