@@ -32,7 +32,7 @@ type Config struct {
 	// 100ms apart. These errors occur when the database runs transactions
 	// at REPEATABLE READ or SERIALIZABLE (default_transaction_isolation);
 	// see IsRetryable. The caller's context bounds it too. Defaults to
-	// DefaultRetryMaxElapsed (10s).
+	// DefaultRetryMaxElapsed (30s).
 	RetryMaxElapsed time.Duration
 }
 
