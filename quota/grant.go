@@ -86,8 +86,10 @@ type GrantResult struct {
 // the outcome is unknown: pgx closes the connection, and PostgreSQL may
 // still finish and commit the statement. Repeat the call with the same
 // idempotency key to learn the outcome. (With pgx's
-// CancelRequestContextWatcherHandler in the pool's configuration, pgx also
-// asks the server to cancel the statement.)
+// CancelRequestContextWatcherHandler in the pool's configuration, pgx asks
+// the server to cancel the statement instead, and the error is then
+// PostgreSQL's SQLSTATE 57014, query_canceled, when the cancel arrived in
+// time: nothing was written.)
 //
 // Errors: *InputError (ErrInvalidInput) for a bad quota name, member,
 // amount, limit or idempotency key; ErrQuotaNotFound; ErrNoLimit when no
