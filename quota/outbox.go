@@ -61,6 +61,26 @@ type Event struct {
 // bytes, no control characters); payload is delivered as is (JSON,
 // protobuf, ...). It returns the event's id.
 //
+// A grant and the event that reports it, committed together, retried as a
+// whole on a serialization failure:
+//
+//	err := quota.RunInTx(ctx, pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+//		g, err := client.GrantTx(ctx, tx, quota.GrantRequest{
+//			Quota: "points", Member: "alice", Amount: 50,
+//			Idempotency: quota.IdempotencyKey{Key: orderID},
+//		})
+//		if err != nil || !g.Granted {
+//			return err
+//		}
+//		_, err = client.EnqueueTx(ctx, tx, "points.granted", payload, &quota.EnqueueOpts{
+//			GrantID: g.GrantID, IdempotencyScope: g.IdempotencyScope, IdempotencyKey: g.IdempotencyKey,
+//		})
+//		return err
+//	})
+//
+// A Relay's Handler then sends the event; if the side effect fails for
+// good, it compensates with RevokeGrant(ctx, ev.GrantID).
+//
 // Errors: *InputError for a bad topic or opts; ErrSchemaMissing; database
 // errors, returned unchanged (a serialization failure included, as for
 // GrantTx).
