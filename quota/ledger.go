@@ -285,18 +285,28 @@ func (c *Client) ClaimVoucherWithKeyTx(ctx context.Context, tx pgx.Tx, campaign,
 	return c.claimVoucherKeyed(ctx, tx, campaign, member, key)
 }
 
-func (c *Client) claimVoucherKeyed(ctx context.Context, x db.DBTX, campaign, member string, key IdempotencyKey) (Claim, error) {
+// checkClaim validates a keyed claim's arguments and returns its
+// fingerprint.
+func checkClaim(campaign, member string, key IdempotencyKey) (request, error) {
 	if err := checkName("campaign", campaign); err != nil {
-		return Claim{}, err
+		return request{}, err
 	}
 	if err := checkName("member", member); err != nil {
-		return Claim{}, err
+		return request{}, err
 	}
 	key, err := checkKey(key, campaign)
 	if err != nil {
+		return request{}, err
+	}
+	return request{key: key, operation: OpClaim, target: campaign, member: member, amount: 1}, nil
+}
+
+func (c *Client) claimVoucherKeyed(ctx context.Context, x db.DBTX, campaign, member string, key IdempotencyKey) (Claim, error) {
+	fp, err := checkClaim(campaign, member, key)
+	if err != nil {
 		return Claim{}, err
 	}
-	fp := request{key: key, operation: OpClaim, target: campaign, member: member, amount: 1}
+	key = fp.key
 	return runKeyed(ctx, c, x, fp, func() (Claim, int64, error) {
 		row, err := c.queries.LedgerClaimVoucher(ctx, x, db.LedgerClaimVoucherParams{
 			Scope: key.Scope, IdempotencyKey: key.Key, Campaign: campaign, Member: member,
@@ -343,17 +353,11 @@ func (c *Client) ClaimCodeWithKeyTx(ctx context.Context, tx pgx.Tx, campaign, me
 }
 
 func (c *Client) claimCodeKeyed(ctx context.Context, x db.DBTX, campaign, member string, key IdempotencyKey) (Claim, error) {
-	if err := checkName("campaign", campaign); err != nil {
-		return Claim{}, err
-	}
-	if err := checkName("member", member); err != nil {
-		return Claim{}, err
-	}
-	key, err := checkKey(key, campaign)
+	fp, err := checkClaim(campaign, member, key)
 	if err != nil {
 		return Claim{}, err
 	}
-	fp := request{key: key, operation: OpClaim, target: campaign, member: member, amount: 1}
+	key = fp.key
 	return c.whileCodesLocked(ctx, campaign, func() (Claim, error) {
 		claim, err := runKeyed(ctx, c, x, fp, func() (Claim, int64, error) {
 			row, err := c.queries.LedgerClaimCode(ctx, x, db.LedgerClaimCodeParams{
