@@ -79,21 +79,38 @@ func RunInTx(ctx context.Context, db TxBeginner, opts pgx.TxOptions, fn func(tx 
 
 // retry runs op until it succeeds, fails with an error that IsRetryable
 // does not accept, ctx ends or maxElapsed has passed. On giving up it
-// returns op's last error.
+// returns op's last error (joined with ctx's error when ctx ended). The
+// first attempt allocates nothing: the backoff starts after a failure.
 func retry[T any](ctx context.Context, maxElapsed time.Duration, op func() (T, error)) (T, error) {
+	v, err := op()
+	if err == nil || !IsRetryable(err) {
+		return v, err
+	}
+	start := time.Now()
 	b := &backoff.ExponentialBackOff{
 		InitialInterval:     retryInitial,
 		RandomizationFactor: 0.5,
 		Multiplier:          2,
 		MaxInterval:         retryMaxInterval,
 	}
-	return backoff.Retry(ctx, func() (T, error) {
-		v, err := op()
-		if err != nil && !IsRetryable(err) {
-			return v, backoff.Permanent(err)
+	b.Reset()
+	for {
+		wait := b.NextBackOff()
+		if time.Since(start)+wait > maxElapsed {
+			return v, err
 		}
-		return v, err
-	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(maxElapsed))
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return v, errors.Join(context.Cause(ctx), err)
+		case <-t.C:
+		}
+		v, err = op()
+		if err == nil || !IsRetryable(err) {
+			return v, err
+		}
+	}
 }
 
 // retryPool runs single statements on the pool, each in its own implicit
