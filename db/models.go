@@ -32,6 +32,78 @@ type PgquotaLease struct {
 	ExpiresAt  pgtype.Timestamptz
 }
 
+type PgquotaLedger struct {
+	GrantID        int64
+	Scope          string
+	IdempotencyKey string
+	Operation      string
+	Target         string
+	Member         string
+	Amount         int64
+	RequestLimit   pgtype.Int8
+	CreatedAt      pgtype.Timestamptz
+}
+
+type PgquotaLedgerEntry struct {
+	GrantID         int64
+	Scope           string
+	IdempotencyKey  string
+	Operation       string
+	Target          string
+	Member          string
+	Amount          int64
+	RequestLimit    pgtype.Int8
+	CreatedAt       pgtype.Timestamptz
+	Granted         bool
+	Used            int64
+	LimitValue      int64
+	Revoked         int64
+	WindowStart     pgtype.Timestamptz
+	WindowEnd       pgtype.Timestamptz
+	Seq             int64
+	Code            string
+	Repeat          bool
+	ClaimedAt       pgtype.Timestamptz
+	DecidedAt       pgtype.Timestamptz
+	Compensated     pgtype.Int8
+	CompensatedUsed pgtype.Int8
+	CompensatedAt   pgtype.Timestamptz
+}
+
+type PgquotaLedgerOutcome struct {
+	GrantID         int64
+	Granted         bool
+	Used            int64
+	LimitValue      int64
+	Revoked         int64
+	WindowStart     pgtype.Timestamptz
+	WindowEnd       pgtype.Timestamptz
+	Seq             int64
+	Code            string
+	Repeat          bool
+	ClaimedAt       pgtype.Timestamptz
+	DecidedAt       pgtype.Timestamptz
+	Compensated     pgtype.Int8
+	CompensatedUsed pgtype.Int8
+	CompensatedAt   pgtype.Timestamptz
+}
+
+type PgquotaOutbox struct {
+	ID               int64
+	Topic            string
+	Payload          []byte
+	GrantID          pgtype.Int8
+	IdempotencyScope pgtype.Text
+	IdempotencyKey   pgtype.Text
+	FencingToken     pgtype.Int8
+	State            string
+	Attempts         int32
+	NextAttemptAt    pgtype.Timestamptz
+	LastError        pgtype.Text
+	CreatedAt        pgtype.Timestamptz
+	FinishedAt       pgtype.Timestamptz
+}
+
 type PgquotaQuotaOverride struct {
 	QuotaName  string
 	Member     string

@@ -3,9 +3,6 @@ package quota
 import (
 	"context"
 	"fmt"
-	"time"
-
-	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgquota/pgquota/db"
@@ -54,7 +51,7 @@ const maxBatchRounds = 10
 // A serialization failure or deadlock of the batch statement (possible
 // when the database's default_transaction_isolation is REPEATABLE READ or
 // SERIALIZABLE) rolled it back as a whole; it is run again, with backoff,
-// for up to 30 seconds.
+// for up to Config.RetryMaxElapsed (see IsRetryable).
 //
 // Errors (for the whole batch, with nil outcomes): the context's error;
 // ErrSchemaMissing; database errors (SQLSTATE kept). Nothing was granted
@@ -179,7 +176,7 @@ func (c *Client) grantBatchRound(ctx context.Context, x db.DBTX, reqs []GrantReq
 		// failure or deadlock (possible when the database's default
 		// isolation is REPEATABLE READ or SERIALIZABLE) it rolled back as a
 		// whole and runs again.
-		rows, err = retrySerialization(ctx, serializationRetryWindow, run)
+		rows, err = retry(ctx, c.cfg.RetryMaxElapsed, run)
 	} else {
 		rows, err = run()
 	}
@@ -297,38 +294,7 @@ func batchResult(req GrantRequest, r db.UsageGrantBatchRow, limit *int64, grante
 	return res
 }
 
-// serializationRetryWindow bounds the retries of retrySerialization.
-const serializationRetryWindow = 30 * time.Second
-
 // ownTx marks an executor whose statements each run in their own implicit
 // transaction (the pool): pgquota owns those transactions and may run a
 // statement again after a serialization failure or deadlock.
 type ownTx struct{ db.DBTX }
-
-// isSerializationFailure reports SQLSTATE 40001 (serialization_failure) or
-// 40P01 (deadlock_detected): PostgreSQL rolled the transaction back, and
-// running it again is safe (the manual, section 13.4, and Appendix A).
-func isSerializationFailure(err error) bool {
-	s := sqlState(err)
-	return s == "40001" || s == "40P01"
-}
-
-// retrySerialization runs op until it returns something else than a
-// serialization failure or deadlock, with exponential backoff and jitter
-// (2ms doubling up to 100ms), for up to maxElapsed or until ctx ends; then
-// it returns op's last result.
-func retrySerialization[T any](ctx context.Context, maxElapsed time.Duration, op func() (T, error)) (T, error) {
-	b := &backoff.ExponentialBackOff{
-		InitialInterval:     2 * time.Millisecond,
-		RandomizationFactor: 0.5,
-		Multiplier:          2,
-		MaxInterval:         100 * time.Millisecond,
-	}
-	return backoff.Retry(ctx, func() (T, error) {
-		v, err := op()
-		if err != nil && !isSerializationFailure(err) {
-			return v, backoff.Permanent(err)
-		}
-		return v, err
-	}, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(maxElapsed))
-}

@@ -26,6 +26,16 @@ type Config struct {
 	// sold out). The caller's context bounds it too. Defaults to 5s.
 	CodeClaimWait time.Duration
 
+	// RetryMaxElapsed bounds how long a call that owns its transaction
+	// (every call without a Tx suffix) keeps retrying a serialization
+	// failure (SQLSTATE 40001) or deadlock (40P01) before it returns the
+	// error. Retries wait with exponential backoff and jitter, from 2ms up to
+	// 100ms apart. These errors occur when the database runs transactions
+	// at REPEATABLE READ or SERIALIZABLE (default_transaction_isolation);
+	// see IsRetryable. The caller's context bounds it too. Defaults to
+	// DefaultRetryMaxElapsed (30s).
+	RetryMaxElapsed time.Duration
+
 	// Coalesce makes Grant combine concurrent calls of this client for the
 	// same counter (quota and member) and the same limit (given, or none)
 	// into one statement: while one statement for a counter is in flight,
@@ -57,7 +67,10 @@ type Config struct {
 // pgx.Tx, so the caller's own writes and pgquota's commit or roll back
 // together.
 type Client struct {
-	pool    *pgxpool.Pool
+	pool *pgxpool.Pool
+	// db runs single statements on pool and retries serialization failures
+	// and deadlocks; the calls without a Tx suffix use it.
+	db      retryPool
 	queries *db.Queries
 	cfg     Config
 
@@ -103,6 +116,13 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if c.cfg.CodeClaimWait == 0 {
 		c.cfg.CodeClaimWait = 5 * time.Second
 	}
+	if c.cfg.RetryMaxElapsed < 0 {
+		return nil, inputError("Config.RetryMaxElapsed", "must not be negative, got %s", c.cfg.RetryMaxElapsed)
+	}
+	if c.cfg.RetryMaxElapsed == 0 {
+		c.cfg.RetryMaxElapsed = DefaultRetryMaxElapsed
+	}
+	c.db = retryPool{pool: pool, maxElapsed: c.cfg.RetryMaxElapsed}
 	if c.cfg.Coalesce {
 		c.coalescer = newCoalescer(c)
 	}

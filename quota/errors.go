@@ -53,6 +53,21 @@ var (
 	// or Client.Migrate. CheckSchema returns it wrapped in a
 	// *SchemaVersionError.
 	ErrSchemaMissing = errors.New("pgquota: schema is missing or behind: run `pgquota migrate up`")
+
+	// ErrIdempotencyKeyReused is returned by Grant, GrantTx, Revoke,
+	// RevokeTx, ClaimVoucherWithKey, ClaimVoucherWithKeyTx, ClaimCodeWithKey
+	// and ClaimCodeWithKeyTx when the idempotency key (in its scope) was
+	// first used for a different request: another operation, quota or
+	// campaign, member, amount or limit. Nothing is written. The message
+	// names the first request's grant id and the field that differs. (The
+	// "Idempotency-Key" IETF draft answers this case with 422.)
+	ErrIdempotencyKeyReused = errors.New("pgquota: idempotency key reused with a different request")
+
+	// ErrGrantNotFound is returned by RevokeGrant and RevokeGrantTx when no
+	// keyed grant has that grant id (grants without an idempotency key have
+	// none, and reaped ledger rows are gone: see ReapLedger), and by
+	// LedgerEntry and LedgerEntryByKey when no ledger entry matches.
+	ErrGrantNotFound = errors.New("pgquota: grant not found in the ledger")
 )
 
 // InputError describes a rejected argument. It wraps ErrInvalidInput.

@@ -191,7 +191,7 @@ func checkFenceWrite(req FenceWriteRequest) error {
 // req.Token (expired or released); ErrSchemaMissing; database errors.
 // Nothing is written on an error.
 func (c *Client) FenceWrite(ctx context.Context, req FenceWriteRequest) (FencedRow, error) {
-	return c.fenceWrite(ctx, c.pool, req)
+	return c.fenceWrite(ctx, c.db, req)
 }
 
 // FenceWriteTx is FenceWrite inside the caller's transaction, so the
@@ -251,7 +251,7 @@ func (c *Client) FencedRow(ctx context.Context, resource, key string) (FencedRow
 	if err := checkName("key", key); err != nil {
 		return FencedRow{}, err
 	}
-	r, err := c.queries.FencedRowGet(ctx, c.pool, db.FencedRowGetParams{Resource: resource, Key: key})
+	r, err := c.queries.FencedRowGet(ctx, c.db, db.FencedRowGetParams{Resource: resource, Key: key})
 	if isNoRows(err) {
 		return FencedRow{}, fmt.Errorf("%w: resource %q, key %q", ErrFencedRowNotFound, resource, key)
 	}
@@ -289,7 +289,7 @@ func (c *Client) Fence(ctx context.Context, resource string) (FenceState, error)
 	if err := checkName("resource", resource); err != nil {
 		return FenceState{}, err
 	}
-	r, err := c.queries.FenceGet(ctx, c.pool, resource)
+	r, err := c.queries.FenceGet(ctx, c.db, resource)
 	if isNoRows(err) {
 		return FenceState{Resource: resource}, nil
 	}
@@ -338,8 +338,10 @@ type FenceGuard struct {
 // column is not an integer; ErrSchemaMissing; database errors (for example
 // when the role does not own the table).
 func (c *Client) AttachFenceGuard(ctx context.Context, table, column string) (FenceGuard, error) {
-	return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (FenceGuard, error) {
-		return c.attachFenceGuard(ctx, tx, table, column)
+	return retry(ctx, c.cfg.RetryMaxElapsed, func() (FenceGuard, error) {
+		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (FenceGuard, error) {
+			return c.attachFenceGuard(ctx, tx, table, column)
+		})
 	})
 }
 

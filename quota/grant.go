@@ -26,6 +26,11 @@ type GrantRequest struct {
 	// every grant), at most MaxUnits. When nil, the member's own limit
 	// applies (SetMemberLimit), else the quota's default limit.
 	Limit *int64
+	// Idempotency, when its Key is set, makes the grant safe to repeat: it
+	// is recorded in the grant ledger under a grant id, and a repeat with
+	// the same key and request returns the first outcome without granting
+	// again. Its Scope defaults to Quota. See IdempotencyKey.
+	Idempotency IdempotencyKey
 }
 
 // GrantResult is the outcome of a grant. A denial is a result, not an error.
@@ -51,6 +56,10 @@ type GrantResult struct {
 	// quota's time zone. Both are zero for WindowNone.
 	WindowStart time.Time `json:"window_start,omitzero"`
 	WindowEnd   time.Time `json:"window_end,omitzero"`
+	// Keyed is the ledger record of a grant made with an idempotency key:
+	// its grant id (for RevokeGrant and outbox events), the key, and
+	// whether this result was replayed. Zero for a grant without a key.
+	Keyed
 }
 
 // Grant grants req.Amount units of req.Quota to req.Member if that keeps
@@ -62,31 +71,60 @@ type GrantResult struct {
 // READ COMMITTED re-checks an UPDATE's WHERE clause against the newest row
 // version).
 //
-// With Config.Coalesce, concurrent calls for the same counter and limit
-// share one statement (see Config.Coalesce and coalesce.go); the outcome of
-// each call is the same as without, and the errors are those of GrantBatch
-// for one request, plus the context's error when ctx ends before the call
-// was sent (nothing granted), or ErrGrantAbandoned when it ends after.
+// With req.Idempotency set, the grant and its ledger row are still one
+// statement and one round trip (see queries/ledger.sql for why exactly one
+// of any number of concurrent copies grants); a repeat with the same key
+// and request returns the stored first outcome (Replayed set, a denial
+// included) and changes nothing, and a repeat with the same key and another
+// request fails with ErrIdempotencyKeyReused.
+//
+// Serialization failures and deadlocks (possible when the database's
+// default_transaction_isolation is REPEATABLE READ or SERIALIZABLE) are
+// retried for up to Config.RetryMaxElapsed (see IsRetryable).
+//
+// When ctx ends while the statement runs, the error wraps ctx's error and
+// the outcome is unknown: pgx closes the connection, and PostgreSQL may
+// still finish and commit the statement. Repeat the call with the same
+// idempotency key to learn the outcome. (With pgx's
+// CancelRequestContextWatcherHandler in the pool's configuration, pgx asks
+// the server to cancel the statement instead, and the error is then
+// PostgreSQL's SQLSTATE 57014, query_canceled, when the cancel arrived in
+// time: nothing was written.)
+//
+// With Config.Coalesce, concurrent calls without an idempotency key for the
+// same counter and limit share one statement (see Config.Coalesce and
+// coalesce.go); the outcome of each call is the same as without, and the
+// errors are those of GrantBatch for one request, plus the context's error
+// when ctx ends before the call was sent (nothing granted), or
+// ErrGrantAbandoned when it ends after. Calls with a key take the ledger's
+// own statement, one per call.
 //
 // Errors: *InputError (ErrInvalidInput) for a bad quota name, member,
-// amount or limit; ErrQuotaNotFound; ErrNoLimit when no limit applies;
-// ErrSchemaMissing; database errors (SQLSTATE kept). On any error nothing
-// was written.
+// amount, limit or idempotency key; ErrQuotaNotFound; ErrNoLimit when no
+// limit applies; ErrIdempotencyKeyReused; ErrSchemaMissing; the context's
+// error; database errors (SQLSTATE kept). On any error nothing was written
+// (except after the context ended, as above).
 func (c *Client) Grant(ctx context.Context, req GrantRequest) (GrantResult, error) {
-	if c.coalescer != nil {
+	if c.coalescer != nil && req.Idempotency.Key == "" {
 		if err := checkGrantRequest(req); err != nil {
 			return GrantResult{}, err
 		}
 		return c.coalescer.grant(ctx, req)
 	}
-	return c.grant(ctx, c.pool, req)
+	return c.grant(ctx, c.db, req)
 }
 
 // GrantTx is Grant inside the caller's transaction: the grant commits or
 // rolls back with tx, together with the caller's own writes. In REPEATABLE
 // READ or SERIALIZABLE transactions a concurrent grant on the same counter
-// makes PostgreSQL fail the statement with SQLSTATE 40001; the error is
-// returned unchanged and the caller retries its whole transaction.
+// makes PostgreSQL fail the statement with SQLSTATE 40001 (and lock waits
+// between transactions can end in a deadlock, 40P01); the error is
+// returned unchanged (IsRetryable reports it) and the caller retries its
+// whole transaction, for instance with RunInTx.
+//
+// With an idempotency key, the key stays locked by tx until it ends: a
+// concurrent call with the same key waits for tx, then replays its outcome
+// if tx committed, or grants itself if tx rolled back.
 func (c *Client) GrantTx(ctx context.Context, tx pgx.Tx, req GrantRequest) (GrantResult, error) {
 	return c.grant(ctx, tx, req)
 }
@@ -107,6 +145,9 @@ func (c *Client) grant(ctx context.Context, x db.DBTX, req GrantRequest) (GrantR
 			return GrantResult{}, err
 		}
 		limit = pgtype.Int8{Int64: *req.Limit, Valid: true}
+	}
+	if req.Idempotency.Key != "" {
+		return c.grantKeyed(ctx, x, req, limit)
 	}
 	row, err := c.queries.UsageGrant(ctx, x, db.UsageGrantParams{
 		QuotaName:  req.Quota,
@@ -143,6 +184,10 @@ type RevokeRequest struct {
 	// Amount is the number of units to give back, at least 1. A counter
 	// never goes below zero: when it holds fewer units, all are revoked.
 	Amount int64
+	// Idempotency, when its Key is set, makes the revoke safe to repeat, as
+	// for GrantRequest. Its Scope defaults to Quota. To give back the units
+	// of one particular grant, use RevokeGrant instead.
+	Idempotency IdempotencyKey
 }
 
 // RevokeResult is the outcome of a revoke.
@@ -157,20 +202,25 @@ type RevokeResult struct {
 	Used        int64     `json:"used"`
 	WindowStart time.Time `json:"window_start,omitzero"`
 	WindowEnd   time.Time `json:"window_end,omitzero"`
+	// Keyed is the ledger record of a revoke made with an idempotency key.
+	Keyed
 }
 
 // Revoke gives back up to req.Amount units of the member's counter in the
 // current window, never driving it below zero: a compensation for a grant
-// whose work failed. It is one SQL statement.
+// whose work failed. It is one SQL statement, also with an idempotency key
+// (req.Idempotency), which makes a repeat return the first outcome, as for
+// Grant. Serialization failures and deadlocks are retried as for Grant.
 //
-// Errors: *InputError for a bad quota name, member or amount;
-// ErrQuotaNotFound; ErrSchemaMissing; database errors. On any error nothing
-// was written.
+// Errors: *InputError for a bad quota name, member, amount or idempotency
+// key; ErrQuotaNotFound; ErrIdempotencyKeyReused; ErrSchemaMissing;
+// database errors. On any error nothing was written.
 func (c *Client) Revoke(ctx context.Context, req RevokeRequest) (RevokeResult, error) {
-	return c.revoke(ctx, c.pool, req)
+	return c.revoke(ctx, c.db, req)
 }
 
-// RevokeTx is Revoke inside the caller's transaction.
+// RevokeTx is Revoke inside the caller's transaction. Serialization
+// failures and deadlocks are returned unchanged, as for GrantTx.
 func (c *Client) RevokeTx(ctx context.Context, tx pgx.Tx, req RevokeRequest) (RevokeResult, error) {
 	return c.revoke(ctx, tx, req)
 }
@@ -184,6 +234,9 @@ func (c *Client) revoke(ctx context.Context, x db.DBTX, req RevokeRequest) (Revo
 	}
 	if err := checkUnits("amount", req.Amount, 1); err != nil {
 		return RevokeResult{}, err
+	}
+	if req.Idempotency.Key != "" {
+		return c.revokeKeyed(ctx, x, req)
 	}
 	row, err := c.queries.UsageRevoke(ctx, x, db.UsageRevokeParams{
 		QuotaName: req.Quota, Member: req.Member, Amount: req.Amount,
@@ -231,7 +284,7 @@ func (c *Client) Usage(ctx context.Context, quota, member string) (Usage, error)
 	if err := checkName("member", member); err != nil {
 		return Usage{}, err
 	}
-	row, err := c.queries.UsageGet(ctx, c.pool, db.UsageGetParams{QuotaName: quota, Member: member})
+	row, err := c.queries.UsageGet(ctx, c.db, db.UsageGetParams{QuotaName: quota, Member: member})
 	if isNoRows(err) {
 		return Usage{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, quota)
 	}

@@ -104,7 +104,7 @@ func (c *Client) grantFencedOnce(ctx context.Context, req GrantRequest, limit pg
 		}
 	}()
 
-	row, err := c.queries.UsageFencedRead(ctx, c.pool, db.UsageFencedReadParams{
+	row, err := c.queries.UsageFencedRead(ctx, c.db, db.UsageFencedReadParams{
 		QuotaName: req.Quota, Member: req.Member, LimitValue: limit,
 	})
 	if isNoRows(err) {
@@ -134,7 +134,7 @@ func (c *Client) grantFencedOnce(ctx context.Context, req GrantRequest, limit pg
 		c.testHookFencedGrantPause(ctx, l)
 	}
 
-	used, err := c.queries.UsageFencedWrite(ctx, c.pool, db.UsageFencedWriteParams{
+	used, err := c.queries.UsageFencedWrite(ctx, c.db, db.UsageFencedWriteParams{
 		QuotaName: req.Quota, Member: req.Member,
 		WindowStart: row.WindowStart, WindowEnd: row.WindowEnd,
 		Used: row.Used + req.Amount, Lease: l.Name, Token: l.Token,

@@ -82,7 +82,7 @@ type MemberLimit struct {
 // Errors: *InputError (ErrInvalidInput) for a bad name, window, time zone or
 // default limit; ErrSchemaMissing; database errors.
 func (c *Client) DefineQuota(ctx context.Context, d Definition) (Quota, error) {
-	return c.defineQuota(ctx, c.pool, d)
+	return c.defineQuota(ctx, c.db, d)
 }
 
 // DefineQuotaTx is DefineQuota inside the caller's transaction: it commits
@@ -138,7 +138,7 @@ func (c *Client) Quota(ctx context.Context, name string) (Quota, error) {
 	if err := checkName("quota name", name); err != nil {
 		return Quota{}, err
 	}
-	row, err := c.queries.QuotaGet(ctx, c.pool, name)
+	row, err := c.queries.QuotaGet(ctx, c.db, name)
 	if isNoRows(err) {
 		return Quota{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, name)
 	}
@@ -185,7 +185,7 @@ func quotaFromRow(r db.QuotaRow) Quota {
 // Errors: *InputError for a bad quota name, member or limit;
 // ErrQuotaNotFound; ErrSchemaMissing; database errors.
 func (c *Client) SetMemberLimit(ctx context.Context, quota, member string, limit int64) (MemberLimit, error) {
-	return c.setMemberLimit(ctx, c.pool, quota, member, limit)
+	return c.setMemberLimit(ctx, c.db, quota, member, limit)
 }
 
 // SetMemberLimitTx is SetMemberLimit inside the caller's transaction.
@@ -226,7 +226,7 @@ func (c *Client) setMemberLimit(ctx context.Context, x db.DBTX, quota, member st
 // Errors: *InputError for a bad quota name or member; ErrSchemaMissing;
 // database errors.
 func (c *Client) ClearMemberLimit(ctx context.Context, quota, member string) (bool, error) {
-	return c.clearMemberLimit(ctx, c.pool, quota, member)
+	return c.clearMemberLimit(ctx, c.db, quota, member)
 }
 
 // ClearMemberLimitTx is ClearMemberLimit inside the caller's transaction.

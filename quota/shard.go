@@ -153,26 +153,7 @@ func (c *Client) shardCount(ctx context.Context, x db.DBTX, campaign string) (in
 
 // claimSharded claims a unit of a sharded pool of shards shards. kind is
 // the campaign's kind: when it is not KindSharded, nothing was claimed.
-func (c *Client) claimSharded(ctx context.Context, x db.DBTX, campaign, member string, shards int) (Claim, CampaignKind, error) {
-	if _, own := x.(ownTx); !own {
-		return c.claimShardedOnce(ctx, x, campaign, member, shards)
-	}
-	// Each statement is its own transaction: after a serialization failure
-	// or deadlock (the database's default isolation is REPEATABLE READ or
-	// SERIALIZABLE) it rolled back, and the claim runs again.
-	type claimKind struct {
-		claim Claim
-		kind  CampaignKind
-	}
-	ck, err := retrySerialization(ctx, serializationRetryWindow, func() (claimKind, error) {
-		claim, kind, err := c.claimShardedOnce(ctx, x, campaign, member, shards)
-		return claimKind{claim, kind}, err
-	})
-	return ck.claim, ck.kind, err
-}
-
-// claimShardedOnce is one attempt of claimSharded.
-func (c *Client) claimShardedOnce(ctx context.Context, x db.DBTX, campaign, member string, shards int) (claim Claim, kind CampaignKind, err error) {
+func (c *Client) claimSharded(ctx context.Context, x db.DBTX, campaign, member string, shards int) (claim Claim, kind CampaignKind, err error) {
 	start := int32(rand.IntN(max(shards, 1)))
 	row, err := c.queries.VoucherShardClaim(ctx, x, db.VoucherShardClaimParams{Campaign: campaign, Member: member, Start: start})
 	if isNoRows(err) {

@@ -62,6 +62,9 @@ type Claim struct {
 	ClaimedAt time.Time `json:"claimed_at,omitzero"`
 	// Total is the campaign's total (units, or imported codes).
 	Total int64 `json:"total"`
+	// Keyed is the ledger record of a claim made with an idempotency key
+	// (ClaimVoucherWithKey, ClaimCodeWithKey).
+	Keyed
 }
 
 // ImportResult reports what ImportCodes did.
@@ -83,7 +86,7 @@ type ImportResult struct {
 // ErrCampaignExists when it exists with another total or as a code
 // campaign; ErrSchemaMissing; database errors.
 func (c *Client) CreateVoucherPool(ctx context.Context, campaign string, total int64) (Pool, error) {
-	return c.createVoucherPool(ctx, c.pool, campaign, total)
+	return c.createVoucherPool(ctx, c.db, campaign, total)
 }
 
 // CreateVoucherPoolTx is CreateVoucherPool inside the caller's transaction.
@@ -139,7 +142,7 @@ func (c *Client) VoucherStatus(ctx context.Context, campaign string) (Pool, erro
 	if err := checkName("campaign", campaign); err != nil {
 		return Pool{}, err
 	}
-	row, err := c.queries.VoucherPoolStatus(ctx, c.pool, campaign)
+	row, err := c.queries.VoucherPoolStatus(ctx, c.db, campaign)
 	if isNoRows(err) {
 		return Pool{}, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
 	}
@@ -165,7 +168,7 @@ func (c *Client) VoucherStatus(ctx context.Context, campaign string) (Pool, erro
 // Errors: *InputError for a bad campaign or member; ErrCampaignNotFound;
 // ErrCampaignKind for a code campaign; ErrSchemaMissing; database errors.
 func (c *Client) ClaimVoucher(ctx context.Context, campaign, member string) (Claim, error) {
-	return c.claimVoucher(ctx, ownTx{c.pool}, campaign, member)
+	return c.claimVoucher(ctx, c.db, campaign, member)
 }
 
 // ClaimVoucherTx is ClaimVoucher inside the caller's transaction. The unit
@@ -237,7 +240,7 @@ var ErrCodesBusy = errors.New("pgquota: every unclaimed code is locked by a clai
 // ErrCampaignKind for a counted pool; ErrCodesBusy; the context's error;
 // ErrSchemaMissing; database errors.
 func (c *Client) ClaimCode(ctx context.Context, campaign, member string) (Claim, error) {
-	return c.claimCode(ctx, c.pool, campaign, member)
+	return c.claimCode(ctx, c.db, campaign, member)
 }
 
 // ClaimCodeTx is ClaimCode inside the caller's transaction. The code stays
@@ -257,7 +260,7 @@ func (c *Client) claimCode(ctx context.Context, x db.DBTX, campaign, member stri
 	if err := checkName("member", member); err != nil {
 		return Claim{}, err
 	}
-	attempt := func() (Claim, error) {
+	return c.whileCodesLocked(ctx, campaign, func() (Claim, error) {
 		row, err := c.queries.VoucherCodeClaim(ctx, x, db.VoucherCodeClaimParams{Campaign: campaign, Member: member})
 		if isNoRows(err) {
 			return Claim{}, backoff.Permanent(fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign))
@@ -280,7 +283,13 @@ func (c *Client) claimCode(ctx context.Context, x db.DBTX, campaign, member stri
 			ClaimedAt: timeFromPG(row.ClaimedAt),
 			Total:     row.Total,
 		}, nil
-	}
+	})
+}
+
+// whileCodesLocked runs a code claim attempt until it returns something
+// else than errCodesLocked, with backoff, for up to Config.CodeClaimWait.
+// attempt marks its final errors with backoff.Permanent.
+func (c *Client) whileCodesLocked(ctx context.Context, campaign string, attempt func() (Claim, error)) (Claim, error) {
 	b := &backoff.ExponentialBackOff{
 		InitialInterval:     2 * time.Millisecond,
 		RandomizationFactor: 0.5,
@@ -310,8 +319,10 @@ func (c *Client) ImportCodes(ctx context.Context, campaign string, codes []strin
 	if err := checkImport(campaign, codes); err != nil {
 		return ImportResult{}, err
 	}
-	return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (ImportResult, error) {
-		return c.importCodes(ctx, tx, campaign, codes)
+	return retry(ctx, c.cfg.RetryMaxElapsed, func() (ImportResult, error) {
+		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (ImportResult, error) {
+			return c.importCodes(ctx, tx, campaign, codes)
+		})
 	})
 }
 

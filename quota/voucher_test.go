@@ -398,7 +398,10 @@ func TestClaimCodeConcurrent(t *testing.T) {
 				// sold out, since a rollback may free one.
 				committing = tc.claimers - (tc.claimers+2)/3
 				claim = func(i int, member string) (quota.Claim, error) {
-					tx, err := b.pool.Begin(b.ctx)
+					// READ COMMITTED whatever the server's default: the
+					// callers' transactions must commit or roll back as
+					// the test decides, not fail with 40001.
+					tx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 					if err != nil {
 						return quota.Claim{}, err
 					}
@@ -488,7 +491,10 @@ func TestClaimCodeWaitsForLockedCode(t *testing.T) {
 			_, err := b.client.ImportCodes(b.ctx, "last", []string{"A", "B"})
 			require.NoError(t, err)
 
-			tx, err := b.pool.Begin(b.ctx)
+			// READ COMMITTED whatever the server's default: the test is
+			// about waiting for a row lock, and a SERIALIZABLE holder could
+			// fail at commit (40001) instead of committing.
+			tx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = tx.Rollback(b.ctx) })
 			held, err := client.ClaimCodeTx(b.ctx, tx, "last", "holder")

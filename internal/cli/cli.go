@@ -90,6 +90,7 @@ func isBadInput(err error) bool {
 		quota.ErrInvalidInput, quota.ErrQuotaNotFound, quota.ErrNoLimit,
 		quota.ErrCampaignNotFound, quota.ErrCampaignKind, quota.ErrCampaignExists,
 		quota.ErrLeaseNotFound,
+		quota.ErrIdempotencyKeyReused, quota.ErrGrantNotFound,
 	} {
 		if errors.Is(err, target) {
 			return true
@@ -151,6 +152,8 @@ held, stale token); 2 usage error or bad input; 1 any other error.`,
 		needsSubcommand(a.fenceCommand()),
 		a.labCommand(),
 		a.benchCommand(),
+		needsSubcommand(a.ledgerCommand()),
+		needsSubcommand(a.outboxCommand()),
 	)
 	return root
 }

@@ -21,6 +21,11 @@ conditional statement: granted only if the member's counter stays at or below
 the limit. The limit is --limit, else the member's own limit, else the quota's
 default. Exit status 0 when granted, 3 when denied.
 
+With --idempotency-key the grant is recorded in the ledger under a grant id,
+and running the same command again (after a timeout, say) prints the first
+outcome and grants nothing more; the same key with other flags is an error.
+The key is unique within --idempotency-scope, which defaults to the quota.
+
 With --file, grant every row of a CSV file instead. Its header names the
 columns quota,member,amount and optionally limit and idempotency_key; each
 row is one grant, as above. Rows are granted in batches, one statement and
@@ -37,11 +42,12 @@ errors. Exit status 0 when every row was decided (granted or denied), 2 when
 some rows had errors, 1 when the run stopped (the database failed).`,
 		Example: `  pgquota grant --quota api-calls --member acme
   pgquota grant --quota vouchers --member alice --limit 1 --json
+  pgquota grant --quota points --member alice --amount 50 --idempotency-key order-1234
   pgquota grant --file requests.csv --out results.csv`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if file.path != "" {
-				for _, f := range []string{"quota", "member", "amount", "limit"} {
+				for _, f := range []string{"quota", "member", "amount", "limit", "idempotency-key", "idempotency-scope"} {
 					if cmd.Flags().Changed(f) {
 						return usagef("--%s cannot be used with --file: the file's rows give it", f)
 					}
@@ -82,6 +88,7 @@ some rows had errors, 1 when the run stopped (the database failed).`,
 				row(w, "limit", res.Limit)
 				row(w, "remaining", res.Remaining)
 				row(w, "window", window(res.WindowStart, res.WindowEnd))
+				keyedRows(w, res.Keyed)
 			}); err != nil {
 				return err
 			}
@@ -100,20 +107,83 @@ some rows had errors, 1 when the run stopped (the database failed).`,
 	cmd.Flags().StringVar(&file.format, "out-format", "", "with --out: csv or jsonl (default: from the file name, else csv)")
 	cmd.Flags().IntVar(&file.batchSize, "batch-size", 2000, "with --file: rows per statement (and per commit)")
 	cmd.Flags().IntVar(&file.workers, "workers", 4, "with --file: batches in flight at once, each on its own connection")
+	keyFlags(cmd, &req.Idempotency, "the quota")
 	return cmd
+}
+
+// keyFlags adds --idempotency-key and --idempotency-scope.
+func keyFlags(cmd *cobra.Command, k *quota.IdempotencyKey, scopeDefault string) {
+	cmd.Flags().StringVar(&k.Key, "idempotency-key", "", "record the operation under this key; a repeat prints the first outcome and changes nothing")
+	cmd.Flags().StringVar(&k.Scope, "idempotency-scope", "", "namespace of --idempotency-key (default "+scopeDefault+")")
+}
+
+// keyedRows prints the ledger record of a keyed operation.
+func keyedRows(w *tabwriter.Writer, k quota.Keyed) {
+	if k.GrantID == 0 {
+		return
+	}
+	row(w, "grant id", k.GrantID)
+	row(w, "idempotency key", k.IdempotencyKey+" (scope "+k.IdempotencyScope+")")
+	if k.Replayed {
+		row(w, "replayed", "yes (the first outcome for this key; nothing changed)")
+	} else {
+		row(w, "replayed", "no")
+	}
 }
 
 func (a *app) revokeCommand() *cobra.Command {
 	var req quota.RevokeRequest
+	var grantID int64
 	cmd := &cobra.Command{
-		Use:     "revoke",
-		Short:   "Give units of a member's current window back (never below zero)",
-		Example: `  pgquota revoke --quota api-calls --member acme --amount 3`,
-		Args:    cobra.NoArgs,
+		Use:   "revoke",
+		Short: "Give units back: of a member's current window, or of one grant (--grant-id)",
+		Long: `Give units back, never driving a counter below zero.
+
+With --quota, --member and --amount: up to --amount units of the member's
+counter in the current window. --idempotency-key makes a repeat print the
+first outcome and give nothing more back.
+
+With --grant-id: the units of that grant (one made with --idempotency-key),
+to the counter of the grant's own window, exactly once; a repeat prints the
+first revoke's outcome.`,
+		Example: `  pgquota revoke --quota api-calls --member acme --amount 3
+  pgquota revoke --grant-id 42`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			byGrant := cmd.Flags().Changed("grant-id")
+			for _, f := range []string{"quota", "member", "amount", "idempotency-key", "idempotency-scope"} {
+				changed := cmd.Flags().Changed(f)
+				if byGrant && changed {
+					return usagef("--grant-id revokes one grant: it takes no --%s", f)
+				}
+				if !byGrant && !changed && (f == "quota" || f == "member" || f == "amount") {
+					return usagef("required flag(s) \"%s\" not set (or give --grant-id)", f)
+				}
+			}
 			c, err := a.quotaClient(cmd.Context())
 			if err != nil {
 				return err
+			}
+			if byGrant {
+				res, err := c.RevokeGrant(cmd.Context(), grantID)
+				if err != nil {
+					return err
+				}
+				return a.output(res, func(w *tabwriter.Writer) {
+					row(w, "grant id", res.GrantID)
+					row(w, "revoked", res.Revoked)
+					row(w, "quota", res.Quota)
+					row(w, "member", res.Member)
+					row(w, "granted", res.Amount)
+					row(w, "used", res.Used)
+					row(w, "window", window(res.WindowStart, res.WindowEnd))
+					row(w, "revoked at", stamp(res.RevokedAt))
+					if res.Replayed {
+						row(w, "replayed", "yes (revoked before; nothing changed)")
+					} else {
+						row(w, "replayed", "no")
+					}
+				})
 			}
 			res, err := c.Revoke(cmd.Context(), req)
 			if err != nil {
@@ -125,15 +195,15 @@ func (a *app) revokeCommand() *cobra.Command {
 				row(w, "member", res.Member)
 				row(w, "used", res.Used)
 				row(w, "window", window(res.WindowStart, res.WindowEnd))
+				keyedRows(w, res.Keyed)
 			})
 		},
 	}
-	cmd.Flags().StringVar(&req.Quota, "quota", "", "quota name (required)")
-	cmd.Flags().StringVar(&req.Member, "member", "", "member (required)")
-	cmd.Flags().Int64Var(&req.Amount, "amount", 0, "units to give back (required)")
-	_ = cmd.MarkFlagRequired("quota")
-	_ = cmd.MarkFlagRequired("member")
-	_ = cmd.MarkFlagRequired("amount")
+	cmd.Flags().StringVar(&req.Quota, "quota", "", "quota name")
+	cmd.Flags().StringVar(&req.Member, "member", "", "member")
+	cmd.Flags().Int64Var(&req.Amount, "amount", 0, "units to give back")
+	cmd.Flags().Int64Var(&grantID, "grant-id", 0, "give back the units of this grant instead (see `pgquota ledger show`)")
+	keyFlags(cmd, &req.Idempotency, "the quota")
 	return cmd
 }
 

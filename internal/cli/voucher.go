@@ -23,6 +23,7 @@ func (a *app) voucherCommand() *cobra.Command {
 	var campaign, member, file string
 	var total int64
 	var shards int
+	var claimKey quota.IdempotencyKey
 
 	create := &cobra.Command{
 		Use:   "create",
@@ -66,7 +67,11 @@ shard is empty. The total is never exceeded. Status sums the shards.`,
 		Short: "Claim a voucher for a member: a unit of a pool, or a code (exit 3 when sold out)",
 		Long: `Claim a voucher of a campaign for a member: one unit of a counted pool, or
 one unclaimed code of a code campaign. A member holds at most one voucher per
-campaign; claiming again prints the first claim. Exit status 3 when sold out.`,
+campaign; claiming again prints the first claim. Exit status 3 when sold out.
+
+With --idempotency-key the claim is recorded in the ledger, and a repeat with
+the same key prints the first outcome (also a sold-out one); the key is
+unique within --idempotency-scope, which defaults to the campaign.`,
 		Example: `  pgquota voucher claim --campaign black-friday --member alice`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -74,9 +79,17 @@ campaign; claiming again prints the first claim. Exit status 3 when sold out.`,
 			if err != nil {
 				return err
 			}
-			cl, err := c.ClaimVoucher(cmd.Context(), campaign, member)
-			if errors.Is(err, quota.ErrCampaignKind) {
-				cl, err = c.ClaimCode(cmd.Context(), campaign, member)
+			var cl quota.Claim
+			if claimKey.Key != "" {
+				cl, err = c.ClaimVoucherWithKey(cmd.Context(), campaign, member, claimKey)
+				if errors.Is(err, quota.ErrCampaignKind) {
+					cl, err = c.ClaimCodeWithKey(cmd.Context(), campaign, member, claimKey)
+				}
+			} else {
+				cl, err = c.ClaimVoucher(cmd.Context(), campaign, member)
+				if errors.Is(err, quota.ErrCampaignKind) {
+					cl, err = c.ClaimCode(cmd.Context(), campaign, member)
+				}
 			}
 			if err != nil {
 				return err
@@ -99,6 +112,7 @@ campaign; claiming again prints the first claim. Exit status 3 when sold out.`,
 				if cl.Claimed {
 					row(w, "claimed at", stamp(cl.ClaimedAt))
 				}
+				keyedRows(w, cl.Keyed)
 			}); err != nil {
 				return err
 			}
@@ -110,6 +124,7 @@ campaign; claiming again prints the first claim. Exit status 3 when sold out.`,
 	}
 	claim.Flags().StringVar(&campaign, "campaign", "", "campaign name (required)")
 	claim.Flags().StringVar(&member, "member", "", "member (required)")
+	keyFlags(claim, &claimKey, "the campaign")
 	_ = claim.MarkFlagRequired("campaign")
 	_ = claim.MarkFlagRequired("member")
 

@@ -382,7 +382,15 @@ func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 // holder even learns it holds the lease. (The naive locks' table is
 // unlogged for the same reason.) Visibility and row locking, and so every
 // outcome the lab counts, are the same either way.
-var sessionParams = map[string]string{"synchronous_commit": "off"}
+//
+// default_transaction_isolation is pinned to READ COMMITTED, PostgreSQL's
+// default, because the lab shows what each strategy does at that level
+// whatever the server's own default says (a startup parameter wins over
+// PGOPTIONS).
+var sessionParams = map[string]string{
+	"synchronous_commit":            "off",
+	"default_transaction_isolation": "read committed",
+}
 
 // openClients opens n pools of one connection each, all connected.
 func openClients(ctx context.Context, db *scratch.Database, n int) ([]*Client, error) {

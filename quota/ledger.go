@@ -1,0 +1,671 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/pgquota/pgquota/db"
+)
+
+// IdempotencyKey names one logical operation, so that the operation can be
+// repeated safely: a retry after a timeout, a double-click, a message
+// delivered twice. The first call with a key records its request and its
+// outcome in the grant ledger, in the same statement as the counter change;
+// every later call with the same key and the same request gets that first
+// outcome back (Keyed.Replayed) and changes nothing, also when the copies
+// run concurrently and when the first call's reply was lost after it
+// committed. A call with the same key and a different request fails with
+// ErrIdempotencyKeyReused and writes nothing.
+//
+// Every outcome is stored and replayed, denials included: a denied grant
+// repeated with its key is denied again, even after the window has rolled
+// over or units were given back. The key names one attempt; a new attempt
+// needs a new key. Errors are not stored (nothing was written): a call that
+// failed can be repeated with the same key.
+//
+// Keys are kept until ReapLedger removes them; a repeat after that is a new
+// operation. Keep them for longer than any client retries.
+//
+// This follows Stripe's idempotency keys ("Designing robust and
+// predictable APIs with idempotency", Brandur Leach, 2017) and the IETF
+// HTTPAPI draft "The Idempotency-Key HTTP Header Field".
+type IdempotencyKey struct {
+	// Key is chosen by the caller, typically a UUID made once per logical
+	// operation, or an id the operation already has (an order id and a
+	// step). 1 to MaxNameBytes bytes, no control characters. An empty Key
+	// means no idempotency: the call is not recorded in the ledger.
+	Key string
+	// Scope is the namespace in which Key is unique. 1 to MaxNameBytes
+	// bytes, no control characters. Defaults to the quota name (grants and
+	// revokes) or the campaign (voucher claims).
+	Scope string
+}
+
+// Keyed is the ledger record of an operation made with an idempotency key.
+// GrantResult, RevokeResult and Claim embed it; it is zero for an operation
+// without a key.
+type Keyed struct {
+	// GrantID identifies the operation's ledger entry: RevokeGrant takes it
+	// to give a grant's units back, EnqueueOpts carries it into outbox
+	// events, and `pgquota ledger show --grant-id` prints the entry.
+	// Grant ids are positive and increase in the order entries were
+	// created.
+	GrantID int64 `json:"grant_id,omitempty"`
+	// IdempotencyScope and IdempotencyKey are the key the operation was
+	// recorded under.
+	IdempotencyScope string `json:"idempotency_scope,omitempty"`
+	IdempotencyKey   string `json:"idempotency_key,omitempty"`
+	// Replayed reports that an earlier call with this key made the
+	// operation: this result is the stored first outcome, and this call
+	// changed nothing. Usage figures (Used, Remaining, ...) are those of the
+	// first call.
+	Replayed bool `json:"replayed,omitempty"`
+}
+
+// Operations recorded in the ledger (LedgerEntry.Operation).
+const (
+	OpGrant  = "grant"
+	OpRevoke = "revoke"
+	OpClaim  = "claim"
+)
+
+// checkKey validates an idempotency key and fills in its default scope.
+func checkKey(k IdempotencyKey, defaultScope string) (IdempotencyKey, error) {
+	if err := checkName("idempotency key", k.Key); err != nil {
+		return k, err
+	}
+	if k.Scope == "" {
+		k.Scope = defaultScope
+	}
+	if err := checkName("idempotency scope", k.Scope); err != nil {
+		return k, err
+	}
+	return k, nil
+}
+
+// request is the fingerprint of a keyed request: what must match for a
+// repeat to replay the first outcome.
+type request struct {
+	key       IdempotencyKey
+	operation string
+	target    string
+	member    string
+	amount    int64
+	limit     pgtype.Int8
+}
+
+// check returns nil when entry e was recorded for the same request as r,
+// and an error wrapping ErrIdempotencyKeyReused naming the difference
+// otherwise.
+func (r request) check(e db.PgquotaLedgerEntry) error {
+	var diff string
+	switch {
+	case e.Operation != r.operation:
+		diff = fmt.Sprintf("operation %s, not %s", e.Operation, r.operation)
+	case e.Target != r.target:
+		diff = fmt.Sprintf("target %q, not %q", e.Target, r.target)
+	case e.Member != r.member:
+		diff = fmt.Sprintf("member %q, not %q", e.Member, r.member)
+	case e.Amount != r.amount:
+		diff = fmt.Sprintf("amount %d, not %d", e.Amount, r.amount)
+	case e.RequestLimit != r.limit:
+		diff = fmt.Sprintf("limit %s, not %s", limitString(e.RequestLimit), limitString(r.limit))
+	default:
+		return nil
+	}
+	return fmt.Errorf("%w: key %q in scope %q is grant %d, made with %s",
+		ErrIdempotencyKeyReused, r.key.Key, r.key.Scope, e.GrantID, diff)
+}
+
+func limitString(l pgtype.Int8) string {
+	if !l.Valid {
+		return "none"
+	}
+	return fmt.Sprint(l.Int64)
+}
+
+// errKeyVanished is returned by runKeyed when the key's ledger entry was
+// reaped between the keyed statement and the read of the entry, three
+// times in a row.
+var errKeyVanished = errors.New("pgquota: the idempotency key's ledger entry was removed while it was read; try again")
+
+// runKeyed runs a keyed statement. When stmt reports a prior grant id (the
+// key was already taken, and stmt wrote nothing), the prior entry is read
+// in the same executor, checked against req, and replayed. An entry reaped
+// in between frees the key, so the statement runs again.
+func runKeyed[T any](ctx context.Context, c *Client, x db.DBTX, req request,
+	stmt func() (res T, prior int64, err error), replay func(e db.PgquotaLedgerEntry) T) (T, error) {
+	var zero T
+	for range 3 {
+		res, prior, err := stmt()
+		if err != nil || prior == 0 {
+			return res, err
+		}
+		e, err := c.queries.LedgerGet(ctx, x, prior)
+		if isNoRows(err) {
+			continue
+		}
+		if err != nil {
+			return zero, dbError("read ledger", err)
+		}
+		if err := req.check(e); err != nil {
+			return zero, err
+		}
+		return replay(e), nil
+	}
+	return zero, errKeyVanished
+}
+
+func keyedFromEntry(e db.PgquotaLedgerEntry) Keyed {
+	return Keyed{GrantID: e.GrantID, IdempotencyScope: e.Scope, IdempotencyKey: e.IdempotencyKey, Replayed: true}
+}
+
+func (c *Client) grantKeyed(ctx context.Context, x db.DBTX, req GrantRequest, limit pgtype.Int8) (GrantResult, error) {
+	key, err := checkKey(req.Idempotency, req.Quota)
+	if err != nil {
+		return GrantResult{}, err
+	}
+	fp := request{key: key, operation: OpGrant, target: req.Quota, member: req.Member, amount: req.Amount, limit: limit}
+	return runKeyed(ctx, c, x, fp, func() (GrantResult, int64, error) {
+		row, err := c.queries.LedgerGrant(ctx, x, db.LedgerGrantParams{
+			Scope:          key.Scope,
+			IdempotencyKey: key.Key,
+			LimitValue:     limit,
+			Member:         req.Member,
+			QuotaName:      req.Quota,
+			Amount:         req.Amount,
+		})
+		switch {
+		case err != nil:
+			return GrantResult{}, 0, dbError("grant", err)
+		case row.PriorGrantID != 0:
+			return GrantResult{}, row.PriorGrantID, nil
+		case !row.QuotaFound:
+			return GrantResult{}, 0, fmt.Errorf("%w: %q", ErrQuotaNotFound, req.Quota)
+		case !row.HasLimit:
+			return GrantResult{}, 0, fmt.Errorf("%w (quota %q, member %q)", ErrNoLimit, req.Quota, req.Member)
+		}
+		return GrantResult{
+			Granted:     row.Granted,
+			Quota:       req.Quota,
+			Member:      req.Member,
+			Amount:      req.Amount,
+			Used:        row.Used,
+			Limit:       row.LimitValue,
+			Remaining:   max(row.LimitValue-row.Used, 0),
+			WindowStart: timeFromPG(row.WindowStart),
+			WindowEnd:   timeFromPG(row.WindowEnd),
+			Keyed:       Keyed{GrantID: row.GrantID, IdempotencyScope: key.Scope, IdempotencyKey: key.Key},
+		}, 0, nil
+	}, func(e db.PgquotaLedgerEntry) GrantResult {
+		return GrantResult{
+			Granted:     e.Granted,
+			Quota:       e.Target,
+			Member:      e.Member,
+			Amount:      e.Amount,
+			Used:        e.Used,
+			Limit:       e.LimitValue,
+			Remaining:   max(e.LimitValue-e.Used, 0),
+			WindowStart: timeFromPG(e.WindowStart),
+			WindowEnd:   timeFromPG(e.WindowEnd),
+			Keyed:       keyedFromEntry(e),
+		}
+	})
+}
+
+func (c *Client) revokeKeyed(ctx context.Context, x db.DBTX, req RevokeRequest) (RevokeResult, error) {
+	key, err := checkKey(req.Idempotency, req.Quota)
+	if err != nil {
+		return RevokeResult{}, err
+	}
+	fp := request{key: key, operation: OpRevoke, target: req.Quota, member: req.Member, amount: req.Amount}
+	return runKeyed(ctx, c, x, fp, func() (RevokeResult, int64, error) {
+		row, err := c.queries.LedgerRevoke(ctx, x, db.LedgerRevokeParams{
+			Scope:          key.Scope,
+			IdempotencyKey: key.Key,
+			QuotaName:      req.Quota,
+			Member:         req.Member,
+			Amount:         req.Amount,
+		})
+		switch {
+		case err != nil:
+			return RevokeResult{}, 0, dbError("revoke", err)
+		case row.PriorGrantID != 0:
+			return RevokeResult{}, row.PriorGrantID, nil
+		case !row.QuotaFound:
+			return RevokeResult{}, 0, fmt.Errorf("%w: %q", ErrQuotaNotFound, req.Quota)
+		}
+		return RevokeResult{
+			Quota:       req.Quota,
+			Member:      req.Member,
+			Amount:      req.Amount,
+			Revoked:     row.Revoked,
+			Used:        row.Used,
+			WindowStart: timeFromPG(row.WindowStart),
+			WindowEnd:   timeFromPG(row.WindowEnd),
+			Keyed:       Keyed{GrantID: row.GrantID, IdempotencyScope: key.Scope, IdempotencyKey: key.Key},
+		}, 0, nil
+	}, func(e db.PgquotaLedgerEntry) RevokeResult {
+		return RevokeResult{
+			Quota:       e.Target,
+			Member:      e.Member,
+			Amount:      e.Amount,
+			Revoked:     e.Revoked,
+			Used:        e.Used,
+			WindowStart: timeFromPG(e.WindowStart),
+			WindowEnd:   timeFromPG(e.WindowEnd),
+			Keyed:       keyedFromEntry(e),
+		}
+	})
+}
+
+// ClaimVoucherWithKey is ClaimVoucher with an idempotency key (its Scope
+// defaults to the campaign): the claim and its ledger row are one
+// statement, a repeat with the same key and request returns the first
+// outcome (a sold-out result included) with Replayed set, and the same key
+// with another campaign or member fails with ErrIdempotencyKeyReused.
+// Serialization failures and deadlocks are retried as for Grant.
+//
+// Errors: those of ClaimVoucher, an *InputError for a bad key, and
+// ErrIdempotencyKeyReused.
+func (c *Client) ClaimVoucherWithKey(ctx context.Context, campaign, member string, key IdempotencyKey) (Claim, error) {
+	return c.claimVoucherKeyed(ctx, c.db, campaign, member, key)
+}
+
+// ClaimVoucherWithKeyTx is ClaimVoucherWithKey inside the caller's
+// transaction. Serialization failures and deadlocks are returned unchanged,
+// as for GrantTx.
+func (c *Client) ClaimVoucherWithKeyTx(ctx context.Context, tx pgx.Tx, campaign, member string, key IdempotencyKey) (Claim, error) {
+	return c.claimVoucherKeyed(ctx, tx, campaign, member, key)
+}
+
+// checkClaim validates a keyed claim's arguments and returns its
+// fingerprint.
+func checkClaim(campaign, member string, key IdempotencyKey) (request, error) {
+	if err := checkName("campaign", campaign); err != nil {
+		return request{}, err
+	}
+	if err := checkName("member", member); err != nil {
+		return request{}, err
+	}
+	key, err := checkKey(key, campaign)
+	if err != nil {
+		return request{}, err
+	}
+	return request{key: key, operation: OpClaim, target: campaign, member: member, amount: 1}, nil
+}
+
+func (c *Client) claimVoucherKeyed(ctx context.Context, x db.DBTX, campaign, member string, key IdempotencyKey) (Claim, error) {
+	fp, err := checkClaim(campaign, member, key)
+	if err != nil {
+		return Claim{}, err
+	}
+	key = fp.key
+	return runKeyed(ctx, c, x, fp, func() (Claim, int64, error) {
+		row, err := c.queries.LedgerClaimVoucher(ctx, x, db.LedgerClaimVoucherParams{
+			Scope: key.Scope, IdempotencyKey: key.Key, Campaign: campaign, Member: member,
+		})
+		switch {
+		case err != nil:
+			return Claim{}, 0, dbError("claim voucher", err)
+		case row.PriorGrantID != 0:
+			return Claim{}, row.PriorGrantID, nil
+		case !row.CampaignFound:
+			return Claim{}, 0, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
+		case CampaignKind(row.Kind) != KindCounted:
+			return Claim{}, 0, fmt.Errorf("%w: %q holds codes: use ClaimCodeWithKey", ErrCampaignKind, campaign)
+		}
+		return Claim{
+			Campaign:  campaign,
+			Member:    member,
+			Claimed:   row.Claimed,
+			Repeat:    row.Repeat,
+			Seq:       row.Seq,
+			ClaimedAt: timeFromPG(row.ClaimedAt),
+			Total:     row.Total,
+			Keyed:     Keyed{GrantID: row.GrantID, IdempotencyScope: key.Scope, IdempotencyKey: key.Key},
+		}, 0, nil
+	}, claimFromEntry)
+}
+
+// ClaimCodeWithKey is ClaimCode with an idempotency key, as
+// ClaimVoucherWithKey describes. While unclaimed codes exist but all are
+// locked by claims in progress, nothing is recorded and the claim is tried
+// again, as ClaimCode does.
+//
+// Errors: those of ClaimCode, an *InputError for a bad key, and
+// ErrIdempotencyKeyReused.
+func (c *Client) ClaimCodeWithKey(ctx context.Context, campaign, member string, key IdempotencyKey) (Claim, error) {
+	return c.claimCodeKeyed(ctx, c.db, campaign, member, key)
+}
+
+// ClaimCodeWithKeyTx is ClaimCodeWithKey inside the caller's transaction.
+// Serialization failures and deadlocks are returned unchanged, as for
+// GrantTx.
+func (c *Client) ClaimCodeWithKeyTx(ctx context.Context, tx pgx.Tx, campaign, member string, key IdempotencyKey) (Claim, error) {
+	return c.claimCodeKeyed(ctx, tx, campaign, member, key)
+}
+
+func (c *Client) claimCodeKeyed(ctx context.Context, x db.DBTX, campaign, member string, key IdempotencyKey) (Claim, error) {
+	fp, err := checkClaim(campaign, member, key)
+	if err != nil {
+		return Claim{}, err
+	}
+	key = fp.key
+	return c.whileCodesLocked(ctx, campaign, func() (Claim, error) {
+		claim, err := runKeyed(ctx, c, x, fp, func() (Claim, int64, error) {
+			row, err := c.queries.LedgerClaimCode(ctx, x, db.LedgerClaimCodeParams{
+				Scope: key.Scope, IdempotencyKey: key.Key, Campaign: campaign, Member: member,
+			})
+			switch {
+			case err != nil:
+				return Claim{}, 0, dbError("claim code", err)
+			case row.PriorGrantID != 0:
+				return Claim{}, row.PriorGrantID, nil
+			case !row.CampaignFound:
+				return Claim{}, 0, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
+			case CampaignKind(row.Kind) != KindCodes:
+				return Claim{}, 0, fmt.Errorf("%w: %q is a counted pool: use ClaimVoucherWithKey", ErrCampaignKind, campaign)
+			case row.GrantID == 0:
+				return Claim{}, 0, errCodesLocked
+			}
+			return Claim{
+				Campaign:  campaign,
+				Member:    member,
+				Claimed:   row.Claimed,
+				Repeat:    row.Repeat,
+				Code:      row.Code,
+				ClaimedAt: timeFromPG(row.ClaimedAt),
+				Total:     row.Total,
+				Keyed:     Keyed{GrantID: row.GrantID, IdempotencyScope: key.Scope, IdempotencyKey: key.Key},
+			}, 0, nil
+		}, claimFromEntry)
+		if err != nil && !errors.Is(err, errCodesLocked) {
+			return claim, backoff.Permanent(err)
+		}
+		return claim, err
+	})
+}
+
+func claimFromEntry(e db.PgquotaLedgerEntry) Claim {
+	return Claim{
+		Campaign:  e.Target,
+		Member:    e.Member,
+		Claimed:   e.Granted,
+		Repeat:    e.Repeat,
+		Seq:       e.Seq,
+		Code:      e.Code,
+		ClaimedAt: timeFromPG(e.ClaimedAt),
+		Total:     e.LimitValue,
+		Keyed:     keyedFromEntry(e),
+	}
+}
+
+// RevokeGrantResult is the outcome of RevokeGrant: the compensation of one
+// keyed grant.
+type RevokeGrantResult struct {
+	GrantID int64  `json:"grant_id"`
+	Quota   string `json:"quota"`
+	Member  string `json:"member"`
+	// Granted reports whether the grant took units; Amount is the number
+	// it took (0 for a denied grant, which has nothing to give back).
+	Granted bool  `json:"granted"`
+	Amount  int64 `json:"amount"`
+	// Revoked is the number of units given back: Amount, or less when the
+	// window's counter held fewer units (it never goes below zero).
+	Revoked int64 `json:"revoked"`
+	// Used is the counter of the grant's window right after the units were
+	// given back.
+	Used int64 `json:"used"`
+	// WindowStart and WindowEnd bound the grant's window: the units go
+	// back to that window's counter, not to the current window's.
+	WindowStart time.Time `json:"window_start,omitzero"`
+	WindowEnd   time.Time `json:"window_end,omitzero"`
+	// RevokedAt is when the grant was revoked, by the database clock.
+	RevokedAt time.Time `json:"revoked_at"`
+	// Replayed reports that an earlier call revoked the grant: this result
+	// is that first revoke's outcome, and this call changed nothing.
+	Replayed bool `json:"replayed"`
+}
+
+// RevokeGrant gives back the units of one keyed grant (one made with an
+// idempotency key; its GrantResult.GrantID): the compensating action of a
+// saga whose later step failed (Garcia-Molina and Salem, "Sagas", SIGMOD
+// 1987). The units go back to the counter of the grant's own window, even
+// when that window has ended, never more than the grant took and never
+// below zero (less when the counter holds fewer units, for instance after
+// a Revoke). A grant is revoked at most once: a repeated or concurrent
+// RevokeGrant of the same grant changes nothing and reports the first
+// revoke's outcome with Replayed set. Revoking a denied grant gives nothing
+// back. It is one SQL statement (two when replaying); serialization
+// failures and deadlocks are retried as for Grant.
+//
+// Errors: *InputError for a grant id below 1; ErrGrantNotFound when no
+// keyed grant has that id (including reaped ones); ErrSchemaMissing;
+// database errors.
+func (c *Client) RevokeGrant(ctx context.Context, grantID int64) (RevokeGrantResult, error) {
+	return c.revokeGrant(ctx, c.db, grantID)
+}
+
+// RevokeGrantTx is RevokeGrant inside the caller's transaction: the units
+// are given back when tx commits. A concurrent revoke of the same grant
+// waits for tx. Serialization failures and deadlocks are returned
+// unchanged, as for GrantTx.
+func (c *Client) RevokeGrantTx(ctx context.Context, tx pgx.Tx, grantID int64) (RevokeGrantResult, error) {
+	return c.revokeGrant(ctx, tx, grantID)
+}
+
+func (c *Client) revokeGrant(ctx context.Context, x db.DBTX, grantID int64) (RevokeGrantResult, error) {
+	if grantID < 1 {
+		return RevokeGrantResult{}, inputError("grant id", "must be at least 1, got %d", grantID)
+	}
+	row, err := c.queries.LedgerRevokeGrant(ctx, x, grantID)
+	if isNoRows(err) {
+		return RevokeGrantResult{}, fmt.Errorf("%w: no keyed grant has id %d", ErrGrantNotFound, grantID)
+	}
+	if err != nil {
+		return RevokeGrantResult{}, dbError("revoke grant", err)
+	}
+	res := RevokeGrantResult{
+		GrantID:     row.GrantID,
+		Quota:       row.Target,
+		Member:      row.Member,
+		Granted:     row.Granted,
+		WindowStart: timeFromPG(row.WindowStart),
+		WindowEnd:   timeFromPG(row.WindowEnd),
+	}
+	if row.Granted {
+		res.Amount = row.Amount
+	}
+	if row.RevokedNow {
+		res.Revoked, res.Used, res.RevokedAt = row.Compensated, row.CompensatedUsed, timeFromPG(row.CompensatedAt)
+		return res, nil
+	}
+	// An earlier revoke marked the grant: one that committed before this
+	// statement's snapshot, or one this statement waited for. The next
+	// statement sees it either way (under READ COMMITTED it takes a new
+	// snapshot; under REPEATABLE READ the statement above would have failed
+	// with 40001 had the revoke committed after the snapshot).
+	e, err := c.queries.LedgerGet(ctx, x, grantID)
+	if err != nil {
+		return RevokeGrantResult{}, dbError("revoke grant", err)
+	}
+	res.Replayed = true
+	res.Revoked, res.Used, res.RevokedAt = e.Compensated.Int64, e.CompensatedUsed.Int64, timeFromPG(e.CompensatedAt)
+	return res, nil
+}
+
+// LedgerEntry is one keyed operation as the ledger stores it: the request
+// and its outcome.
+type LedgerEntry struct {
+	GrantID          int64  `json:"grant_id"`
+	IdempotencyScope string `json:"idempotency_scope"`
+	IdempotencyKey   string `json:"idempotency_key"`
+	// Operation is OpGrant, OpRevoke or OpClaim.
+	Operation string `json:"operation"`
+	// Target is the quota name (grants, revokes) or the campaign (claims).
+	Target string `json:"target"`
+	Member string `json:"member"`
+	// Amount is the number of units asked for (1 for a claim).
+	Amount int64 `json:"amount"`
+	// RequestLimit is the limit the call gave, nil when it gave none.
+	RequestLimit *int64    `json:"request_limit,omitempty"`
+	CreatedAt    time.Time `json:"created_at"`
+
+	// Granted is the outcome: units granted (grant), a voucher held
+	// (claim); always true for a revoke.
+	Granted bool `json:"granted"`
+	// Used is the counter after the operation (grants and revokes; for a
+	// counted pool's claim, the pool's claimed count when a unit was handed
+	// out).
+	Used int64 `json:"used"`
+	// Limit is the limit a grant was decided against, or a campaign's
+	// total.
+	Limit int64 `json:"limit"`
+	// Revoked is the number of units a revoke gave back.
+	Revoked     int64     `json:"revoked,omitempty"`
+	WindowStart time.Time `json:"window_start,omitzero"`
+	WindowEnd   time.Time `json:"window_end,omitzero"`
+	// Seq, Code, Repeat and ClaimedAt describe a claim's voucher, as in
+	// Claim.
+	Seq       int64     `json:"seq,omitempty"`
+	Code      string    `json:"code,omitempty"`
+	Repeat    bool      `json:"repeat,omitempty"`
+	ClaimedAt time.Time `json:"claimed_at,omitzero"`
+	// DecidedAt is when the outcome was decided, by the database clock.
+	DecidedAt time.Time `json:"decided_at"`
+	// Compensation is the grant's RevokeGrant, nil while it has none.
+	Compensation *Compensation `json:"compensation,omitempty"`
+}
+
+// Compensation records the RevokeGrant of a grant.
+type Compensation struct {
+	// Revoked is the number of units given back.
+	Revoked int64 `json:"revoked"`
+	// Used is the grant window's counter right after.
+	Used int64     `json:"used"`
+	At   time.Time `json:"at"`
+}
+
+func entryFromRow(e db.PgquotaLedgerEntry) LedgerEntry {
+	out := LedgerEntry{
+		GrantID:          e.GrantID,
+		IdempotencyScope: e.Scope,
+		IdempotencyKey:   e.IdempotencyKey,
+		Operation:        e.Operation,
+		Target:           e.Target,
+		Member:           e.Member,
+		Amount:           e.Amount,
+		CreatedAt:        timeFromPG(e.CreatedAt),
+		Granted:          e.Granted,
+		Used:             e.Used,
+		Limit:            e.LimitValue,
+		Revoked:          e.Revoked,
+		WindowStart:      timeFromPG(e.WindowStart),
+		WindowEnd:        timeFromPG(e.WindowEnd),
+		Seq:              e.Seq,
+		Code:             e.Code,
+		Repeat:           e.Repeat,
+		ClaimedAt:        timeFromPG(e.ClaimedAt),
+		DecidedAt:        timeFromPG(e.DecidedAt),
+	}
+	if e.RequestLimit.Valid {
+		out.RequestLimit = &e.RequestLimit.Int64
+	}
+	if e.CompensatedAt.Valid {
+		out.Compensation = &Compensation{Revoked: e.Compensated.Int64, Used: e.CompensatedUsed.Int64, At: timeFromPG(e.CompensatedAt)}
+	}
+	return out
+}
+
+// LedgerEntry returns the ledger entry with grant id grantID.
+//
+// Errors: *InputError for a grant id below 1; ErrGrantNotFound;
+// ErrSchemaMissing; database errors.
+func (c *Client) LedgerEntry(ctx context.Context, grantID int64) (LedgerEntry, error) {
+	if grantID < 1 {
+		return LedgerEntry{}, inputError("grant id", "must be at least 1, got %d", grantID)
+	}
+	e, err := c.queries.LedgerGet(ctx, c.db, grantID)
+	if isNoRows(err) {
+		return LedgerEntry{}, fmt.Errorf("%w: grant id %d", ErrGrantNotFound, grantID)
+	}
+	if err != nil {
+		return LedgerEntry{}, dbError("read ledger", err)
+	}
+	return entryFromRow(e), nil
+}
+
+// LedgerEntryByKey returns the ledger entry recorded under an idempotency
+// key. key.Scope is required here: there is no request to default it from.
+//
+// Errors: *InputError for a bad key or scope; ErrGrantNotFound;
+// ErrSchemaMissing; database errors.
+func (c *Client) LedgerEntryByKey(ctx context.Context, key IdempotencyKey) (LedgerEntry, error) {
+	if err := checkName("idempotency scope", key.Scope); err != nil {
+		return LedgerEntry{}, err
+	}
+	if err := checkName("idempotency key", key.Key); err != nil {
+		return LedgerEntry{}, err
+	}
+	e, err := c.queries.LedgerGetByKey(ctx, c.db, db.LedgerGetByKeyParams{Scope: key.Scope, IdempotencyKey: key.Key})
+	if isNoRows(err) {
+		return LedgerEntry{}, fmt.Errorf("%w: key %q in scope %q", ErrGrantNotFound, key.Key, key.Scope)
+	}
+	if err != nil {
+		return LedgerEntry{}, dbError("read ledger", err)
+	}
+	return entryFromRow(e), nil
+}
+
+// reapBatch is the number of rows one reaping statement deletes.
+const reapBatch = 5000
+
+// ReapLedger deletes ledger entries created more than olderThan ago by the
+// database clock, and returns how many it deleted. It deletes in batches of
+// a few thousand rows, one short statement each, so it never holds many
+// locks for long; run it periodically (`pgquota ledger reap --older-than
+// 720h` from cron, say).
+//
+// The retention period is the caller's choice and must exceed the longest
+// time a client may retry an operation: once its entry is gone, a key is
+// free again, and a late repeat would run as a new operation. A reaped grant
+// can no longer be revoked with RevokeGrant either. (Stripe keeps keys for
+// 24 hours; a month is a safe default for grants that may be compensated
+// later.)
+//
+// Errors: *InputError when olderThan is below one second; the context's
+// error; ErrSchemaMissing; database errors (rows deleted by earlier batches
+// stay deleted).
+func (c *Client) ReapLedger(ctx context.Context, olderThan time.Duration) (int64, error) {
+	if olderThan < time.Second {
+		return 0, inputError("older than", "must be at least 1s, got %s", olderThan)
+	}
+	return reap(ctx, func() (int64, error) {
+		return c.queries.LedgerReap(ctx, c.db, db.LedgerReapParams{OlderThanUs: olderThan.Microseconds(), BatchSize: reapBatch})
+	}, "reap ledger")
+}
+
+// reap runs one batch deletion until it deletes less than a full batch.
+func reap(ctx context.Context, batch func() (int64, error), op string) (int64, error) {
+	var total int64
+	for {
+		n, err := batch()
+		if err != nil {
+			return total, dbError(op, err)
+		}
+		total += n
+		if n < reapBatch {
+			return total, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+	}
+}
