@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/dbutil"
 )
 
 // BatchOutcome is the outcome of one request of GrantBatch: its result, or
@@ -15,9 +17,14 @@ type BatchOutcome struct {
 	// GrantResult is the request's outcome when Err is nil.
 	GrantResult
 	// Err is *InputError (ErrInvalidInput) for a bad request,
-	// ErrQuotaNotFound, ErrNoLimit, or ErrBatchContended; nil otherwise.
-	// Nothing was granted for a request with an error.
+	// ErrQuotaNotFound, ErrNoLimit, ErrIdempotencyKeyReused, or
+	// ErrBatchContended; nil otherwise. Nothing was granted for a request
+	// with an error.
 	Err error `json:"-"`
+
+	// window is the counter's window as the database reported it
+	// (infinite bounds included), for the ledger's outcome rows.
+	windowStart, windowEnd pgtype.Timestamptz
 }
 
 // maxBatchRounds bounds the statements a batch runs for requests whose
@@ -53,12 +60,37 @@ const maxBatchRounds = 10
 // SERIALIZABLE) rolled it back as a whole; it is run again, with backoff,
 // for up to Config.RetryMaxElapsed (see IsRetryable).
 //
+// Requests may carry idempotency keys (GrantRequest.Idempotency). A batch
+// with keys runs in one transaction: the keys are recorded in the grant
+// ledger first (in key order, so keyed statements cannot deadlock), the
+// requests whose key was recorded are granted together with the unkeyed
+// ones, and each recorded request's outcome is stored under its own grant
+// id (Keyed.GrantID), so that ledger rows, grants and outcomes commit
+// together (see queries/ledger_batch.sql). A request whose key was used
+// before, or by an earlier request of the batch, replays that outcome
+// (Keyed.Replayed), or fails with ErrIdempotencyKeyReused when it is
+// another request. Such a batch takes four statements instead of one.
+//
 // Errors (for the whole batch, with nil outcomes): the context's error;
 // ErrSchemaMissing; database errors (SQLSTATE kept). Nothing was granted
 // then, except when ctx ended while a statement ran: as for Grant, the
 // outcome of that statement is then unknown.
 func (c *Client) GrantBatch(ctx context.Context, reqs []GrantRequest) ([]BatchOutcome, error) {
-	return c.grantBatch(ctx, ownTx{c.pool}, reqs)
+	return c.grantBatchOwn(ctx, reqs)
+}
+
+// grantBatchOwn is GrantBatch: without keys, one statement on the pool
+// (retried by grantBatchRound); with keys, one transaction, run again from
+// the start after a serialization failure or deadlock.
+func (c *Client) grantBatchOwn(ctx context.Context, reqs []GrantRequest) ([]BatchOutcome, error) {
+	if !anyKeyed(reqs) {
+		return c.grantBatch(ctx, ownTx{c.pool}, reqs)
+	}
+	return retry(ctx, c.cfg.RetryMaxElapsed, func() ([]BatchOutcome, error) {
+		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) ([]BatchOutcome, error) {
+			return c.grantBatch(ctx, tx, reqs)
+		})
+	})
 }
 
 // GrantBatchTx is GrantBatch inside the caller's transaction: every grant
@@ -66,6 +98,8 @@ func (c *Client) GrantBatch(ctx context.Context, reqs []GrantRequest) ([]BatchOu
 // until tx ends. In REPEATABLE READ or SERIALIZABLE transactions a counter
 // changed by a concurrent transaction fails the statement with SQLSTATE
 // 40001, returned unchanged: the caller retries its whole transaction.
+// With keyed requests the batch writes ledger rows before it grants: when
+// it returns an error, roll tx back.
 func (c *Client) GrantBatchTx(ctx context.Context, tx pgx.Tx, reqs []GrantRequest) ([]BatchOutcome, error) {
 	return c.grantBatch(ctx, tx, reqs)
 }
@@ -86,14 +120,25 @@ type batchCounter struct {
 func (c *Client) grantBatch(ctx context.Context, x db.DBTX, reqs []GrantRequest) ([]BatchOutcome, error) {
 	out := make([]BatchOutcome, len(reqs))
 	todo := make([]int, 0, len(reqs))
+	keyed := false
 	for i, req := range reqs {
 		out[i].Quota, out[i].Member, out[i].Amount = req.Quota, req.Member, req.Amount
 		if err := checkGrantRequest(req); err != nil {
 			out[i].Err = err
 			continue
 		}
+		keyed = keyed || req.Idempotency.Key != ""
 		todo = append(todo, i)
 	}
+	if !keyed {
+		return out, c.grantBatchRounds(ctx, x, reqs, todo, out)
+	}
+	return out, c.grantBatchKeyed(ctx, x, reqs, todo, out)
+}
+
+// grantBatchRounds runs the batch statement for the requests todo until
+// every one is decided, for up to maxBatchRounds statements.
+func (c *Client) grantBatchRounds(ctx context.Context, x db.DBTX, reqs []GrantRequest, todo []int, out []BatchOutcome) error {
 	for round := 0; len(todo) > 0; round++ {
 		if round == maxBatchRounds {
 			for _, i := range todo {
@@ -103,11 +148,11 @@ func (c *Client) grantBatch(ctx context.Context, x db.DBTX, reqs []GrantRequest)
 		}
 		again, err := c.grantBatchRound(ctx, x, reqs, todo, out)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		todo = again
 	}
-	return out, nil
+	return nil
 }
 
 // checkGrantRequest validates a grant request as Grant does.
@@ -123,6 +168,11 @@ func checkGrantRequest(req GrantRequest) error {
 	}
 	if req.Limit != nil {
 		if err := checkUnits("limit", *req.Limit, 0); err != nil {
+			return err
+		}
+	}
+	if req.Idempotency.Key != "" {
+		if _, err := checkKey(req.Idempotency, req.Quota); err != nil {
 			return err
 		}
 	}
@@ -226,6 +276,7 @@ func (c *Client) grantBatchRound(ctx context.Context, x db.DBTX, reqs []GrantReq
 					granted, used = take(used, reqs[i].Amount, *limits[j])
 				}
 				out[i].GrantResult = batchResult(reqs[i], bc.row, limits[j], granted, used)
+				out[i].windowStart, out[i].windowEnd = bc.row.WindowStart, bc.row.WindowEnd
 			}
 			if used != bc.after {
 				return nil, fmt.Errorf("pgquota: grant batch: counter (%q, %q) went from %d to %d, the requests replay to %d",
@@ -242,6 +293,7 @@ func (c *Client) grantBatchRound(ctx context.Context, x db.DBTX, reqs []GrantReq
 		default:
 			for j, i := range bc.reqs {
 				out[i].GrantResult = batchResult(reqs[i], bc.row, limits[j], false, bc.row.UsedAfter)
+				out[i].windowStart, out[i].windowEnd = bc.row.WindowStart, bc.row.WindowEnd
 			}
 		}
 		for j, i := range bc.reqs {

@@ -26,15 +26,14 @@ import (
 // after. So a coalesced call gets exactly the outcome, Used included, that
 // it would have got had the calls run one after another in arrival order.
 
-// The grant ledger (idempotency keys, grant ids; issue 5) is not part of
-// this build. When it is: a call that carries an idempotency key needs its
-// own ledger row and grant id, written by the statement that grants it, so
-// Client.Grant sends keyed calls down the ledger's single-statement path,
-// not into a queue (coalescer.grant is only reached for calls without a
-// key), until the batch statement learns to write one ledger row per
-// granted call (ledger rows FROM the batch's per-request outcomes, in the
-// same statement). A keyed call abandoned after it was sent is then also
-// retrievable by its key.
+// Calls with an idempotency key are coalesced too: their batch runs in one
+// transaction that records each key in the grant ledger first, grants the
+// calls whose key it recorded together with the unkeyed ones, and stores
+// each recorded call's outcome under its own grant id (batch_keyed.go,
+// queries/ledger_batch.sql). A keyed call whose key was taken before, or
+// by an earlier call of the same batch, replays that outcome. A keyed call
+// abandoned after it was sent has its outcome in the ledger: repeating the
+// call with its key returns it.
 
 // maxCoalesceBatch bounds the calls one coalesced statement decides; the
 // rest wait for the next statement.
@@ -178,7 +177,7 @@ func (co *coalescer) send(batch []*waiter) {
 		hook(len(batch))
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), coalesceStatementTimeout)
-	outcomes, err := co.c.grantBatch(ctx, ownTx{co.c.pool}, reqs)
+	outcomes, err := co.c.grantBatchOwn(ctx, reqs)
 	cancel()
 
 	var abandoned []*waiter

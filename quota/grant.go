@@ -91,13 +91,14 @@ type GrantResult struct {
 // PostgreSQL's SQLSTATE 57014, query_canceled, when the cancel arrived in
 // time: nothing was written.)
 //
-// With Config.Coalesce, concurrent calls without an idempotency key for the
-// same counter and limit share one statement (see Config.Coalesce and
-// coalesce.go); the outcome of each call is the same as without, and the
-// errors are those of GrantBatch for one request, plus the context's error
-// when ctx ends before the call was sent (nothing granted), or
-// ErrGrantAbandoned when it ends after. Calls with a key take the ledger's
-// own statement, one per call.
+// With Config.Coalesce, concurrent calls for the same counter and limit
+// share one statement (see Config.Coalesce and coalesce.go), or with
+// idempotency keys one transaction in which each keyed call still gets its
+// own ledger entry and grant id; the outcome of each call is the same as
+// without, and the errors are those of GrantBatch for one request, plus
+// the context's error when ctx ends before the call was sent (nothing
+// granted), or ErrGrantAbandoned when it ends after (a keyed call's
+// outcome is then in the ledger: repeat the call with its key).
 //
 // Errors: *InputError (ErrInvalidInput) for a bad quota name, member,
 // amount, limit or idempotency key; ErrQuotaNotFound; ErrNoLimit when no
@@ -105,7 +106,7 @@ type GrantResult struct {
 // error; database errors (SQLSTATE kept). On any error nothing was written
 // (except after the context ended, as above).
 func (c *Client) Grant(ctx context.Context, req GrantRequest) (GrantResult, error) {
-	if c.coalescer != nil && req.Idempotency.Key == "" {
+	if c.coalescer != nil {
 		if err := checkGrantRequest(req); err != nil {
 			return GrantResult{}, err
 		}

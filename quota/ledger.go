@@ -203,20 +203,7 @@ func (c *Client) grantKeyed(ctx context.Context, x db.DBTX, req GrantRequest, li
 			WindowEnd:   timeFromPG(row.WindowEnd),
 			Keyed:       Keyed{GrantID: row.GrantID, IdempotencyScope: key.Scope, IdempotencyKey: key.Key},
 		}, 0, nil
-	}, func(e db.PgquotaLedgerEntry) GrantResult {
-		return GrantResult{
-			Granted:     e.Granted,
-			Quota:       e.Target,
-			Member:      e.Member,
-			Amount:      e.Amount,
-			Used:        e.Used,
-			Limit:       e.LimitValue,
-			Remaining:   max(e.LimitValue-e.Used, 0),
-			WindowStart: timeFromPG(e.WindowStart),
-			WindowEnd:   timeFromPG(e.WindowEnd),
-			Keyed:       keyedFromEntry(e),
-		}
-	})
+	}, grantFromEntry)
 }
 
 func (c *Client) revokeKeyed(ctx context.Context, x db.DBTX, req RevokeRequest) (RevokeResult, error) {

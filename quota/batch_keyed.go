@@ -1,0 +1,223 @@
+package quota
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/pgquota/pgquota/db"
+)
+
+// Keyed batches: GrantBatch requests (and coalesced Grant calls) that carry
+// an idempotency key. See queries/ledger_batch.sql for the order of the
+// statements and why each keyed request gets exactly one ledger entry (its
+// own grant id) whose outcome is the one the batch applied.
+
+// anyKeyed reports whether a request of reqs carries an idempotency key.
+func anyKeyed(reqs []GrantRequest) bool {
+	for _, r := range reqs {
+		if r.Idempotency.Key != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// fingerprint is a keyed grant request's ledger fingerprint.
+func fingerprint(req GrantRequest) request {
+	key, _ := checkKey(req.Idempotency, req.Quota) // validated before
+	var limit pgtype.Int8
+	if req.Limit != nil {
+		limit = pgtype.Int8{Int64: *req.Limit, Valid: true}
+	}
+	return request{key: key, operation: OpGrant, target: req.Quota, member: req.Member, amount: req.Amount, limit: limit}
+}
+
+// sameRequest reports whether two keyed requests are the same request (a
+// repeat replays the first outcome), or names the first difference.
+func sameRequest(a, b request) string {
+	switch {
+	case a.target != b.target:
+		return fmt.Sprintf("target %q, not %q", a.target, b.target)
+	case a.member != b.member:
+		return fmt.Sprintf("member %q, not %q", a.member, b.member)
+	case a.amount != b.amount:
+		return fmt.Sprintf("amount %d, not %d", a.amount, b.amount)
+	case a.limit != b.limit:
+		return fmt.Sprintf("limit %s, not %s", limitString(a.limit), limitString(b.limit))
+	}
+	return ""
+}
+
+// grantFromEntry replays a stored grant outcome.
+func grantFromEntry(e db.PgquotaLedgerEntry) GrantResult {
+	return GrantResult{
+		Granted:     e.Granted,
+		Quota:       e.Target,
+		Member:      e.Member,
+		Amount:      e.Amount,
+		Used:        e.Used,
+		Limit:       e.LimitValue,
+		Remaining:   max(e.LimitValue-e.Used, 0),
+		WindowStart: timeFromPG(e.WindowStart),
+		WindowEnd:   timeFromPG(e.WindowEnd),
+		Keyed:       keyedFromEntry(e),
+	}
+}
+
+// grantBatchKeyed decides the requests todo (valid, some keyed) in the
+// transaction x: it records the keys, grants the requests whose key it
+// recorded together with the unkeyed ones, stores the keyed outcomes, and
+// replays the keys that were already taken. x must be a transaction (or a
+// savepoint): the ledger rows, the grants and the outcomes commit together.
+func (c *Client) grantBatchKeyed(ctx context.Context, x db.DBTX, reqs []GrantRequest, todo []int, out []BatchOutcome) error {
+	// Keys repeated within the batch: the first copy is sent, the others
+	// replay it.
+	type keyName struct{ scope, key string }
+	fps := make(map[int]request)
+	first := make(map[keyName]int)
+	dupOf := make(map[int]int)
+	var ins db.LedgerBatchInsertParams
+	var sendIdx []int // indexes of the keyed requests sent to LedgerBatchInsert
+	for _, i := range todo {
+		if reqs[i].Idempotency.Key == "" {
+			continue
+		}
+		fp := fingerprint(reqs[i])
+		fps[i] = fp
+		k := keyName{fp.key.Scope, fp.key.Key}
+		if f, ok := first[k]; ok {
+			dupOf[i] = f
+			continue
+		}
+		first[k] = i
+		limit := int64(-1)
+		if reqs[i].Limit != nil {
+			limit = *reqs[i].Limit
+		}
+		ins.Scopes = append(ins.Scopes, fp.key.Scope)
+		ins.Keys = append(ins.Keys, fp.key.Key)
+		ins.QuotaNames = append(ins.QuotaNames, reqs[i].Quota)
+		ins.Members = append(ins.Members, reqs[i].Member)
+		ins.Amounts = append(ins.Amounts, reqs[i].Amount)
+		ins.LimitValues = append(ins.LimitValues, limit)
+		sendIdx = append(sendIdx, i)
+	}
+
+	// 1. The ledger rows.
+	recorded, err := c.queries.LedgerBatchInsert(ctx, x, ins)
+	if err != nil {
+		return dbError("grant batch", err)
+	}
+	grantIDs := make(map[keyName]int64, len(recorded))
+	for _, r := range recorded {
+		grantIDs[keyName{r.Scope, r.IdempotencyKey}] = r.GrantID
+	}
+	// Keys not recorded now: taken before (replayed), or not recordable
+	// because the quota is missing or no limit applies.
+	var prior db.LedgerBatchEntriesParams
+	for _, i := range sendIdx {
+		k := keyName{fps[i].key.Scope, fps[i].key.Key}
+		if _, ok := grantIDs[k]; !ok {
+			prior.Scopes = append(prior.Scopes, k.scope)
+			prior.Keys = append(prior.Keys, k.key)
+		}
+	}
+	entries := make(map[keyName]db.PgquotaLedgerEntry)
+	if len(prior.Keys) > 0 {
+		rows, err := c.queries.LedgerBatchEntries(ctx, x, prior)
+		if err != nil {
+			return dbError("grant batch: read ledger", err)
+		}
+		for _, e := range rows {
+			entries[keyName{e.Scope, e.IdempotencyKey}] = e
+		}
+	}
+
+	// 2. The grants: unkeyed requests and the keys recorded now, in order.
+	// A keyed request neither recorded nor in the ledger runs alone
+	// through the ledger's own statement, which reports why (no quota, no
+	// limit) or, should that have changed since, grants it with its key.
+	var part, alone []int
+	recordedID := make(map[int]int64)
+	for _, i := range todo {
+		if _, dup := dupOf[i]; dup {
+			continue
+		}
+		if reqs[i].Idempotency.Key == "" {
+			part = append(part, i)
+			continue
+		}
+		k := keyName{fps[i].key.Scope, fps[i].key.Key}
+		if id, ok := grantIDs[k]; ok {
+			part = append(part, i)
+			recordedID[i] = id
+			continue
+		}
+		if e, ok := entries[k]; ok {
+			if err := fps[i].check(e); err != nil {
+				out[i].Err = err
+				continue
+			}
+			out[i].GrantResult = grantFromEntry(e)
+			continue
+		}
+		alone = append(alone, i)
+	}
+	if err := c.grantBatchRounds(ctx, x, reqs, part, out); err != nil {
+		return err
+	}
+	for _, i := range part {
+		id, ok := recordedID[i]
+		if !ok {
+			continue
+		}
+		if out[i].Err != nil {
+			// A recorded key must get an outcome: the quota or the
+			// member's limit changed since the key was recorded, or the
+			// counter stayed contended. The whole batch fails (and its
+			// transaction must roll back).
+			return fmt.Errorf("pgquota: grant batch: keyed request (key %q) could not be decided: %w", fps[i].key.Key, out[i].Err)
+		}
+		out[i].Keyed = Keyed{GrantID: id, IdempotencyScope: fps[i].key.Scope, IdempotencyKey: fps[i].key.Key}
+	}
+
+	// 3. The outcomes of the keys recorded now.
+	if len(recordedID) > 0 {
+		var o db.LedgerBatchOutcomesParams
+		for _, i := range part {
+			id, ok := recordedID[i]
+			if !ok {
+				continue
+			}
+			o.GrantIds = append(o.GrantIds, id)
+			o.Granted = append(o.Granted, out[i].Granted)
+			o.Used = append(o.Used, out[i].Used)
+			o.LimitValues = append(o.LimitValues, out[i].Limit)
+			o.WindowStarts = append(o.WindowStarts, out[i].windowStart)
+			o.WindowEnds = append(o.WindowEnds, out[i].windowEnd)
+		}
+		if err := c.queries.LedgerBatchOutcomes(ctx, x, o); err != nil {
+			return dbError("grant batch: store outcomes", err)
+		}
+	}
+
+	for _, i := range alone {
+		res, err := c.grant(ctx, x, reqs[i])
+		out[i].GrantResult, out[i].Err = res, err
+	}
+	// Copies of a key within the batch replay its first copy.
+	for i, f := range dupOf {
+		if diff := sameRequest(fps[f], fps[i]); diff != "" {
+			out[i].Err = fmt.Errorf("%w: key %q in scope %q is another request of the batch, made with %s",
+				ErrIdempotencyKeyReused, fps[i].key.Key, fps[i].key.Scope, diff)
+			continue
+		}
+		out[i].GrantResult, out[i].Err = out[f].GrantResult, out[f].Err
+		if out[i].GrantID != 0 {
+			out[i].Replayed = true
+		}
+	}
+	return nil
+}
