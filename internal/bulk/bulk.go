@@ -13,6 +13,11 @@
 // Outcomes come back in file order. A bad row (a malformed record, a bad
 // value, an undefined quota, no limit) is reported with its line number and
 // does not stop the others.
+//
+// A row with an idempotency_key is recorded in the grant ledger under its
+// own grant id, in the same transaction as its batch's grants (see
+// quota.Client.GrantBatch): running the same file again replays those rows'
+// first outcomes and grants them nothing more.
 package bulk
 
 import (
@@ -148,16 +153,11 @@ func (r *Reader) Next() (Row, error) {
 		row.Request.Limit = &v
 	}
 	if row.IdempotencyKey != "" {
-		row.Err = ErrKeysUnsupported
+		// The key's scope is the quota (quota.IdempotencyKey's default).
+		row.Request.Idempotency = quota.IdempotencyKey{Key: row.IdempotencyKey}
 	}
 	return row, nil
 }
-
-// ErrKeysUnsupported is a row's error when it carries an idempotency key:
-// keyed grants need the grant ledger, which this build does not have yet.
-// Nothing is granted for such a row (a retried file would otherwise grant
-// it twice).
-var ErrKeysUnsupported = errors.New("idempotency_key: keyed grants need the grant ledger, not in this build; remove the key or the row")
 
 // Status of a row's outcome.
 const (
@@ -181,6 +181,12 @@ type Outcome struct {
 	Used      int64 `json:"used"`
 	Limit     int64 `json:"limit"`
 	Remaining int64 `json:"remaining"`
+	// GrantID is the ledger entry of a row with an idempotency key (its
+	// grant id), and Replayed reports that the key was used before (by an
+	// earlier run of the file, say): the outcome is the stored first one,
+	// and nothing was granted again.
+	GrantID  int64 `json:"grant_id,omitempty"`
+	Replayed bool  `json:"replayed,omitempty"`
 	// Error says why the row was not decided (Status error).
 	Error string `json:"error,omitempty"`
 
@@ -463,6 +469,7 @@ func outcome(r Row, b quota.BatchOutcome) Outcome {
 		seq: r.Seq, Line: r.Line, Quota: r.Request.Quota, Member: r.Request.Member,
 		Amount: r.Request.Amount, IdempotencyKey: r.IdempotencyKey,
 		Status: StatusDenied, Used: b.Used, Limit: b.Limit, Remaining: b.Remaining,
+		GrantID: b.GrantID, Replayed: b.Replayed,
 	}
 	if b.Granted {
 		o.Status = StatusGranted

@@ -85,8 +85,9 @@ func TestReaderRows(t *testing.T) {
 	require.NoError(t, rows[5].Err, "the member's newline is quota's to reject, not the reader's")
 	require.Equal(t, "f\ng", rows[5].Request.Member)
 	require.ErrorContains(t, rows[6].Err, "malformed CSV")
-	require.ErrorIs(t, rows[7].Err, bulk.ErrKeysUnsupported)
+	require.NoError(t, rows[7].Err)
 	require.Equal(t, "key-1", rows[7].IdempotencyKey)
+	require.Equal(t, quota.IdempotencyKey{Key: "key-1"}, rows[7].Request.Idempotency)
 	require.NoError(t, rows[8].Err)
 	require.Equal(t, int64(4), rows[8].Request.Amount)
 }
@@ -259,4 +260,68 @@ func TestRunEmitErrorStops(t *testing.T) {
 	})
 	require.ErrorIs(t, err, io.ErrShortWrite)
 	require.Equal(t, 150, n, "nothing is emitted after a failed emit")
+}
+
+func TestRunKeyedTwice(t *testing.T) {
+	t.Parallel()
+	// 5,000 rows on distinct members of big, every other one with an
+	// idempotency key, and some keys repeated later in the file (the copy
+	// replays the first row). Run twice: the keyed rows are granted once,
+	// the unkeyed ones twice.
+	c, pool := setup(t, 4)
+	var sb strings.Builder
+	sb.WriteString("quota,member,amount,idempotency_key\n")
+	const rows = 5000
+	for i := range rows {
+		switch {
+		case i%2 == 0:
+			fmt.Fprintf(&sb, "big,m%d,1,\n", i)
+		case i%100 == 99:
+			fmt.Fprintf(&sb, "big,m%d,1,k%d\n", i-98, i-98) // a copy of row i-98's key and request
+		default:
+			fmt.Fprintf(&sb, "big,m%d,1,k%d\n", i, i)
+		}
+	}
+	file := sb.String()
+	run := func() []bulk.Outcome {
+		r, err := bulk.NewReader(strings.NewReader(file))
+		require.NoError(t, err)
+		var got []bulk.Outcome
+		_, err = bulk.Run(context.Background(), c, r.Next, bulk.Options{BatchSize: 300, Workers: 3}, func(o bulk.Outcome) error {
+			got = append(got, o)
+			return nil
+		})
+		require.NoError(t, err)
+		require.Len(t, got, rows)
+		return got
+	}
+	first := run()
+	for i, o := range first {
+		require.Equal(t, bulk.StatusGranted, o.Status, "row %d: %+v", i, o)
+		switch {
+		case i%2 == 0:
+			require.Zero(t, o.GrantID)
+		case i%100 == 99:
+			require.True(t, o.Replayed, "row %d repeats the key of row %d", i, i-98)
+			require.Equal(t, first[i-98].GrantID, o.GrantID)
+		default:
+			require.Positive(t, o.GrantID)
+			require.False(t, o.Replayed)
+		}
+	}
+	second := run()
+	for i, o := range second {
+		require.Equal(t, bulk.StatusGranted, o.Status)
+		if i%2 == 1 {
+			require.True(t, o.Replayed, "row %d", i)
+			require.Equal(t, first[i].GrantID, o.GrantID)
+			require.Equal(t, first[i].Used, o.Used)
+		} else {
+			require.Equal(t, int64(2), o.Used, "an unkeyed row is granted again")
+		}
+	}
+	var sum int64
+	require.NoError(t, pool.QueryRow(context.Background(), `SELECT sum(used) FROM pgquota.usage`).Scan(&sum))
+	keyed := int64(rows/2 - rows/100) // keyed rows that are not copies
+	require.Equal(t, 2*int64(rows/2)+keyed, sum)
 }

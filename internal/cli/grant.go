@@ -34,8 +34,12 @@ flight at once; the rows of one member are decided one after another in file
 order, so the same member several times in a file respects its limit
 exactly. A bad row (malformed, a bad value, an undefined quota, no limit) is
 reported with its line number on stderr and does not stop the others.
+A row with an idempotency_key is recorded in the ledger under a grant id
+(scope: its quota), so running the same file again replays those rows and
+grants them nothing more.
 --out writes every row's outcome (line, status granted/denied/error, used,
-limit, remaining, error) as CSV, or as JSON lines when the name ends in
+limit, remaining, grant id and replayed for keyed rows, error) as CSV, or as
+JSON lines when the name ends in
 .jsonl or .ndjson (or with --out-format). A progress bar runs on stderr when
 it is a terminal (not with --json). The summary counts granted, denied and
 errors. Exit status 0 when every row was decided (granted or denied), 2 when

@@ -109,10 +109,10 @@ func (a *app) grantFile(cmd *cobra.Command, opts fileOptions) error {
 			write = func(o bulk.Outcome) error { return enc.Encode(o) }
 		} else {
 			cw := csv.NewWriter(bw)
-			if err := cw.Write([]string{"line", "quota", "member", "amount", "idempotency_key", "status", "used", "limit", "remaining", "error"}); err != nil {
+			if err := cw.Write([]string{"line", "quota", "member", "amount", "idempotency_key", "status", "used", "limit", "remaining", "grant_id", "replayed", "error"}); err != nil {
 				return err
 			}
-			rec := make([]string, 10)
+			rec := make([]string, 12)
 			write = func(o bulk.Outcome) error {
 				rec[0] = strconv.Itoa(o.Line)
 				rec[1], rec[2] = o.Quota, o.Member
@@ -121,7 +121,11 @@ func (a *app) grantFile(cmd *cobra.Command, opts fileOptions) error {
 				rec[6] = strconv.FormatInt(o.Used, 10)
 				rec[7] = strconv.FormatInt(o.Limit, 10)
 				rec[8] = strconv.FormatInt(o.Remaining, 10)
-				rec[9] = o.Error
+				rec[9], rec[10] = "", ""
+				if o.GrantID != 0 {
+					rec[9], rec[10] = strconv.FormatInt(o.GrantID, 10), strconv.FormatBool(o.Replayed)
+				}
+				rec[11] = o.Error
 				return cw.Write(rec)
 			}
 			finish = func() error {

@@ -44,13 +44,13 @@ func TestGrantFile(t *testing.T) {
 	}
 	results, err := os.ReadFile(out)
 	require.NoError(t, err)
-	require.Equal(t, "line,quota,member,amount,idempotency_key,status,used,limit,remaining,error\n"+
-		"2,lim,a,1,,granted,1,2,1,\n"+
-		"3,lim,a,1,,granted,2,2,0,\n"+
-		"4,lim,a,1,,denied,2,2,0,\n"+
-		"5,q,b,5,,granted,5,10,5,\n", strings.Join(strings.SplitAfter(string(results), "\n")[:5], ""))
-	require.Contains(t, string(results), "\n6,q,c,1,,error,0,0,0,")
-	require.Contains(t, string(results), "\n8,nope,e,1,,error,0,0,0,\"quota not found")
+	require.Equal(t, "line,quota,member,amount,idempotency_key,status,used,limit,remaining,grant_id,replayed,error\n"+
+		"2,lim,a,1,,granted,1,2,1,,,\n"+
+		"3,lim,a,1,,granted,2,2,0,,,\n"+
+		"4,lim,a,1,,denied,2,2,0,,,\n"+
+		"5,q,b,5,,granted,5,10,5,,,\n", strings.Join(strings.SplitAfter(string(results), "\n")[:5], ""))
+	require.Contains(t, string(results), "\n6,q,c,1,,error,0,0,0,,,")
+	require.Contains(t, string(results), "\n8,nope,e,1,,error,0,0,0,,,\"quota not found")
 
 	// The counters hold exactly the granted rows.
 	out2 := ok(t, dbURL, "usage", "--quota", "lim", "--member", "a")
@@ -120,4 +120,60 @@ func TestVoucherCreateShards(t *testing.T) {
 	requireError(t, runDB(t, dbURL, "voucher", "create", "--campaign", "x", "--total", "3", "--shards", "5"), cli.ExitUsage, "shards")
 	requireError(t, runDB(t, dbURL, "voucher", "create", "--campaign", "x", "--total", "3", "--shards", "0"), cli.ExitUsage, "--shards")
 	requireError(t, runDB(t, dbURL, "voucher", "create", "--campaign", "flash", "--total", "10", "--shards", "5"), cli.ExitUsage, "already exists")
+}
+
+func TestGrantFileIdempotencyKeys(t *testing.T) {
+	t.Parallel()
+	dbURL := migratedURL(t) // lim: default limit 2
+	file := writeFile(t, "keyed.csv", "quota,member,amount,idempotency_key\n"+
+		"lim,a,1,order-1\n"+
+		"lim,a,1,order-2\n"+
+		"lim,a,1,order-3\n"+ // denied, and stored as such
+		"lim,b,1,\n") // no key: granted again on every run
+	out := filepath.Join(t.TempDir(), "first.jsonl")
+	r := runDB(t, dbURL, "grant", "--file", file, "--out", out)
+	require.Equal(t, cli.ExitOK, r.code, "stderr %q", r.stderr)
+	first := readOutcomes(t, out)
+	require.Equal(t, []string{"granted", "granted", "denied", "granted"}, statuses(first))
+	for _, o := range first[:3] {
+		require.Positive(t, o["grant_id"])
+		require.Nil(t, o["replayed"])
+	}
+	// The same file again: the keyed rows replay their first outcomes.
+	out2 := filepath.Join(t.TempDir(), "second.jsonl")
+	r = runDB(t, dbURL, "grant", "--file", file, "--out", out2)
+	require.Equal(t, cli.ExitOK, r.code, "stderr %q", r.stderr)
+	second := readOutcomes(t, out2)
+	require.Equal(t, []string{"granted", "granted", "denied", "granted"}, statuses(second))
+	for i, o := range second[:3] {
+		require.Equal(t, true, o["replayed"])
+		require.Equal(t, first[i]["grant_id"], o["grant_id"])
+		require.Equal(t, first[i]["used"], o["used"])
+	}
+	require.Regexp(t, `(?m)^used\s+2$`, ok(t, dbURL, "usage", "--quota", "lim", "--member", "a"))
+	require.Regexp(t, `(?m)^used\s+2$`, ok(t, dbURL, "usage", "--quota", "lim", "--member", "b"))
+	// `pgquota ledger show` finds a row's entry by its key.
+	show := ok(t, dbURL, "ledger", "show", "--key", "order-1", "--scope", "lim")
+	require.Regexp(t, `(?m)^granted\s+yes$`, show)
+}
+
+func readOutcomes(t *testing.T, path string) []map[string]any {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var o map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &o))
+		out = append(out, o)
+	}
+	return out
+}
+
+func statuses(os []map[string]any) []string {
+	var s []string
+	for _, o := range os {
+		s = append(s, o["status"].(string))
+	}
+	return s
 }
