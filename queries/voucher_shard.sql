@@ -168,3 +168,105 @@ SELECT p.kind,
         AND pgquota.voucher_shards_left_fresh(@campaign::text))::boolean AS units_left
 FROM pgquota.voucher_pool p
 WHERE p.campaign = @campaign::text;
+
+-- name: LedgerClaimShard :one
+-- VoucherShardClaimWait with a ledger row (ClaimVoucherWithKey on a
+-- sharded pool), built as ledger.sql's keyed statements are: the ledger
+-- key is inserted first (ON CONFLICT DO NOTHING), every write selects FROM
+-- that insert, and the outcome is stored by the same statement. The shard
+-- is locked after the key. The waiting pick (no SKIP LOCKED) returns
+-- nothing only when every shard is full, so a stored sold-out outcome is
+-- exact. A member who already holds a unit, and a sold-out pool, are
+-- outcomes too, stored and replayed. The outcome's used is 0: a sharded
+-- pool has no single claimed counter.
+WITH camp AS (
+    SELECT p.campaign, p.kind, p.total, pgquota.clock() AS at
+    FROM pgquota.voucher_pool p
+    WHERE p.campaign = @campaign::text
+), led AS (
+    INSERT INTO pgquota.ledger (scope, idempotency_key, operation, target, member, amount, created_at)
+    SELECT @scope::text, @idempotency_key::text, 'claim', camp.campaign, @member::text, 1, camp.at
+    FROM camp
+    WHERE camp.kind = 'sharded'
+    ON CONFLICT (scope, idempotency_key) DO NOTHING
+    RETURNING grant_id
+), held AS (
+    SELECT EXISTS (
+        SELECT 1 FROM pgquota.voucher_claim c
+        WHERE c.campaign = @campaign::text AND c.member = @member::text
+    ) AS yes
+), pick_from AS (
+    SELECT s.campaign, s.shard, s.base, s.claimed
+    FROM pgquota.voucher_shard s
+    CROSS JOIN led
+    WHERE s.campaign = @campaign::text
+      AND s.shard >= @start::integer
+      AND s.claimed < s.total
+      AND NOT (SELECT yes FROM held)
+    ORDER BY s.shard
+    LIMIT 1
+    FOR UPDATE OF s
+), pick_before AS (
+    SELECT s.campaign, s.shard, s.base, s.claimed
+    FROM pgquota.voucher_shard s
+    CROSS JOIN led
+    WHERE s.campaign = @campaign::text
+      AND s.shard < @start::integer
+      AND s.claimed < s.total
+      AND NOT (SELECT yes FROM held)
+      AND NOT EXISTS (SELECT 1 FROM pick_from)
+    ORDER BY s.shard
+    LIMIT 1
+    FOR UPDATE OF s
+), pick AS (
+    SELECT * FROM pick_from
+    UNION ALL
+    SELECT * FROM pick_before
+), ins AS (
+    INSERT INTO pgquota.voucher_claim (campaign, member, seq, claimed_at)
+    SELECT pick.campaign, @member::text, pick.base + pick.claimed + 1, pgquota.clock()
+    FROM pick
+    ON CONFLICT (campaign, member) DO NOTHING
+    RETURNING seq, claimed_at
+), upd AS (
+    UPDATE pgquota.voucher_shard s
+    SET claimed = s.claimed + 1
+    FROM pick, ins
+    WHERE s.campaign = pick.campaign AND s.shard = pick.shard
+    RETURNING s.shard
+), prior AS (
+    SELECT f.seq, f.claimed_at
+    FROM pgquota.voucher_claim_fresh(@campaign::text, @member::text) f
+    WHERE EXISTS (SELECT 1 FROM led)
+      AND NOT EXISTS (SELECT 1 FROM ins)
+      AND f.member IS NOT NULL
+), res AS (
+    INSERT INTO pgquota.ledger_outcome (grant_id, granted, used, limit_value, seq, repeat, claimed_at, decided_at)
+    SELECT led.grant_id,
+           ins.seq IS NOT NULL OR prior.seq IS NOT NULL,
+           0,
+           camp.total,
+           coalesce(ins.seq, prior.seq, 0),
+           ins.seq IS NULL AND prior.seq IS NOT NULL,
+           coalesce(ins.claimed_at, prior.claimed_at),
+           camp.at
+    FROM led
+    CROSS JOIN camp
+    LEFT JOIN ins ON true
+    LEFT JOIN prior ON true
+    RETURNING grant_id, granted, seq, repeat, claimed_at
+)
+SELECT (camp.campaign IS NOT NULL)::boolean AS campaign_found,
+       coalesce(camp.kind, '')::text AS kind,
+       coalesce(camp.total, 0)::bigint AS total,
+       coalesce(res.grant_id, 0)::bigint AS grant_id,
+       coalesce(res.granted, false)::boolean AS claimed,
+       coalesce(res.seq, 0)::bigint AS seq,
+       coalesce(res.repeat, false)::boolean AS repeat,
+       res.claimed_at::timestamptz AS claimed_at,
+       (CASE WHEN res.grant_id IS NULL
+             THEN pgquota.ledger_key_fresh(@scope::text, @idempotency_key::text)
+             ELSE 0 END)::bigint AS prior_grant_id
+FROM (SELECT 1) one
+LEFT JOIN camp ON true
+LEFT JOIN res ON true;

@@ -256,7 +256,11 @@ func (c *Client) revokeKeyed(ctx context.Context, x db.DBTX, req RevokeRequest) 
 // defaults to the campaign): the claim and its ledger row are one
 // statement, a repeat with the same key and request returns the first
 // outcome (a sold-out result included) with Replayed set, and the same key
-// with another campaign or member fails with ErrIdempotencyKeyReused.
+// with another campaign or member fails with ErrIdempotencyKeyReused. On a
+// sharded pool the claim waits for a locked shard rather than skipping it
+// (queries/voucher_shard.sql, LedgerClaimShard), so that a stored sold-out
+// outcome is exact; the first keyed claim of a sharded campaign by a client
+// takes two more statements, to learn its kind and number of shards.
 // Serialization failures and deadlocks are retried as for Grant.
 //
 // Errors: those of ClaimVoucher, an *InputError for a bad key, and
@@ -294,7 +298,10 @@ func (c *Client) claimVoucherKeyed(ctx context.Context, x db.DBTX, campaign, mem
 		return Claim{}, err
 	}
 	key = fp.key
-	return runKeyed(ctx, c, x, fp, func() (Claim, int64, error) {
+	if _, ok := c.shardCounts.Load(campaign); ok {
+		return c.claimShardedKeyed(ctx, x, campaign, member, fp)
+	}
+	claim, err := runKeyed(ctx, c, x, fp, func() (Claim, int64, error) {
 		row, err := c.queries.LedgerClaimVoucher(ctx, x, db.LedgerClaimVoucherParams{
 			Scope: key.Scope, IdempotencyKey: key.Key, Campaign: campaign, Member: member,
 		})
@@ -305,6 +312,8 @@ func (c *Client) claimVoucherKeyed(ctx context.Context, x db.DBTX, campaign, mem
 			return Claim{}, row.PriorGrantID, nil
 		case !row.CampaignFound:
 			return Claim{}, 0, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
+		case CampaignKind(row.Kind) == KindSharded:
+			return Claim{}, 0, errShardedPool // nothing was written
 		case CampaignKind(row.Kind) != KindCounted:
 			return Claim{}, 0, fmt.Errorf("%w: %q holds codes: use ClaimCodeWithKey", ErrCampaignKind, campaign)
 		}
@@ -319,6 +328,10 @@ func (c *Client) claimVoucherKeyed(ctx context.Context, x db.DBTX, campaign, mem
 			Keyed:     Keyed{GrantID: row.GrantID, IdempotencyScope: key.Scope, IdempotencyKey: key.Key},
 		}, 0, nil
 	}, claimFromEntry)
+	if errors.Is(err, errShardedPool) {
+		return c.claimShardedKeyed(ctx, x, campaign, member, fp)
+	}
+	return claim, err
 }
 
 // ClaimCodeWithKey is ClaimCode with an idempotency key, as
@@ -358,7 +371,7 @@ func (c *Client) claimCodeKeyed(ctx context.Context, x db.DBTX, campaign, member
 			case !row.CampaignFound:
 				return Claim{}, 0, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
 			case CampaignKind(row.Kind) != KindCodes:
-				return Claim{}, 0, fmt.Errorf("%w: %q is a counted pool: use ClaimVoucherWithKey", ErrCampaignKind, campaign)
+				return Claim{}, 0, fmt.Errorf("%w: %q is a %s pool: use ClaimVoucherWithKey", ErrCampaignKind, campaign, row.Kind)
 			case row.GrantID == 0:
 				return Claim{}, 0, errCodesLocked
 			}

@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 
@@ -192,4 +193,46 @@ func (c *Client) claimSharded(ctx context.Context, x db.DBTX, campaign, member s
 		ClaimedAt: timeFromPG(row.ClaimedAt),
 		Total:     row.Total,
 	}, KindSharded, nil
+}
+
+// errShardedPool tells claimVoucherKeyed that the campaign is a sharded
+// pool: the counted pool's keyed statement wrote nothing.
+var errShardedPool = errors.New("sharded pool")
+
+// claimShardedKeyed is ClaimVoucherWithKey on a sharded pool: one
+// statement (LedgerClaimShard) that records the key, waits for a shard with
+// units left if all of them are locked, and stores the outcome.
+func (c *Client) claimShardedKeyed(ctx context.Context, x db.DBTX, campaign, member string, fp request) (Claim, error) {
+	n, err := c.shardCount(ctx, x, campaign)
+	if err != nil {
+		return Claim{}, err
+	}
+	key := fp.key
+	return runKeyed(ctx, c, x, fp, func() (Claim, int64, error) {
+		row, err := c.queries.LedgerClaimShard(ctx, x, db.LedgerClaimShardParams{
+			Scope: key.Scope, IdempotencyKey: key.Key, Campaign: campaign, Member: member,
+			Start: int32(rand.IntN(max(n, 1))),
+		})
+		switch {
+		case err != nil:
+			return Claim{}, 0, dbError("claim voucher", err)
+		case row.PriorGrantID != 0:
+			return Claim{}, row.PriorGrantID, nil
+		case !row.CampaignFound:
+			return Claim{}, 0, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
+		case CampaignKind(row.Kind) != KindSharded:
+			c.shardCounts.Delete(campaign)
+			return Claim{}, 0, fmt.Errorf("pgquota: claim voucher: campaign %q changed kind during the claim", campaign)
+		}
+		return Claim{
+			Campaign:  campaign,
+			Member:    member,
+			Claimed:   row.Claimed,
+			Repeat:    row.Repeat,
+			Seq:       row.Seq,
+			ClaimedAt: timeFromPG(row.ClaimedAt),
+			Total:     row.Total,
+			Keyed:     Keyed{GrantID: row.GrantID, IdempotencyScope: key.Scope, IdempotencyKey: key.Key},
+		}, 0, nil
+	}, claimFromEntry)
 }

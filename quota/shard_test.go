@@ -285,3 +285,66 @@ func TestShardedPoolCreateAndKinds(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, c.Claimed)
 }
+
+func TestShardedPoolKeyedClaims(t *testing.T) {
+	t.Parallel()
+	// 30 units in 8 shards; 60 members claim with a key each, every claim
+	// sent 3 times at once (retries racing the first attempt): 30 members
+	// hold a unit, each key is decided once with its own ledger entry, the
+	// copies replay it, and sold-out outcomes are stored and replayed too.
+	const (
+		total   = 30
+		members = 60
+		copies  = 3
+	)
+	b := setup(t, 16)
+	_, err := b.client.CreateShardedPool(b.ctx, "p", total, 8)
+	require.NoError(t, err)
+	results := make([]quota.Claim, members*copies)
+	errs := make([]error, members*copies)
+	concurrently(members*copies, func(i int) {
+		m := i % members
+		results[i], errs[i] = b.client.ClaimVoucherWithKey(b.ctx, "p", fmt.Sprint("m", m), quota.IdempotencyKey{Key: fmt.Sprint("click-", m)})
+	})
+	held := 0
+	byMember := map[string][]quota.Claim{}
+	for i, r := range results {
+		require.NoError(t, errs[i])
+		byMember[r.Member] = append(byMember[r.Member], r)
+	}
+	seqs := map[int64]bool{}
+	for m, rs := range byMember {
+		decided := 0
+		for _, r := range rs {
+			if !r.Replayed {
+				decided++
+			}
+			require.Equal(t, rs[0].GrantID, r.GrantID, m)
+			require.Equal(t, rs[0].Claimed, r.Claimed, m)
+			require.Equal(t, rs[0].Seq, r.Seq, m)
+		}
+		require.Equal(t, 1, decided, "member %s's key is decided once", m)
+		if rs[0].Claimed {
+			held++
+			require.False(t, seqs[rs[0].Seq])
+			seqs[rs[0].Seq] = true
+		}
+	}
+	require.Equal(t, total, held)
+	require.Equal(t, int64(members), b.ledgerRows(t))
+	st, err := b.client.VoucherStatus(b.ctx, "p")
+	require.NoError(t, err)
+	require.Equal(t, int64(total), st.Claimed)
+
+	// A fresh client (no cached kind) replays, and a code claim is refused.
+	fresh, err := quota.New(b.pool, nil)
+	require.NoError(t, err)
+	r, err := fresh.ClaimVoucherWithKey(b.ctx, "p", "m0", quota.IdempotencyKey{Key: "click-0"})
+	require.NoError(t, err)
+	require.True(t, r.Replayed)
+	require.Equal(t, byMember["m0"][0].GrantID, r.GrantID)
+	_, err = fresh.ClaimVoucherWithKey(b.ctx, "p", "m1", quota.IdempotencyKey{Key: "click-0"})
+	require.ErrorIs(t, err, quota.ErrIdempotencyKeyReused)
+	_, err = fresh.ClaimCodeWithKey(b.ctx, "p", "m1", quota.IdempotencyKey{Key: "code-1"})
+	require.ErrorIs(t, err, quota.ErrCampaignKind)
+}
