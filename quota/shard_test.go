@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/quota"
