@@ -32,6 +32,11 @@ type Config struct {
 // Every state-changing call X has a twin XTx that runs inside the caller's
 // pgx.Tx, so the caller's own writes and pgquota's commit or roll back
 // together.
+//
+// Calls on the pool run again after a serialization failure or a deadlock
+// (SQLSTATE 40001, 40P01), which pgquota's statements meet only when the
+// default isolation is stricter than READ COMMITTED (a role or database
+// setting, PGOPTIONS); the XTx calls return them unchanged.
 type Client struct {
 	pool    *pgxpool.Pool
 	queries *db.Queries
@@ -135,6 +140,46 @@ func sqlState(err error) string {
 		return pgErr.Code
 	}
 	return ""
+}
+
+// retryable reports a serialization failure (SQLSTATE 40001) or a deadlock
+// (40P01): the transaction was rolled back, and running it again is safe.
+func retryable(err error) bool {
+	switch sqlState(err) {
+	case "40001", "40P01":
+		return true
+	}
+	return false
+}
+
+// maxTries bounds how often onPool runs an operation.
+const maxTries = 50
+
+// onPool runs op, an operation in a transaction pgquota owns on the pool
+// (one statement in its own implicit transaction, or a transaction pgquota
+// begins and commits), again after a serialization failure or a deadlock,
+// with jittered exponential backoff, up to maxTries times or until ctx ends
+// (DESIGN.md section 4). Under READ COMMITTED pgquota's statements get
+// neither; with a stricter default isolation (a role or database setting,
+// PGOPTIONS) concurrent calls on one row do. A failed attempt wrote
+// nothing. Inside the caller's transaction (the XTx calls) these errors are
+// returned unchanged: only the caller can run its transaction again.
+func onPool[T any](ctx context.Context, op func() (T, error)) (T, error) {
+	wait := time.Millisecond
+	for try := 1; ; try++ {
+		v, err := op()
+		if err == nil || !retryable(err) || try == maxTries {
+			return v, err
+		}
+		t := time.NewTimer(jitter(wait))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return v, err
+		case <-t.C:
+		}
+		wait = min(2*wait, 50*time.Millisecond)
+	}
 }
 
 // isForeignKeyViolation reports SQLSTATE 23503: a row referred to a quota

@@ -191,7 +191,7 @@ func checkFenceWrite(req FenceWriteRequest) error {
 // req.Token (expired or released); ErrSchemaMissing; database errors.
 // Nothing is written on an error.
 func (c *Client) FenceWrite(ctx context.Context, req FenceWriteRequest) (FencedRow, error) {
-	return c.fenceWrite(ctx, c.pool, req)
+	return onPool(ctx, func() (FencedRow, error) { return c.fenceWrite(ctx, c.pool, req) })
 }
 
 // FenceWriteTx is FenceWrite inside the caller's transaction, so the
@@ -338,8 +338,10 @@ type FenceGuard struct {
 // column is not an integer; ErrSchemaMissing; database errors (for example
 // when the role does not own the table).
 func (c *Client) AttachFenceGuard(ctx context.Context, table, column string) (FenceGuard, error) {
-	return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (FenceGuard, error) {
-		return c.attachFenceGuard(ctx, tx, table, column)
+	return onPool(ctx, func() (FenceGuard, error) {
+		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (FenceGuard, error) {
+			return c.attachFenceGuard(ctx, tx, table, column)
+		})
 	})
 }
 

@@ -67,7 +67,7 @@ type GrantResult struct {
 // ErrSchemaMissing; database errors (SQLSTATE kept). On any error nothing
 // was written.
 func (c *Client) Grant(ctx context.Context, req GrantRequest) (GrantResult, error) {
-	return c.grant(ctx, c.pool, req)
+	return onPool(ctx, func() (GrantResult, error) { return c.grant(ctx, c.pool, req) })
 }
 
 // GrantTx is Grant inside the caller's transaction: the grant commits or
@@ -155,7 +155,7 @@ type RevokeResult struct {
 // ErrQuotaNotFound; ErrSchemaMissing; database errors. On any error nothing
 // was written.
 func (c *Client) Revoke(ctx context.Context, req RevokeRequest) (RevokeResult, error) {
-	return c.revoke(ctx, c.pool, req)
+	return onPool(ctx, func() (RevokeResult, error) { return c.revoke(ctx, c.pool, req) })
 }
 
 // RevokeTx is Revoke inside the caller's transaction.

@@ -134,10 +134,12 @@ func (c *Client) grantFencedOnce(ctx context.Context, req GrantRequest, limit pg
 		c.testHookFencedGrantPause(ctx, l)
 	}
 
-	used, err := c.queries.UsageFencedWrite(ctx, c.pool, db.UsageFencedWriteParams{
-		QuotaName: req.Quota, Member: req.Member,
-		WindowStart: row.WindowStart, WindowEnd: row.WindowEnd,
-		Used: row.Used + req.Amount, Lease: l.Name, Token: l.Token,
+	used, err := onPool(ctx, func() (int64, error) {
+		return c.queries.UsageFencedWrite(ctx, c.pool, db.UsageFencedWriteParams{
+			QuotaName: req.Quota, Member: req.Member,
+			WindowStart: row.WindowStart, WindowEnd: row.WindowEnd,
+			Used: row.Used + req.Amount, Lease: l.Name, Token: l.Token,
+		})
 	})
 	if err != nil {
 		return GrantResult{}, fenceDBError("fenced grant: write", err)

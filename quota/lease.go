@@ -200,7 +200,7 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (Lease, error)
 	if err := checkAcquire(&req); err != nil {
 		return Lease{}, err
 	}
-	return c.acquire(ctx, c.pool, req)
+	return onPool(ctx, func() (Lease, error) { return c.acquire(ctx, c.pool, req) })
 }
 
 // AcquireTx is Acquire inside the caller's transaction: the lease is taken
@@ -269,7 +269,7 @@ func leaseFrom(r db.PgquotaLease, dbNow pgtype.Timestamptz, sent time.Time) Leas
 // lease is not held with token (expired, released, or taken over; the
 // successor's lease is left as it is); ErrSchemaMissing; database errors.
 func (c *Client) Renew(ctx context.Context, name string, token int64, ttl time.Duration) (Lease, error) {
-	return c.renew(ctx, c.pool, name, token, ttl)
+	return onPool(ctx, func() (Lease, error) { return c.renew(ctx, c.pool, name, token, ttl) })
 }
 
 // RenewTx is Renew inside the caller's transaction.
@@ -330,7 +330,7 @@ func (c *Client) leaseLost(ctx context.Context, x db.DBTX, op, name string, toke
 // has been taken over since (the successor's lease is left as it is) or
 // never existed; ErrSchemaMissing; database errors.
 func (c *Client) Release(ctx context.Context, name string, token int64) (Lease, error) {
-	return c.release(ctx, c.pool, name, token)
+	return onPool(ctx, func() (Lease, error) { return c.release(ctx, c.pool, name, token) })
 }
 
 // ReleaseTx is Release inside the caller's transaction: the lease is free
@@ -446,7 +446,7 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 		if notified != nil {
 			wakeup = notified()
 		}
-		l, err := c.acquire(ctx, c.pool, req)
+		l, err := onPool(ctx, func() (Lease, error) { return c.acquire(ctx, c.pool, req) })
 		var held *LeaseHeldError
 		pause := jitter(interval)
 		switch {

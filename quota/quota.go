@@ -82,7 +82,7 @@ type MemberLimit struct {
 // Errors: *InputError (ErrInvalidInput) for a bad name, window, time zone or
 // default limit; ErrSchemaMissing; database errors.
 func (c *Client) DefineQuota(ctx context.Context, d Definition) (Quota, error) {
-	return c.defineQuota(ctx, c.pool, d)
+	return onPool(ctx, func() (Quota, error) { return c.defineQuota(ctx, c.pool, d) })
 }
 
 // DefineQuotaTx is DefineQuota inside the caller's transaction: it commits
@@ -185,7 +185,7 @@ func quotaFromRow(r db.QuotaRow) Quota {
 // Errors: *InputError for a bad quota name, member or limit;
 // ErrQuotaNotFound; ErrSchemaMissing; database errors.
 func (c *Client) SetMemberLimit(ctx context.Context, quota, member string, limit int64) (MemberLimit, error) {
-	return c.setMemberLimit(ctx, c.pool, quota, member, limit)
+	return onPool(ctx, func() (MemberLimit, error) { return c.setMemberLimit(ctx, c.pool, quota, member, limit) })
 }
 
 // SetMemberLimitTx is SetMemberLimit inside the caller's transaction.
@@ -226,7 +226,7 @@ func (c *Client) setMemberLimit(ctx context.Context, x db.DBTX, quota, member st
 // Errors: *InputError for a bad quota name or member; ErrSchemaMissing;
 // database errors.
 func (c *Client) ClearMemberLimit(ctx context.Context, quota, member string) (bool, error) {
-	return c.clearMemberLimit(ctx, c.pool, quota, member)
+	return onPool(ctx, func() (bool, error) { return c.clearMemberLimit(ctx, c.pool, quota, member) })
 }
 
 // ClearMemberLimitTx is ClearMemberLimit inside the caller's transaction.

@@ -80,7 +80,7 @@ type ImportResult struct {
 // ErrCampaignExists when it exists with another total or as a code
 // campaign; ErrSchemaMissing; database errors.
 func (c *Client) CreateVoucherPool(ctx context.Context, campaign string, total int64) (Pool, error) {
-	return c.createVoucherPool(ctx, c.pool, campaign, total)
+	return onPool(ctx, func() (Pool, error) { return c.createVoucherPool(ctx, c.pool, campaign, total) })
 }
 
 // CreateVoucherPoolTx is CreateVoucherPool inside the caller's transaction.
@@ -154,7 +154,7 @@ func (c *Client) VoucherStatus(ctx context.Context, campaign string) (Pool, erro
 // Errors: *InputError for a bad campaign or member; ErrCampaignNotFound;
 // ErrCampaignKind for a code campaign; ErrSchemaMissing; database errors.
 func (c *Client) ClaimVoucher(ctx context.Context, campaign, member string) (Claim, error) {
-	return c.claimVoucher(ctx, c.pool, campaign, member)
+	return onPool(ctx, func() (Claim, error) { return c.claimVoucher(ctx, c.pool, campaign, member) })
 }
 
 // ClaimVoucherTx is ClaimVoucher inside the caller's transaction. The unit
@@ -208,7 +208,7 @@ var ErrCodesBusy = errors.New("pgquota: every unclaimed code is locked by a clai
 // ErrCampaignKind for a counted pool; ErrCodesBusy; the context's error;
 // ErrSchemaMissing; database errors.
 func (c *Client) ClaimCode(ctx context.Context, campaign, member string) (Claim, error) {
-	return c.claimCode(ctx, c.pool, campaign, member)
+	return onPool(ctx, func() (Claim, error) { return c.claimCode(ctx, c.pool, campaign, member) })
 }
 
 // ClaimCodeTx is ClaimCode inside the caller's transaction. The code stays
@@ -281,8 +281,10 @@ func (c *Client) ImportCodes(ctx context.Context, campaign string, codes []strin
 	if err := checkImport(campaign, codes); err != nil {
 		return ImportResult{}, err
 	}
-	return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (ImportResult, error) {
-		return c.importCodes(ctx, tx, campaign, codes)
+	return onPool(ctx, func() (ImportResult, error) {
+		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (ImportResult, error) {
+			return c.importCodes(ctx, tx, campaign, codes)
+		})
 	})
 }
 
