@@ -393,9 +393,12 @@ type WaitOptions struct {
 	// MaxInterval bounds the pause between attempts. Defaults to 1s.
 	MaxInterval time.Duration
 	// NoListen turns off the early wake-up on release, which LISTENs on
-	// LeaseNotifyChannel on one connection of the pool, shared by all the
-	// Client's waiting AcquireWait calls and held while any waits. Set it behind a transaction-mode pooler, where LISTEN does not
-	// work; waiting then relies on polling alone. Defaults to false.
+	// LeaseNotifyChannel on a connection of its own, opened with the pool's
+	// connection settings but outside the pool (so it never takes a
+	// connection the attempts need), shared by all the Client's waiting
+	// AcquireWait calls and kept open while any waits. Set it behind a
+	// transaction-mode pooler, where LISTEN does not work; waiting then
+	// relies on polling alone. Defaults to false.
 	NoListen bool
 }
 
@@ -518,12 +521,8 @@ type leaseNotifier struct {
 // that is closed when a release of the lease is announced after the call
 // (take it before each attempt); unsubscribe must be called when the wait
 // ends. The first subscriber starts the listener and waits, bounded by ctx,
-// until it listens. A pool of fewer than 2 connections never listens: the
-// listener would starve the attempts.
+// until it listens.
 func (n *leaseNotifier) subscribe(ctx context.Context, pool *pgxpool.Pool, name string) (notified func() <-chan struct{}, unsubscribe func()) {
-	if pool.Config().MaxConns < 2 {
-		return nil, func() {}
-	}
 	n.mu.Lock()
 	n.refs++
 	if n.refs == 1 {
@@ -567,30 +566,24 @@ func (n *leaseNotifier) run(ctx context.Context, pool *pgxpool.Pool, done, ready
 	defer close(done)
 	readyOnce := sync.OnceFunc(func() { close(ready) })
 	defer readyOnce()
-	conn, err := pool.Acquire(ctx)
+	// A connection of its own, not one of the pool's: held for the whole
+	// wait, a pooled one would be missing to the attempts, which starve
+	// when the application holds the pool's other connections.
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return
 	}
 	defer func() {
-		// Stop listening before the connection goes back to the pool, or
-		// close it when that fails, so no listening session is handed on.
 		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if conn.Conn().IsClosed() {
-			conn.Release()
-			return
-		}
-		if _, err := conn.Exec(cctx, "UNLISTEN *"); err != nil {
-			_ = conn.Conn().Close(cctx)
-		}
-		conn.Release()
+		_ = conn.Close(cctx)
 	}()
 	if _, err := conn.Exec(ctx, "LISTEN "+LeaseNotifyChannel); err != nil {
 		return
 	}
 	readyOnce()
 	for {
-		nt, err := conn.Conn().WaitForNotification(ctx)
+		nt, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			// ctx ended (the last waiter left), or the connection broke:
 			// the waiters poll from here on.
