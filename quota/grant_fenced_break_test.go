@@ -2,6 +2,7 @@ package quota_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -68,4 +69,54 @@ func TestBreakGrantFencedOverwritesConcurrentGrant(t *testing.T) {
 	sum, _ := b.usageRows(t, "q", "m")
 	require.LessOrEqual(t, units, int64(1), "limit 1: at most one unit granted")
 	require.Equal(t, units, sum, "counter equals the units reported granted")
+}
+
+// GrantFenced, Grant and Revoke racing on one counter without injected
+// pauses: every unit reported granted or revoked is accounted for, and the
+// counter stays within [0, limit].
+func TestBreakGrantFencedMixedConcurrent(t *testing.T) {
+	t.Parallel()
+	const limit = 30
+	b := setup(t, 16)
+	b.define(t, quota.Definition{Name: "q", Window: quota.WindowNone, DefaultLimit: ptr[int64](limit)})
+
+	var list errList
+	var mu sync.Mutex
+	var granted, revoked int64
+	concurrently(24, func(i int) {
+		for j := range 8 {
+			var n int64
+			var err error
+			switch (i + j) % 3 {
+			case 0:
+				var r quota.RevokeResult
+				r, err = b.client.Revoke(b.ctx, quota.RevokeRequest{Quota: "q", Member: "m", Amount: 1})
+				n = -r.Revoked
+			case 1:
+				var r quota.GrantResult
+				r, err = b.client.Grant(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 2})
+				if r.Granted {
+					n = r.Amount
+				}
+			default:
+				var r quota.GrantResult
+				r, err = b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, 5*time.Second)
+				if r.Granted {
+					n = r.Amount
+				}
+			}
+			list.add(err)
+			mu.Lock()
+			if n > 0 {
+				granted += n
+			} else {
+				revoked -= n
+			}
+			mu.Unlock()
+		}
+	})
+	list.requireNone(t, "calls")
+	sum, _ := b.usageRows(t, "q", "m")
+	require.Equal(t, granted-revoked, sum)
+	require.LessOrEqual(t, sum, int64(limit))
 }
