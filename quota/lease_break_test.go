@@ -55,20 +55,44 @@ func TestBreakLeaseTokenGoesBackAfterRowDeletion(t *testing.T) {
 		return n == 1
 	}, 10*time.Second, 10*time.Millisecond)
 
-	fast, err := b.client.Acquire(b.ctx, quota.AcquireRequest{Name: "r", Holder: "fast", TTL: time.Minute})
-	require.NoError(t, err)
-	_, err = b.client.Release(b.ctx, "r", fast.Token)
-	require.NoError(t, err)
-	// Clean up released and expired leases.
-	_, err = b.pool.Exec(b.ctx, `DELETE FROM pgquota.lease WHERE expires_at <= clock_timestamp()`)
-	require.NoError(t, err)
+	// Another acquisition comes in, is released, and the released and
+	// expired lease rows are cleaned up.
+	fastc := make(chan out, 1)
+	go func() {
+		l, err := b.client.Acquire(b.ctx, quota.AcquireRequest{Name: "r", Holder: "fast", TTL: time.Minute})
+		if err == nil {
+			if _, err = b.client.Release(b.ctx, "r", l.Token); err == nil {
+				_, err = b.pool.Exec(b.ctx, `DELETE FROM pgquota.lease WHERE expires_at <= clock_timestamp()`)
+			}
+		}
+		fastc <- out{l, err}
+	}()
+	var fast out
+	fastFirst := false
+	select {
+	case fast = <-fastc:
+		fastFirst = true
+	case <-time.After(time.Second):
+	}
 
 	_, err = gate.Exec(b.ctx, `SELECT pg_advisory_unlock(4242)`)
 	require.NoError(t, err)
 	got := <-slow
 	require.NoError(t, got.err)
-	require.Greater(t, got.l.Token, fast.Token,
-		"the acquisition after %q's (token %d) must get a larger token", "fast", fast.Token)
+	if fastFirst {
+		require.NoError(t, fast.err)
+		require.Greater(t, got.l.Token, fast.l.Token,
+			"the acquisition after %q's (token %d) must get a larger token", "fast", fast.l.Token)
+		return
+	}
+	// The fast acquisition waited for the slow one: it finds the lease held,
+	// or (had it been released) takes a larger token.
+	fast = <-fastc
+	if fast.err == nil {
+		require.Greater(t, fast.l.Token, got.l.Token)
+	} else {
+		require.ErrorIs(t, fast.err, quota.ErrLeaseHeld)
+	}
 }
 
 // AcquireWait's LISTEN connection is taken from the pool before the first
