@@ -16,7 +16,9 @@ WITH c AS (
     SELECT pgquota.clock() AS at, $1::interval AS ttl
 ), acq AS (
     INSERT INTO pgquota.lease AS l (name, holder, attempt, token, acquired_at, renewed_at, expires_at)
-    SELECT $2::text, $3::text, $4::text, nextval('pgquota.lease_token'),
+    SELECT $2::text, $3::text, $4::text,
+           (SELECT nextval('pgquota.lease_token')
+            FROM pg_advisory_xact_lock(hashtextextended('pgquota.lease:' || $2::text, 0))),
            c.at, c.at, c.at + c.ttl
     FROM c
     WHERE NOT EXISTS (
@@ -77,6 +79,13 @@ type LeaseAcquireRow struct {
 //   - Tokens come from one sequence: strictly increasing across all
 //     acquisitions and deleted rows. A proposed insert that turns into the
 //     conflict path takes a value it does not use: a gap, which is allowed.
+//   - A proposed insert takes its token before the insert meets a conflict,
+//     so it first takes a transaction-level advisory lock on the name
+//     (released at commit: no session state). Without it, another
+//     acquisition of the name could come in between, its row be deleted
+//     (a cleanup of expired leases), and the insert land with a token older
+//     than that acquisition's. The lock is only taken when an insert is
+//     proposed, that is when the lease looked free.
 //
 // The first row (taken) is the lease after the call. When the lease was not
 // taken, a second form of the answer comes back: taken = false and the
