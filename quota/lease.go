@@ -432,12 +432,13 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 	}
 	o.MaxInterval = max(o.MaxInterval, o.MinInterval)
 
+	// The listener starts after the first attempt, and only when the lease
+	// is held: a free lease costs no LISTEN connection. Once it listens,
+	// the next attempt runs at once, so that a release committed before
+	// LISTEN was in place is not missed.
 	var notified func() <-chan struct{}
-	if !o.NoListen {
-		var unsubscribe func()
-		notified, unsubscribe = c.notifier.subscribe(ctx, c.pool, req.Name)
-		defer unsubscribe()
-	}
+	unsubscribe := func() {}
+	defer func() { unsubscribe() }()
 
 	interval := o.MinInterval
 	var lastHeld error
@@ -456,12 +457,19 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 		case err == nil:
 			return l, nil
 		case ctx.Err() != nil:
-			return Lease{}, fmt.Errorf("pgquota: acquire lease %q: %w", req.Name, errors.Join(context.Cause(ctx), err))
+			if errors.Is(err, ErrLeaseHeld) {
+				lastHeld = nil
+			}
+			return Lease{}, fmt.Errorf("pgquota: acquire lease %q: %w", req.Name, errors.Join(context.Cause(ctx), lastHeld, err))
 		case errors.As(err, &held):
 			lastHeld = err
 			failures = 0
 			if held.Remaining > 0 && held.Remaining < pause {
 				pause = held.Remaining
+			}
+			if !o.NoListen && notified == nil {
+				notified, unsubscribe = c.notifier.subscribe(ctx, c.pool, req.Name)
+				continue
 			}
 		case isTransient(err) && failures < maxTransientFailures:
 			// A broken connection or a lost reply: the next attempt, with
