@@ -78,6 +78,7 @@ WHERE pgquota.fence_admit($6::text, $7::bigint, $6::text)
 ON CONFLICT (quota_name, member, window_start, window_end) DO UPDATE
 SET used = excluded.used,
     updated_at = excluded.updated_at
+WHERE u.used = $8::bigint
 RETURNING u.used
 `
 
@@ -89,14 +90,19 @@ type UsageFencedWriteParams struct {
 	Used        int64
 	Lease       string
 	Token       int64
+	ReadUsed    int64
 }
 
 // Sets a member's counter of one window to @used, the value the fenced
 // grant decided on, in ONE statement: pgquota.fence_admit first checks that
 // lease @lease is held with @token (locking it FOR SHARE) and raises the
 // high-water mark of resource @lease, or raises PQ001/PQ002 and nothing is
-// written. There is deliberately no compare-and-set on used: the fence
-// alone is what makes the read-decide-write safe.
+// written. The fence is what makes the read-decide-write safe among fenced
+// grants. The counter is only overwritten while it still holds @read_used,
+// the value the decision was made on: a Revoke or Grant does not take the
+// lease, and one that changed the counter since the read must not be
+// undone. No row comes back when it did; nothing was written to the
+// counter, and the caller starts over.
 func (q *Queries) UsageFencedWrite(ctx context.Context, db DBTX, arg UsageFencedWriteParams) (int64, error) {
 	row := db.QueryRow(ctx, usageFencedWrite,
 		arg.QuotaName,
@@ -106,6 +112,7 @@ func (q *Queries) UsageFencedWrite(ctx context.Context, db DBTX, arg UsageFenced
 		arg.Used,
 		arg.Lease,
 		arg.Token,
+		arg.ReadUsed,
 	)
 	var used int64
 	err := row.Scan(&used)

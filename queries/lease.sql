@@ -16,6 +16,21 @@
 --   * Tokens come from one sequence: strictly increasing across all
 --     acquisitions and deleted rows. A proposed insert that turns into the
 --     conflict path takes a value it does not use: a gap, which is allowed.
+--   * A proposed insert takes its token before the insert meets a conflict,
+--     so it first takes a transaction-level advisory lock on the name
+--     (released at commit: no session state). Without it, another
+--     acquisition of the name could come in between, its row be deleted
+--     (a cleanup of expired leases), and the insert land with a token older
+--     than that acquisition's. The lock is only taken when an insert is
+--     proposed, that is when the lease looked free.
+--
+--   * The lease's name is also a fence resource: taking the lease with
+--     token T raises that resource's highest token seen (pgquota.fence) to
+--     T in the same statement, so from the moment the lease is taken no
+--     write carrying an older token lands on the resource (a fenced row, or
+--     a table whose guard uses that resource), even before the new holder
+--     writes anything (DESIGN.md guarantee 2). The lease row is locked
+--     before the fence row, the order pgquota.fence_admit uses too.
 --
 -- The first row (taken) is the lease after the call. When the lease was not
 -- taken, a second form of the answer comes back: taken = false and the
@@ -25,7 +40,9 @@ WITH c AS (
     SELECT pgquota.clock() AS at, @ttl::interval AS ttl
 ), acq AS (
     INSERT INTO pgquota.lease AS l (name, holder, attempt, token, acquired_at, renewed_at, expires_at)
-    SELECT @name::text, @holder::text, @attempt::text, nextval('pgquota.lease_token'),
+    SELECT @name::text, @holder::text, @attempt::text,
+           (SELECT nextval('pgquota.lease_token')
+            FROM pg_advisory_xact_lock(hashtextextended('pgquota.lease:' || @name::text, 0))),
            c.at, c.at, c.at + c.ttl
     FROM c
     WHERE NOT EXISTS (
@@ -41,6 +58,14 @@ WITH c AS (
         expires_at  = CASE WHEN l.expires_at > pgquota.clock() THEN l.expires_at ELSE excluded.expires_at END
     WHERE l.expires_at <= pgquota.clock() OR l.attempt = excluded.attempt
     RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at
+), raised AS (
+    INSERT INTO pgquota.fence AS f (resource, max_token, updated_at)
+    SELECT acq.name, acq.token, c.at
+    FROM acq, c
+    ON CONFLICT (resource) DO UPDATE
+    SET max_token  = excluded.max_token,
+        updated_at = excluded.updated_at
+    WHERE f.max_token < excluded.max_token
 )
 SELECT true AS taken, acq.name, acq.holder, acq.attempt, acq.token, acq.acquired_at, acq.renewed_at, acq.expires_at, c.at AS db_now
 FROM acq, c

@@ -35,12 +35,17 @@ FROM def;
 -- grant decided on, in ONE statement: pgquota.fence_admit first checks that
 -- lease @lease is held with @token (locking it FOR SHARE) and raises the
 -- high-water mark of resource @lease, or raises PQ001/PQ002 and nothing is
--- written. There is deliberately no compare-and-set on used: the fence
--- alone is what makes the read-decide-write safe.
+-- written. The fence is what makes the read-decide-write safe among fenced
+-- grants. The counter is only overwritten while it still holds @read_used,
+-- the value the decision was made on: a Revoke or Grant does not take the
+-- lease, and one that changed the counter since the read must not be
+-- undone. No row comes back when it did; nothing was written to the
+-- counter, and the caller starts over.
 INSERT INTO pgquota.usage AS u (quota_name, member, window_start, window_end, used, updated_at)
 SELECT @quota_name::text, @member::text, @window_start::timestamptz, @window_end::timestamptz, @used::bigint, pgquota.clock()
 WHERE pgquota.fence_admit(@lease::text, @token::bigint, @lease::text)
 ON CONFLICT (quota_name, member, window_start, window_end) DO UPDATE
 SET used = excluded.used,
     updated_at = excluded.updated_at
+WHERE u.used = @read_used::bigint
 RETURNING u.used;

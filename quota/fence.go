@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgquota/pgquota/db"
 	"github.com/pgquota/pgquota/internal/dbutil"
+	"github.com/pgquota/pgquota/migrations"
 )
 
 // Fenced rows: the storage half of the fenced lock. The database keeps the
@@ -325,7 +326,10 @@ type FenceGuard struct {
 // fails with SQLSTATE PQ001 (SQLStateStaleToken), which FenceError maps to
 // a *StaleTokenError. A NULL token is rejected the same way. DELETE is not
 // guarded. Writers of the table then serialize on the resource's high-water
-// row until they commit.
+// row until they commit. Name the lease that protects the table's work
+// after FenceGuard.Resource ("public.orders"): acquiring it raises the
+// resource's mark (see Acquire), so a deposed holder's write is rejected
+// from the moment the lease changes hands.
 //
 // table is a table name as PostgreSQL parses it, optionally
 // schema-qualified ("orders", "app.orders", `"Orders"`); column is the
@@ -334,8 +338,9 @@ type FenceGuard struct {
 // the trigger (idempotent). To detach: DROP TRIGGER pgquota_fence_guard ON
 // the table.
 //
-// Errors: *InputError when the table or column does not exist or the
-// column is not an integer; ErrSchemaMissing; database errors (for example
+// Errors: *InputError when the table name does not parse, the table or
+// column does not exist, the table is one of pgquota's own, or the column
+// is not an integer; ErrSchemaMissing; database errors (for example
 // when the role does not own the table).
 func (c *Client) AttachFenceGuard(ctx context.Context, table, column string) (FenceGuard, error) {
 	return retry(ctx, c.cfg.RetryMaxElapsed, func() (FenceGuard, error) {
@@ -366,8 +371,20 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, table, column 
 	if isNoRows(err) {
 		return FenceGuard{}, inputError("table", "%q is not a table the database knows", table)
 	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42602" || pgErr.Code == "42601" || pgErr.Code == "0A000") {
+		// to_regclass parses the name: a syntax error (42602 invalid name
+		// syntax, 42601 too many dotted names) or a cross-database
+		// reference (0A000) is bad input, not a database failure.
+		return FenceGuard{}, inputError("table", "%q is not a valid table name: %s", table, pgErr.Message)
+	}
 	if err != nil {
 		return FenceGuard{}, dbError("attach fence guard", err)
+	}
+	if nsp == migrations.Schema {
+		// pgquota.fence_admit writes pgquota's own tables: a guard on one
+		// of them would call itself on every fenced write.
+		return FenceGuard{}, inputError("table", "%s is one of pgquota's own tables", resource)
 	}
 	var typ string
 	err = tx.QueryRow(ctx, `

@@ -47,13 +47,17 @@ func FencedGrantLease(quota, member string) string {
 // The counter stays exact under any number of concurrent callers, also
 // when a caller pauses between its read and its write for longer than the
 // TTL: by then another caller may have taken the lease, and the paused
-// caller's write is rejected (ErrStaleToken or ErrLeaseLost). GrantFenced
-// then starts over with a new lease, up to 5 times. A denial writes
+// caller's write is rejected (ErrStaleToken or ErrLeaseLost); GrantFenced
+// then starts over with a new lease, up to 5 times. The write also lands
+// only while the counter still holds the value read, so that a Revoke or a
+// Grant on the same counter, which take no lease, is never undone; the
+// counter is then read again under the same lease, up to 50 times. A denial writes
 // nothing and is a result, as with Grant. It costs at least four round
 // trips, where Grant costs one.
 //
 // Errors: those of Grant; the errors of AcquireWait; *StaleTokenError or
-// ErrLeaseLost when the write was fenced off 5 times in a row.
+// ErrLeaseLost when the write was fenced off 5 times in a row; an error
+// saying the counter changed when it did 50 times in a row.
 func (c *Client) GrantFenced(ctx context.Context, req GrantRequest, ttl time.Duration) (GrantResult, error) {
 	if err := checkName("quota name", req.Quota); err != nil {
 		return GrantResult{}, err
@@ -90,6 +94,12 @@ func (c *Client) GrantFenced(ctx context.Context, req GrantRequest, ttl time.Dur
 	return GrantResult{}, lastErr
 }
 
+// errCounterMoved is returned by a fenced grant's attempt whose counter was
+// changed, between its read and its write, by a call that does not take the
+// lease (Revoke, Grant, their Tx twins): nothing was written, and
+// GrantFenced starts over.
+var errCounterMoved = errors.New("pgquota: fenced grant: the counter changed since it was read (a Revoke or Grant on the same counter): try again")
+
 func (c *Client) grantFencedOnce(ctx context.Context, req GrantRequest, limit pgtype.Int8, name string, ttl time.Duration) (res GrantResult, err error) {
 	l, err := c.AcquireWait(ctx, AcquireRequest{Name: name, Holder: "pgquota grant", TTL: ttl}, nil)
 	if err != nil {
@@ -104,6 +114,31 @@ func (c *Client) grantFencedOnce(ctx context.Context, req GrantRequest, limit pg
 		}
 	}()
 
+	// A counter changed by a call that takes no lease is read again, under
+	// the same lease, a bounded number of times.
+	wait := time.Millisecond
+	for try := 1; ; try++ {
+		res, err = c.grantFencedDecide(ctx, req, limit, l)
+		if !errors.Is(err, errCounterMoved) || try == maxCounterMoves {
+			return res, err
+		}
+		t := time.NewTimer(jitter(wait))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return res, err
+		case <-t.C:
+		}
+		wait = min(2*wait, 20*time.Millisecond)
+	}
+}
+
+// maxCounterMoves bounds how often a fenced grant reads the counter again
+// under one lease after finding it changed by a call that takes no lease.
+const maxCounterMoves = 50
+
+// grantFencedDecide reads the counter, decides, and writes under lease l.
+func (c *Client) grantFencedDecide(ctx context.Context, req GrantRequest, limit pgtype.Int8, l Lease) (res GrantResult, err error) {
 	row, err := c.queries.UsageFencedRead(ctx, c.db, db.UsageFencedReadParams{
 		QuotaName: req.Quota, Member: req.Member, LimitValue: limit,
 	})
@@ -137,8 +172,11 @@ func (c *Client) grantFencedOnce(ctx context.Context, req GrantRequest, limit pg
 	used, err := c.queries.UsageFencedWrite(ctx, c.db, db.UsageFencedWriteParams{
 		QuotaName: req.Quota, Member: req.Member,
 		WindowStart: row.WindowStart, WindowEnd: row.WindowEnd,
-		Used: row.Used + req.Amount, Lease: l.Name, Token: l.Token,
+		Used: row.Used + req.Amount, ReadUsed: row.Used, Lease: l.Name, Token: l.Token,
 	})
+	if isNoRows(err) {
+		return GrantResult{}, errCounterMoved
+	}
 	if err != nil {
 		return GrantResult{}, fenceDBError("fenced grant: write", err)
 	}

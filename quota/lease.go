@@ -193,6 +193,14 @@ func checkAcquire(req *AcquireRequest) error {
 // req.Attempt while that attempt's lease is held returns the same lease and
 // token.
 //
+// A lease's name is also a fence resource: taking the lease with token T
+// raises the highest token seen for the resource of the same name to T in
+// the same statement. From then on no write carrying an older token lands
+// on that resource (FenceWrite on it, or a table guarded by
+// AttachFenceGuard whose FenceGuard.Resource it is), even before the new
+// holder writes anything: the storage half of Kleppmann's fencing (2016)
+// learns of the new holder when the lock half does.
+//
 // Errors: *InputError (ErrInvalidInput) for a bad name, holder, TTL or
 // attempt; *LeaseHeldError (ErrLeaseHeld) when another attempt holds it;
 // ErrSchemaMissing; database errors. Nothing is written on an error.
@@ -393,9 +401,12 @@ type WaitOptions struct {
 	// MaxInterval bounds the pause between attempts. Defaults to 1s.
 	MaxInterval time.Duration
 	// NoListen turns off the early wake-up on release, which LISTENs on
-	// LeaseNotifyChannel on one connection of the pool, shared by all the
-	// Client's waiting AcquireWait calls and held while any waits. Set it behind a transaction-mode pooler, where LISTEN does not
-	// work; waiting then relies on polling alone. Defaults to false.
+	// LeaseNotifyChannel on a connection of its own, opened with the pool's
+	// connection settings but outside the pool (so it never takes a
+	// connection the attempts need), shared by all the Client's waiting
+	// AcquireWait calls and kept open while any waits. Set it behind a
+	// transaction-mode pooler, where LISTEN does not work; waiting then
+	// relies on polling alone. Defaults to false.
 	NoListen bool
 }
 
@@ -429,12 +440,13 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 	}
 	o.MaxInterval = max(o.MaxInterval, o.MinInterval)
 
+	// The listener starts after the first attempt, and only when the lease
+	// is held: a free lease costs no LISTEN connection. Once it listens,
+	// the next attempt runs at once, so that a release committed before
+	// LISTEN was in place is not missed.
 	var notified func() <-chan struct{}
-	if !o.NoListen {
-		var unsubscribe func()
-		notified, unsubscribe = c.notifier.subscribe(ctx, c.pool, req.Name)
-		defer unsubscribe()
-	}
+	unsubscribe := func() {}
+	defer func() { unsubscribe() }()
 
 	interval := o.MinInterval
 	var lastHeld error
@@ -453,12 +465,19 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 		case err == nil:
 			return l, nil
 		case ctx.Err() != nil:
-			return Lease{}, fmt.Errorf("pgquota: acquire lease %q: %w", req.Name, errors.Join(context.Cause(ctx), err))
+			if errors.Is(err, ErrLeaseHeld) {
+				lastHeld = nil
+			}
+			return Lease{}, fmt.Errorf("pgquota: acquire lease %q: %w", req.Name, errors.Join(context.Cause(ctx), lastHeld, err))
 		case errors.As(err, &held):
 			lastHeld = err
 			failures = 0
 			if held.Remaining > 0 && held.Remaining < pause {
 				pause = held.Remaining
+			}
+			if !o.NoListen && notified == nil {
+				notified, unsubscribe = c.notifier.subscribe(ctx, c.pool, req.Name)
+				continue
 			}
 		case isTransient(err) && failures < maxTransientFailures:
 			// A broken connection or a lost reply: the next attempt, with
@@ -518,12 +537,8 @@ type leaseNotifier struct {
 // that is closed when a release of the lease is announced after the call
 // (take it before each attempt); unsubscribe must be called when the wait
 // ends. The first subscriber starts the listener and waits, bounded by ctx,
-// until it listens. A pool of fewer than 2 connections never listens: the
-// listener would starve the attempts.
+// until it listens.
 func (n *leaseNotifier) subscribe(ctx context.Context, pool *pgxpool.Pool, name string) (notified func() <-chan struct{}, unsubscribe func()) {
-	if pool.Config().MaxConns < 2 {
-		return nil, func() {}
-	}
 	n.mu.Lock()
 	n.refs++
 	if n.refs == 1 {
@@ -567,30 +582,24 @@ func (n *leaseNotifier) run(ctx context.Context, pool *pgxpool.Pool, done, ready
 	defer close(done)
 	readyOnce := sync.OnceFunc(func() { close(ready) })
 	defer readyOnce()
-	conn, err := pool.Acquire(ctx)
+	// A connection of its own, not one of the pool's: held for the whole
+	// wait, a pooled one would be missing to the attempts, which starve
+	// when the application holds the pool's other connections.
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return
 	}
 	defer func() {
-		// Stop listening before the connection goes back to the pool, or
-		// close it when that fails, so no listening session is handed on.
 		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if conn.Conn().IsClosed() {
-			conn.Release()
-			return
-		}
-		if _, err := conn.Exec(cctx, "UNLISTEN *"); err != nil {
-			_ = conn.Conn().Close(cctx)
-		}
-		conn.Release()
+		_ = conn.Close(cctx)
 	}()
 	if _, err := conn.Exec(ctx, "LISTEN "+LeaseNotifyChannel); err != nil {
 		return
 	}
 	readyOnce()
 	for {
-		nt, err := conn.Conn().WaitForNotification(ctx)
+		nt, err := conn.WaitForNotification(ctx)
 		if err != nil {
 			// ctx ended (the last waiter left), or the connection broke:
 			// the waiters poll from here on.

@@ -276,7 +276,9 @@ func TestLeaseNoSessionState(t *testing.T) {
 	ctx := context.Background()
 	advisory := func() int {
 		var n int
-		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'`).Scan(&n))
+		// pg_locks spans the whole server: count this database's locks only.
+		require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n))
 		return n
 	}
 	l, err := c.Acquire(ctx, quota.AcquireRequest{Name: "r", Holder: "h", TTL: time.Minute})

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net/url"
 	"sync"
 	"time"
 
@@ -228,7 +229,16 @@ type redisLock struct {
 func (*redisLock) Name() string { return "redis-lock" }
 func (*redisLock) Safe() bool   { return false }
 func (*redisLock) Injected(cfg Config) string {
-	return lockInjected(cfg, "Redis SET NX PX lock ("+cfg.RedisURL+")")
+	return lockInjected(cfg, "Redis SET NX PX lock ("+redactURL(cfg.RedisURL)+")")
+}
+
+// redactURL returns raw for printing, its password replaced by "xxxxx".
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(a URL that does not parse)"
+	}
+	return u.Redacted()
 }
 
 // quietRedis keeps go-redis from logging to the process's stderr (the CLI
@@ -246,6 +256,11 @@ func (s *redisLock) Prepare(ctx context.Context, env *Env) error {
 	}
 	opts, err := redis.ParseURL(env.Config.RedisURL)
 	if err != nil {
+		// url.Error repeats the whole URL, password included.
+		var urlErr *url.Error
+		if errors.As(err, &urlErr) {
+			err = urlErr.Err
+		}
 		return fmt.Errorf("redis-url: %w", err)
 	}
 	opts.PoolSize = env.Config.Requests
@@ -257,7 +272,7 @@ func (s *redisLock) Prepare(ctx context.Context, env *Env) error {
 	if err := s.rdb.Ping(pctx).Err(); err != nil {
 		_ = s.rdb.Close()
 		s.rdb = nil
-		return fmt.Errorf("%w: no Redis answers at %s (%v)", ErrUnavailable, env.Config.RedisURL, err)
+		return fmt.Errorf("%w: no Redis answers at %s (%v)", ErrUnavailable, redactURL(env.Config.RedisURL), err)
 	}
 	s.key = "pgquota:lab:" + env.Database + ":lock"
 	return nil

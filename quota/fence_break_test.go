@@ -1,0 +1,73 @@
+package quota_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgquota/pgquota/quota"
+)
+
+// DESIGN.md 1.2: "Once a lease on a resource has been acquired with token T,
+// no write carrying a token below T lands on any fenced row of that
+// resource, whichever row it touches, however long the old holder was
+// paused." On a table guarded by AttachFenceGuard the old holder's write
+// lands as long as the new holder has not written yet: the guard compares
+// with the highest token written, and an acquisition does not raise it,
+// even when the lease is named after the guard's resource.
+func TestBreakFenceGuardAdmitsStaleHolderAfterTakeover(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 0)
+	_, err := b.pool.Exec(b.ctx, `CREATE TABLE public.orders (id int PRIMARY KEY, status text, fence_token bigint)`)
+	require.NoError(t, err)
+	g, err := b.client.AttachFenceGuard(b.ctx, "orders", "fence_token")
+	require.NoError(t, err)
+
+	// The lease is named after the guard's resource.
+	h1 := b.acquire(t, g.Resource, "one", 200*time.Millisecond)
+	_, err = b.pool.Exec(b.ctx, `INSERT INTO orders VALUES (1, 'new', $1)`, h1.Token)
+	require.NoError(t, err)
+
+	time.Sleep(400 * time.Millisecond) // holder one pauses past its TTL
+	h2 := b.acquire(t, g.Resource, "two", time.Minute)
+	require.Greater(t, h2.Token, h1.Token)
+
+	// Holder one wakes up and writes with its token, below h2's.
+	_, err = b.pool.Exec(b.ctx, `UPDATE orders SET status = 'cancelled', fence_token = $1 WHERE id = 1`, h1.Token)
+	require.ErrorIs(t, quota.FenceError(err), quota.ErrStaleToken,
+		"a write with token %d after the lease was acquired with token %d", h1.Token, h2.Token)
+}
+
+// Bad table names must be rejected as input naming the field ("table"),
+// like a table that does not exist, not as a raw database error.
+func TestBreakAttachFenceGuardBadTableName(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 0)
+	for _, table := range []string{
+		`x; DROP TABLE y`,
+		`"unterminated`,
+		`a.b.c.d`,
+		`otherdb.public.t`,
+	} {
+		_, err := b.client.AttachFenceGuard(b.ctx, table, "fence_token")
+		require.ErrorIs(t, err, quota.ErrInvalidInput, table)
+		var ie *quota.InputError
+		require.ErrorAs(t, err, &ie, table)
+		require.Equal(t, "table", ie.Field, table)
+	}
+}
+
+// Attaching the guard to one of pgquota's own tables is accepted, and then
+// every fenced write fails: pgquota.fence_admit writes pgquota.fence, whose
+// guard calls pgquota.fence_admit again, without end.
+func TestBreakAttachFenceGuardOnPgquotaTable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 0)
+	_, err := b.client.AttachFenceGuard(b.ctx, "pgquota.fence", "max_token")
+	if err == nil {
+		_, werr := b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "r", Key: "k", Value: "v", Token: 1})
+		require.NoError(t, werr, "fenced writes still work after the guard was accepted")
+	}
+	require.ErrorIs(t, err, quota.ErrInvalidInput)
+}

@@ -1,0 +1,122 @@
+package quota_test
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgquota/pgquota/internal/pgtest"
+	"github.com/pgquota/pgquota/quota"
+)
+
+// serializableSetup returns a client whose connections start every
+// transaction SERIALIZABLE, as with
+// PGOPTIONS='-c default_transaction_isolation=serializable' or a role or
+// database default.
+func serializableSetup(t *testing.T, maxConns int32) *testBundle {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(pgtest.NewURL(t))
+	require.NoError(t, err)
+	cfg.MaxConns = maxConns
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	client, err := quota.New(pool, nil)
+	require.NoError(t, err)
+	return &testBundle{ctx: t.Context(), pool: pool, client: client}
+}
+
+// errList collects errors from goroutines.
+type errList struct {
+	mu   sync.Mutex
+	n    int
+	errs []error
+}
+
+func (l *errList) add(err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.n++
+	if err != nil {
+		l.errs = append(l.errs, err)
+	}
+}
+
+func (l *errList) requireNone(t *testing.T, what string) {
+	t.Helper()
+	if len(l.errs) > 0 {
+		t.Errorf("%s: %d of %d calls failed, first: %v", what, len(l.errs), l.n, l.errs[0])
+	}
+}
+
+// DESIGN.md section 4: serialization failures (40001) and deadlocks are
+// retried where pgquota owns the transaction. Calls on the pool run in a
+// transaction pgquota owns (one statement, or ImportCodes' own); with
+// serializable as the server's default isolation (a role or database
+// setting, PGOPTIONS), concurrent calls on one row must not surface 40001.
+func TestBreakDefaultSerializable(t *testing.T) {
+	t.Parallel()
+	b := serializableSetup(t, 16)
+	b.define(t, quota.Definition{Name: "q", Window: quota.WindowNone, DefaultLimit: ptr[int64](1000)})
+	_, err := b.client.CreateVoucherPool(b.ctx, "pool", 100)
+	require.NoError(t, err)
+	codes := make([]string, 100)
+	for i := range codes {
+		codes[i] = fmt.Sprintf("code-%03d", i)
+	}
+	_, err = b.client.ImportCodes(b.ctx, "codes", codes)
+	require.NoError(t, err)
+
+	var grants, revokes, claims, codeClaims, acquires, writes, imports errList
+	var granted, revoked int64
+	var mu sync.Mutex
+	concurrently(32, func(i int) {
+		for range 5 {
+			res, err := b.client.Grant(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 2})
+			grants.add(err)
+			r, rerr := b.client.Revoke(b.ctx, quota.RevokeRequest{Quota: "q", Member: "m", Amount: 1})
+			revokes.add(rerr)
+			mu.Lock()
+			if err == nil && res.Granted {
+				granted += res.Amount
+			}
+			revoked += r.Revoked
+			mu.Unlock()
+		}
+		_, err := b.client.ClaimVoucher(b.ctx, "pool", fmt.Sprint("member-", i))
+		claims.add(err)
+		_, err = b.client.ClaimCode(b.ctx, "codes", fmt.Sprint("member-", i))
+		codeClaims.add(err)
+		_, err = b.client.ImportCodes(b.ctx, "codes", []string{fmt.Sprint("new-", i), "shared"})
+		imports.add(err)
+		l, err := b.client.Acquire(b.ctx, quota.AcquireRequest{Name: "lease", Holder: "h", TTL: time.Millisecond})
+		if errors.Is(err, quota.ErrLeaseHeld) {
+			err = nil
+		}
+		acquires.add(err)
+		if err == nil && l.Token > 0 {
+			_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "res", Key: "k", Value: "v", Token: l.Token})
+			if err != nil && errorsIsStale(err) {
+				err = nil
+			}
+			writes.add(err)
+		}
+	})
+	grants.requireNone(t, "Grant")
+	revokes.requireNone(t, "Revoke")
+	claims.requireNone(t, "ClaimVoucher")
+	codeClaims.requireNone(t, "ClaimCode")
+	imports.requireNone(t, "ImportCodes")
+	acquires.requireNone(t, "Acquire")
+	writes.requireNone(t, "FenceWrite")
+	sum, _ := b.usageRows(t, "q", "m")
+	require.Equal(t, granted-revoked, sum)
+}
+
+func errorsIsStale(err error) bool { return errors.Is(err, quota.ErrStaleToken) }
