@@ -14,18 +14,27 @@ FROM pgquota.voucher_shard
 WHERE campaign = @campaign::text;
 
 -- name: VoucherShardClaim :one
--- Claims one unit of a sharded pool for a member, in one statement,
--- without waiting for any lock.
+-- Claims one unit of a sharded pool for a member, in one statement.
 --
--- pick locks one shard with room (claimed < total) with FOR UPDATE SKIP
--- LOCKED, trying the shards from @start on (pick_from), then those before
--- it (pick_before, which runs only when pick_from found none), so that
--- concurrent claimers starting at random shards lock different rows, and a
--- claimer whose shard is empty or locked moves on to the next one. Each
--- part walks the primary key from its first shard and stops at the first
--- row it locks: a claim reads few shard rows, which also keeps claims from
--- conflicting with each other's reads under SERIALIZABLE. The
--- locking read re-checks claimed < total against the newest version of a
+-- pick locks one shard with room (claimed < total), trying the shards from
+-- @start on, then those before it, so that concurrent claimers starting at
+-- random shards lock different rows:
+--   * first with FOR UPDATE SKIP LOCKED (skip_from, then skip_before): a
+--     claimer whose shard is empty or locked moves on to the next one,
+--     without waiting;
+--   * only when every shard with room is locked by another claim in
+--     progress, without SKIP LOCKED (wait_from, then wait_before): the
+--     claim waits for the lock of the first shard that had room in the
+--     statement's snapshot. When the claim holding it commits, the locking
+--     read re-checks claimed < total on the newest version and moves on to
+--     the next shard if it is full now; when that claim rolls back, the
+--     shard keeps its room and is taken.
+-- Each part walks the primary key from its first shard and stops at the
+-- first row it locks, and runs only when the parts before it locked
+-- nothing: a claim reads few shard rows, which also keeps claims from
+-- conflicting with each other's reads under SERIALIZABLE.
+--
+-- A locking read re-checks claimed < total against the newest version of a
 -- shard that changed since the statement's snapshot (the manual, section
 -- 13.2.1) and returns that version, so the unit number base + claimed + 1
 -- is the shard's next free unit. The claim row is inserted next; its
@@ -33,89 +42,18 @@ WHERE campaign = @campaign::text;
 -- only an inserted claim raises the shard's counter. The CHECK claimed <=
 -- total stays as a backstop.
 --
--- When nothing was handed out, the member's earlier claim is read with a
--- fresh snapshot, and so is whether any shard still has units (units_left):
--- shards that SKIP LOCKED passed over are held by claims in progress that
--- may still roll back, so the pool is sold out only when no shard has room
--- at all. The caller then runs VoucherShardClaimWait.
-WITH held AS (
-    SELECT EXISTS (
-        SELECT 1 FROM pgquota.voucher_claim c
-        WHERE c.campaign = @campaign::text AND c.member = @member::text
-    ) AS yes
-), pick_from AS (
-    SELECT s.campaign, s.shard, s.base, s.claimed
-    FROM pgquota.voucher_shard s
-    WHERE s.campaign = @campaign::text
-      AND s.shard >= @start::integer
-      AND s.claimed < s.total
-      AND NOT (SELECT yes FROM held)
-    ORDER BY s.shard
-    LIMIT 1
-    FOR UPDATE OF s SKIP LOCKED
-), pick_before AS (
-    SELECT s.campaign, s.shard, s.base, s.claimed
-    FROM pgquota.voucher_shard s
-    WHERE s.campaign = @campaign::text
-      AND s.shard < @start::integer
-      AND s.claimed < s.total
-      AND NOT (SELECT yes FROM held)
-      AND NOT EXISTS (SELECT 1 FROM pick_from)
-    ORDER BY s.shard
-    LIMIT 1
-    FOR UPDATE OF s SKIP LOCKED
-), pick AS (
-    SELECT * FROM pick_from
-    UNION ALL
-    SELECT * FROM pick_before
-), ins AS (
-    INSERT INTO pgquota.voucher_claim (campaign, member, seq, claimed_at)
-    SELECT pick.campaign, @member::text, pick.base + pick.claimed + 1, pgquota.clock()
-    FROM pick
-    ON CONFLICT (campaign, member) DO NOTHING
-    RETURNING seq, claimed_at
-), upd AS (
-    UPDATE pgquota.voucher_shard s
-    SET claimed = s.claimed + 1
-    FROM pick, ins
-    WHERE s.campaign = pick.campaign AND s.shard = pick.shard
-    RETURNING s.shard
-), prior AS (
-    SELECT f.seq, f.code, f.member, f.claimed_at
-    FROM pgquota.voucher_claim_fresh(@campaign::text, @member::text) f
-    WHERE NOT EXISTS (SELECT 1 FROM ins)
-)
-SELECT p.kind,
-       p.total,
-       EXISTS (SELECT 1 FROM upd)::boolean AS claimed_now,
-       coalesce((SELECT ins.seq FROM ins), (SELECT prior.seq FROM prior), 0)::bigint AS seq,
-       coalesce((SELECT ins.claimed_at FROM ins), (SELECT prior.claimed_at FROM prior))::timestamptz AS claimed_at,
-       (NOT EXISTS (SELECT 1 FROM ins)
-        AND NOT EXISTS (SELECT 1 FROM prior WHERE prior.member IS NOT NULL)
-        AND p.kind = 'sharded'
-        AND pgquota.voucher_shards_left_fresh(@campaign::text))::boolean AS units_left
-FROM pgquota.voucher_pool p
-WHERE p.campaign = @campaign::text;
-
--- name: VoucherShardClaimWait :one
--- VoucherShardClaim for when every shard with room was locked: the same
--- statement without SKIP LOCKED. pick waits for the lock of the first
--- shard (from @start on, then before it) that had room in the statement's
--- snapshot; when the claim holding it commits, the locking read re-checks
--- claimed < total on the newest version and moves on to the next shard if
--- it is full now, and when that claim rolls back the shard keeps its room
--- and is taken. A
--- shard without room in the snapshot never gets one back (units are never
+-- A shard without room in the snapshot never gets one back (units are never
 -- returned to a sharded pool), so when pick returns nothing every shard is
--- full: the pool is sold out. units_left is then false, except when a claim
--- that committed while this statement ran is seen by the fresh read only
--- (never more room than the snapshot showed), and the caller tries again.
+-- full: the pool is sold out. When nothing was handed out, the member's
+-- earlier claim is read with a fresh snapshot, and so is whether any shard
+-- still has units (units_left, a consistency check: false whenever the
+-- reasoning above holds).
 WITH held AS (
     SELECT EXISTS (
         SELECT 1 FROM pgquota.voucher_claim c
         WHERE c.campaign = @campaign::text AND c.member = @member::text
     ) AS yes
-), pick_from AS (
+), skip_from AS (
     SELECT s.campaign, s.shard, s.base, s.claimed
     FROM pgquota.voucher_shard s
     WHERE s.campaign = @campaign::text
@@ -124,22 +62,51 @@ WITH held AS (
       AND NOT (SELECT yes FROM held)
     ORDER BY s.shard
     LIMIT 1
-    FOR UPDATE OF s
-), pick_before AS (
+    FOR UPDATE OF s SKIP LOCKED
+), skip_before AS (
     SELECT s.campaign, s.shard, s.base, s.claimed
     FROM pgquota.voucher_shard s
     WHERE s.campaign = @campaign::text
       AND s.shard < @start::integer
       AND s.claimed < s.total
       AND NOT (SELECT yes FROM held)
-      AND NOT EXISTS (SELECT 1 FROM pick_from)
+      AND NOT EXISTS (SELECT 1 FROM skip_from)
+    ORDER BY s.shard
+    LIMIT 1
+    FOR UPDATE OF s SKIP LOCKED
+), wait_from AS (
+    SELECT s.campaign, s.shard, s.base, s.claimed
+    FROM pgquota.voucher_shard s
+    WHERE s.campaign = @campaign::text
+      AND s.shard >= @start::integer
+      AND s.claimed < s.total
+      AND NOT (SELECT yes FROM held)
+      AND NOT EXISTS (SELECT 1 FROM skip_from)
+      AND NOT EXISTS (SELECT 1 FROM skip_before)
+    ORDER BY s.shard
+    LIMIT 1
+    FOR UPDATE OF s
+), wait_before AS (
+    SELECT s.campaign, s.shard, s.base, s.claimed
+    FROM pgquota.voucher_shard s
+    WHERE s.campaign = @campaign::text
+      AND s.shard < @start::integer
+      AND s.claimed < s.total
+      AND NOT (SELECT yes FROM held)
+      AND NOT EXISTS (SELECT 1 FROM skip_from)
+      AND NOT EXISTS (SELECT 1 FROM skip_before)
+      AND NOT EXISTS (SELECT 1 FROM wait_from)
     ORDER BY s.shard
     LIMIT 1
     FOR UPDATE OF s
 ), pick AS (
-    SELECT * FROM pick_from
+    SELECT * FROM skip_from
     UNION ALL
-    SELECT * FROM pick_before
+    SELECT * FROM skip_before
+    UNION ALL
+    SELECT * FROM wait_from
+    UNION ALL
+    SELECT * FROM wait_before
 ), ins AS (
     INSERT INTO pgquota.voucher_claim (campaign, member, seq, claimed_at)
     SELECT pick.campaign, @member::text, pick.base + pick.claimed + 1, pgquota.clock()
@@ -170,11 +137,11 @@ FROM pgquota.voucher_pool p
 WHERE p.campaign = @campaign::text;
 
 -- name: LedgerClaimShard :one
--- VoucherShardClaimWait with a ledger row (ClaimVoucherWithKey on a
--- sharded pool), built as ledger.sql's keyed statements are: the ledger
--- key is inserted first (ON CONFLICT DO NOTHING), every write selects FROM
--- that insert, and the outcome is stored by the same statement. The shard
--- is locked after the key. The waiting pick (no SKIP LOCKED) returns
+-- VoucherShardClaim with a ledger row (ClaimVoucherWithKey on a sharded
+-- pool), built as ledger.sql's keyed statements are: the ledger key is
+-- inserted first (ON CONFLICT DO NOTHING), every write selects FROM that
+-- insert, and the outcome is stored by the same statement. The shard is
+-- locked after the key. Its pick waits (no SKIP LOCKED part), and returns
 -- nothing only when every shard is full, so a stored sold-out outcome is
 -- exact. A member who already holds a unit, and a sold-out pool, are
 -- outcomes too, stored and replayed. The outcome's used is 0: a sharded

@@ -167,22 +167,10 @@ func (c *Client) claimSharded(ctx context.Context, x db.DBTX, campaign, member s
 		return Claim{}, CampaignKind(row.Kind), nil
 	}
 	if row.UnitsLeft {
-		// Every shard with units left is locked by a claim in progress:
-		// wait for one instead of skipping it.
-		w, err := c.queries.VoucherShardClaimWait(ctx, x, db.VoucherShardClaimWaitParams{Campaign: campaign, Member: member, Start: start})
-		if err != nil {
-			return Claim{}, "", dbError("claim voucher", err)
-		}
-		if CampaignKind(w.Kind) != KindSharded {
-			return Claim{}, CampaignKind(w.Kind), nil
-		}
-		if w.UnitsLeft {
-			// The wait found every shard full, but a fresh read saw room:
-			// impossible while units are never given back to a sharded
-			// pool. Report it rather than "sold out".
-			return Claim{}, "", fmt.Errorf("pgquota: claim voucher: %q still has units after every shard was found full", campaign)
-		}
-		row = db.VoucherShardClaimRow(w)
+		// The statement found every shard full, but a fresh read saw room:
+		// impossible while units are never given back to a sharded pool.
+		// Report it rather than "sold out".
+		return Claim{}, "", fmt.Errorf("pgquota: claim voucher: %q still has units after every shard was found full", campaign)
 	}
 	return Claim{
 		Campaign:  campaign,

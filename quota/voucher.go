@@ -160,7 +160,7 @@ func (c *Client) VoucherStatus(ctx context.Context, campaign string) (Pool, erro
 // For a sharded pool (CreateShardedPool) the claim takes a unit from a
 // shard with units left, starting at a random shard and skipping locked
 // ones (FOR UPDATE SKIP LOCKED); when every shard with units left is locked
-// by claims in progress, a second statement waits for one of them. The
+// by claims in progress, the same statement waits for one of them. The
 // result is sold out only when every shard is full. The first claim of a
 // sharded campaign by a client takes one more statement, to learn its kind
 // and number of shards.
