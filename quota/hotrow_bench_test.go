@@ -15,7 +15,9 @@ import (
 // BenchmarkGrantCoalesced measures Grant on one hot counter row with N
 // concurrent callers, each a goroutine, on a pool of N connections, with
 // and without Config.Coalesce, back to back: coalesced calls share one
-// statement (and one commit) per batch. It reports grants/s.
+// statement (and one commit) per batch; "keyed" gives every call its own
+// idempotency key (one ledger entry each, four statements per batch). It
+// reports grants/s.
 //
 //	go test ./quota -run '^$' -bench GrantCoalesced -benchtime 5s
 //
@@ -30,17 +32,23 @@ func BenchmarkGrantCoalesced(b *testing.B) {
 	if _, err := setup.DefineQuota(context.Background(), quota.Definition{Name: "bench", Window: quota.WindowNone}); err != nil {
 		b.Fatal(err)
 	}
+	var run atomic.Int64
 	for _, clients := range []int{8, 64} {
-		for _, coalesce := range []bool{false, true} {
-			b.Run(fmt.Sprintf("clients=%d/coalesce=%v", clients, coalesce), func(b *testing.B) {
+		for _, mode := range []string{"false", "true", "keyed"} {
+			b.Run(fmt.Sprintf("clients=%d/coalesce=%s", clients, mode), func(b *testing.B) {
 				pool := pgtest.Connect(b, url, int32(clients))
-				client, err := quota.New(pool, &quota.Config{Coalesce: coalesce})
+				client, err := quota.New(pool, &quota.Config{Coalesce: mode != "false"})
 				if err != nil {
 					b.Fatal(err)
 				}
 				limit := quota.MaxUnits
-				runClients(b, clients, func(ctx context.Context, _ int64) error {
-					res, err := client.Grant(ctx, quota.GrantRequest{Quota: "bench", Member: "hot", Amount: 1, Limit: &limit})
+				prefix := fmt.Sprint("run-", run.Add(1), "-")
+				runClients(b, clients, func(ctx context.Context, i int64) error {
+					var key quota.IdempotencyKey
+					if mode == "keyed" {
+						key.Key = prefix + strconv.FormatInt(i, 10)
+					}
+					res, err := client.Grant(ctx, quota.GrantRequest{Quota: "bench", Member: "hot", Amount: 1, Limit: &limit, Idempotency: key})
 					if err == nil && !res.Granted {
 						err = fmt.Errorf("denied: %+v", res)
 					}
