@@ -16,7 +16,8 @@ import (
 // numbered their units base + 1 .. base + total, so the claims so far need
 // not hold the numbers 1 .. claimed; the counted pool then numbers new
 // claims claimed + 1, claimed + 2, ... Every unit of a pool must still have
-// a distinct number (Claim.Seq, 1 to Total), before and after.
+// a distinct number (Claim.Seq, 1 to Total), before and after, and a keyed
+// claim's stored outcome must name the unit its member holds.
 func TestDownHotrowKeepsUnitNumbersDistinct(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -45,6 +46,24 @@ func TestDownHotrowKeepsUnitNumbersDistinct(t *testing.T) {
 		require.Greater(t, c.Seq, int64(2), "shard 1's units")
 	}
 	require.NoError(t, tx.Rollback(ctx))
+
+	// A keyed claim holding unit 3 of a second pool (a keyed claim waits for
+	// locked shards, so the pool is made again until its random start gives
+	// it shard 1), and an unkeyed one.
+	keyed := ""
+	for i := 0; keyed == "" && i < 40; i++ {
+		camp := fmt.Sprint("k", i)
+		_, err = client.CreateShardedPool(ctx, camp, 4, 2)
+		require.NoError(t, err)
+		c, err := client.ClaimVoucherWithKey(ctx, camp, "x", quota.IdempotencyKey{Key: "key"})
+		require.NoError(t, err)
+		if c.Seq == 3 {
+			keyed = camp
+		}
+	}
+	require.NotEmpty(t, keyed)
+	_, err = client.ClaimVoucher(ctx, keyed, "y")
+	require.NoError(t, err)
 
 	p, err := migrations.NewProvider(db)
 	require.NoError(t, err)
@@ -84,4 +103,14 @@ func TestDownHotrowKeepsUnitNumbersDistinct(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.Len(t, seen, 4)
+
+	// The keyed claim's stored outcome names the unit its member holds.
+	var stored, held int64
+	require.NoError(t, pool.QueryRow(ctx, `
+		SELECT o.seq, c.seq
+		FROM pgquota.ledger l
+		JOIN pgquota.ledger_outcome o ON o.grant_id = l.grant_id
+		JOIN pgquota.voucher_claim c ON c.campaign = l.target AND c.member = l.member
+		WHERE l.target = $1 AND l.idempotency_key = 'key'`, keyed).Scan(&stored, &held))
+	require.Equal(t, held, stored)
 }
