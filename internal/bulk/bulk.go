@@ -21,6 +21,7 @@
 package bulk
 
 import (
+	"bufio"
 	"context"
 	"encoding/csv"
 	"errors"
@@ -62,6 +63,9 @@ type Row struct {
 	Err error
 }
 
+// bom is UTF-8's byte order mark.
+const bom = "\ufeff"
+
 // Reader reads the rows of a CSV file whose first record is a header.
 type Reader struct {
 	csv  *csv.Reader
@@ -75,7 +79,14 @@ type Reader struct {
 // required, limit and idempotency_key optional. Errors name a missing,
 // repeated or unknown column, or an unreadable header.
 func NewReader(r io.Reader) (*Reader, error) {
-	cr := csv.NewReader(r)
+	// A byte order mark is dropped before the CSV reader sees it: as part of
+	// the first field it would turn a quoted first column name into a bare
+	// quote.
+	br := bufio.NewReader(r)
+	if b, err := br.Peek(len(bom)); err == nil && string(b) == bom {
+		_, _ = br.Discard(len(bom))
+	}
+	cr := csv.NewReader(br)
 	cr.FieldsPerRecord = -1 // checked per row, so that a bad row does not stop the file
 	cr.ReuseRecord = true
 	head, err := cr.Read()
@@ -87,7 +98,7 @@ func NewReader(r io.Reader) (*Reader, error) {
 	}
 	cols := map[string]int{}
 	for i, name := range head {
-		name = strings.ToLower(strings.TrimSpace(strings.TrimPrefix(name, "\ufeff")))
+		name = strings.ToLower(strings.TrimSpace(name))
 		switch name {
 		case ColQuota, ColMember, ColAmount, ColLimit, ColIdempotencyKey:
 		default:
