@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -100,6 +101,15 @@ func (c *Client) NewRelay(h Handler, cfg RelayConfig) (*Relay, error) {
 	} {
 		if f.v < 0 {
 			return nil, inputError(f.field, "must not be negative, got %d", f.v)
+		}
+	}
+	// BatchSize and MaxAttempts go to the database as 32-bit integers.
+	for _, f := range []struct {
+		field string
+		v     int
+	}{{"RelayConfig.BatchSize", cfg.BatchSize}, {"RelayConfig.MaxAttempts", cfg.MaxAttempts}} {
+		if int64(f.v) > math.MaxInt32 {
+			return nil, inputError(f.field, "must be at most %d, got %d", math.MaxInt32, f.v)
 		}
 	}
 	if cfg.BatchSize == 0 {
