@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/quota"
@@ -59,4 +60,43 @@ func TestRelayConfigLargeValues(t *testing.T) {
 		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT state FROM pgquota.outbox WHERE id = $1`, id).Scan(&state))
 		require.Equal(t, "pending", state, "the event is retried, not dead after its first failure")
 	})
+}
+
+// The transaction EnqueueTx's documentation shows (a keyed GrantTx and the
+// event that reports it, committed together), run again with the same key
+// as a client does when the first reply was lost after the commit: the
+// repeat must change nothing more, so the outbox holds one event for the
+// grant, not a second one with another event id that consumers cannot
+// dedupe.
+func TestEnqueueTxDocExampleRetriedOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	b.define(t, quota.Definition{Name: "points", Window: quota.WindowNone, DefaultLimit: ptr[int64](1000)})
+	client, pool, ctx := b.client, b.pool, b.ctx
+	orderID, payload := "order-1234", []byte(`{"order":1234}`)
+
+	// The example, as documented on EnqueueTx.
+	example := func() error {
+		return quota.RunInTx(ctx, pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+			g, err := client.GrantTx(ctx, tx, quota.GrantRequest{
+				Quota: "points", Member: "alice", Amount: 50,
+				Idempotency: quota.IdempotencyKey{Key: orderID},
+			})
+			if err != nil || !g.Granted {
+				return err
+			}
+			_, err = client.EnqueueTx(ctx, tx, "points.granted", payload, &quota.EnqueueOpts{
+				GrantID: g.GrantID, IdempotencyScope: g.IdempotencyScope, IdempotencyKey: g.IdempotencyKey,
+			})
+			return err
+		})
+	}
+	require.NoError(t, example())
+	require.NoError(t, example()) // the retry after a lost reply
+
+	sum, _ := b.usageRows(t, "points", "alice")
+	require.Equal(t, int64(50), sum, "granted once")
+	var events int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgquota.outbox WHERE idempotency_key = $1`, orderID).Scan(&events))
+	require.Equal(t, int64(1), events, "one event for one grant")
 }
