@@ -75,14 +75,15 @@ func TestEnqueueTxDocExampleRetriedOnce(t *testing.T) {
 	client, pool, ctx := b.client, b.pool, b.ctx
 	orderID, payload := "order-1234", []byte(`{"order":1234}`)
 
-	// The example, as documented on EnqueueTx.
+	// The example, as documented on EnqueueTx (which skips the event of a
+	// replayed grant).
 	example := func() error {
 		return quota.RunInTx(ctx, pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 			g, err := client.GrantTx(ctx, tx, quota.GrantRequest{
 				Quota: "points", Member: "alice", Amount: 50,
 				Idempotency: quota.IdempotencyKey{Key: orderID},
 			})
-			if err != nil || !g.Granted {
+			if err != nil || !g.Granted || g.Replayed {
 				return err
 			}
 			_, err = client.EnqueueTx(ctx, tx, "points.granted", payload, &quota.EnqueueOpts{
