@@ -3,7 +3,10 @@ package quota_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -100,4 +103,93 @@ func TestEnqueueTxDocExampleRetriedOnce(t *testing.T) {
 	var events int64
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgquota.outbox WHERE idempotency_key = $1`, orderID).Scan(&events))
 	require.Equal(t, int64(1), events, "one event for one grant")
+}
+
+// A relay whose connection is lost mid-batch (killed by an operator, a
+// network cut, idle_in_transaction_session_timeout) no longer holds its
+// batch's row locks: another relay claims the same events at once. The
+// first relay must then stop calling its handler for the rest of its
+// batch, or two relays deliver one event at the same time, which the
+// Relay documentation rules out ("no event is delivered by two relays at
+// the same time"). The event in the handler when the connection died is
+// beyond help; the ones after it are not.
+func TestRelayLostConnectionStopsBatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 8)
+	for range 3 {
+		_, err := b.client.Enqueue(b.ctx, "t", []byte("x"), nil)
+		require.NoError(t, err)
+	}
+
+	var (
+		mu        sync.Mutex
+		inFlight  = map[int64]string{}
+		overlaps  []string
+		bStarted  = make(chan struct{})
+		aFinished = make(chan struct{})
+	)
+	enter := func(who string, id int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		// Event 1 was in relay A's handler when its connection died: that
+		// overlap no relay can prevent.
+		if other, ok := inFlight[id]; ok && id != 1 {
+			overlaps = append(overlaps, fmt.Sprintf("event %d delivered by %s while %s delivers it", id, who, other))
+		}
+		inFlight[id] = who
+	}
+	leave := func(id int64) {
+		mu.Lock()
+		delete(inFlight, id)
+		mu.Unlock()
+	}
+
+	relayB, err := b.client.NewRelay(func(_ context.Context, ev quota.Event) error {
+		enter("relay B", ev.ID)
+		defer leave(ev.ID)
+		if ev.ID == 2 {
+			close(bStarted)
+			select { // B takes its time with event 2
+			case <-aFinished:
+			case <-time.After(2 * time.Second):
+			}
+		}
+		return nil
+	}, quota.RelayConfig{})
+	require.NoError(t, err)
+
+	bDone := make(chan error, 1)
+	relayA, err := b.client.NewRelay(func(_ context.Context, ev quota.Event) error {
+		enter("relay A", ev.ID)
+		defer leave(ev.ID)
+		if ev.ID != 1 {
+			return nil
+		}
+		// A's connection dies while it delivers event 1 ...
+		var n int
+		require.NoError(t, b.pool.QueryRow(b.ctx, `
+			SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+			WHERE datname = current_database() AND state = 'idle in transaction'`).Scan(&n))
+		require.Equal(t, 1, n)
+		// ... and relay B claims the batch A held.
+		go func() {
+			_, err := relayB.RunOnce(b.ctx)
+			bDone <- err
+		}()
+		select {
+		case <-bStarted:
+		case <-time.After(5 * time.Second):
+			t.Error("relay B did not claim the events relay A lost")
+		}
+		return nil
+	}, quota.RelayConfig{})
+	require.NoError(t, err)
+
+	_, errA := relayA.RunOnce(b.ctx)
+	close(aFinished)
+	require.Error(t, errA, "relay A cannot record its batch")
+	require.NoError(t, <-bDone)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Empty(t, overlaps)
 }
