@@ -277,6 +277,13 @@ func Run(ctx context.Context, client *quota.Client, next func() (Row, error), op
 			}
 		}()
 		seed := maphash.MakeSeed()
+		// keyWorker remembers the worker of each idempotency key's first
+		// row. A later row with the same key goes to that worker, behind
+		// the first: the first line takes the key, as in a sequential run,
+		// and the later one replays it (the same request) or fails with
+		// ErrIdempotencyKeyReused having written nothing (another request,
+		// which is why taking it out of its own counter's worker is safe).
+		keyWorker := map[string]uint64{}
 		for {
 			row, err := next()
 			if err == io.EOF {
@@ -296,9 +303,21 @@ func Run(ctx context.Context, client *quota.Client, next func() (Row, error), op
 				outcomes <- errorOutcome(row, row.Err) // the emitter drains until the end
 				continue
 			}
-			h := maphash.String(seed, row.Request.Quota+"\x00"+row.Request.Member)
+			w := maphash.String(seed, row.Request.Quota+"\x00"+row.Request.Member) % uint64(len(inputs))
+			if k := row.Request.Idempotency; k.Key != "" {
+				scope := k.Scope
+				if scope == "" {
+					scope = row.Request.Quota
+				}
+				id := scope + "\x00" + k.Key
+				if first, ok := keyWorker[id]; ok {
+					w = first
+				} else {
+					keyWorker[id] = w
+				}
+			}
 			select {
-			case inputs[h%uint64(len(inputs))] <- row:
+			case inputs[w] <- row:
 			case <-stop.Done():
 				readErr <- nil
 				return
