@@ -114,7 +114,35 @@ $$;
 
 -- +goose Down
 -- A sharded pool becomes the counted pool it stands for: same total, with
--- the units its shards handed out. Its claims (voucher_claim) stay.
+-- the units its shards handed out. Its claims (voucher_claim) stay, but
+-- their unit numbers are renumbered 1 .. claimed, keeping their order: the
+-- shards numbered units base + 1 .. base + total, so the claims so far
+-- need not hold 1 .. claimed, and a counted pool numbers its next claim
+-- claimed + 1, which would hand out a number a shard already gave. The
+-- ledger's stored claim outcomes follow (updated first, while the claims
+-- still carry their old numbers).
+UPDATE pgquota.ledger_outcome o
+SET seq = r.n
+FROM pgquota.ledger l,
+     (SELECT c.campaign, c.member, c.seq,
+             row_number() OVER (PARTITION BY c.campaign ORDER BY c.seq, c.member) AS n
+      FROM pgquota.voucher_claim c
+      JOIN pgquota.voucher_pool p ON p.campaign = c.campaign AND p.kind = 'sharded') r
+WHERE l.grant_id = o.grant_id
+  AND l.operation = 'claim'
+  AND l.target = r.campaign
+  AND l.member = r.member
+  AND o.seq = r.seq
+  AND o.seq <> r.n;
+UPDATE pgquota.voucher_claim c
+SET seq = r.n
+FROM (SELECT c.campaign, c.member,
+             row_number() OVER (PARTITION BY c.campaign ORDER BY c.seq, c.member) AS n
+      FROM pgquota.voucher_claim c
+      JOIN pgquota.voucher_pool p ON p.campaign = c.campaign AND p.kind = 'sharded') r
+WHERE c.campaign = r.campaign
+  AND c.member = r.member
+  AND c.seq <> r.n;
 UPDATE pgquota.voucher_pool p
 SET kind = 'counted',
     claimed = coalesce((SELECT sum(s.claimed) FROM pgquota.voucher_shard s WHERE s.campaign = p.campaign), 0)

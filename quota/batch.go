@@ -2,7 +2,9 @@ package quota
 
 import (
 	"context"
+	"errors"
 	"fmt"
+
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
@@ -86,11 +88,16 @@ func (c *Client) grantBatchOwn(ctx context.Context, reqs []GrantRequest) ([]Batc
 	if !anyKeyed(reqs) {
 		return c.grantBatch(ctx, ownTx{c.pool}, reqs)
 	}
-	return retry(ctx, c.cfg.RetryMaxElapsed, func() ([]BatchOutcome, error) {
-		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) ([]BatchOutcome, error) {
-			return c.grantBatch(ctx, tx, reqs)
+	for run := 1; ; run++ {
+		outs, err := retry(ctx, c.cfg.RetryMaxElapsed, func() ([]BatchOutcome, error) {
+			return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) ([]BatchOutcome, error) {
+				return c.grantBatch(ctx, tx, reqs)
+			})
 		})
-	})
+		if !errors.Is(err, errKeyedUndecided) || run == maxBatchRounds {
+			return outs, err
+		}
+	}
 }
 
 // GrantBatchTx is GrantBatch inside the caller's transaction: every grant

@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -13,6 +14,12 @@ import (
 // an idempotency key. See queries/ledger_batch.sql for the order of the
 // statements and why each keyed request gets exactly one ledger entry (its
 // own grant id) whose outcome is the one the batch applied.
+
+// errKeyedUndecided marks a keyed batch that recorded a key whose request
+// then could not be decided (its limit or quota changed between the
+// batch's statements): the transaction must roll back. GrantBatch then runs
+// it again, and the new run sees the change before it records the key.
+var errKeyedUndecided = errors.New("the limit or quota changed while the batch ran")
 
 // anyKeyed reports whether a request of reqs carries an idempotency key.
 func anyKeyed(reqs []GrantRequest) bool {
@@ -178,7 +185,7 @@ func (c *Client) grantBatchKeyed(ctx context.Context, x db.DBTX, reqs []GrantReq
 			// member's limit changed since the key was recorded, or the
 			// counter stayed contended. The whole batch fails (and its
 			// transaction must roll back).
-			return fmt.Errorf("pgquota: grant batch: keyed request (key %q) could not be decided: %w", fps[i].key.Key, out[i].Err)
+			return fmt.Errorf("pgquota: grant batch: keyed request (key %q) could not be decided: %w: %w", fps[i].key.Key, errKeyedUndecided, out[i].Err)
 		}
 		out[i].Keyed = Keyed{GrantID: id, IdempotencyScope: fps[i].key.Scope, IdempotencyKey: fps[i].key.Key}
 	}

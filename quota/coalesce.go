@@ -46,11 +46,17 @@ const coalesceStatementTimeout = time.Minute
 
 // coalesceKey identifies the calls that may share one statement: the same
 // counter (quota and member; the window is the one the statement's clock
-// falls in) and the same limit, given or not.
+// falls in) and the same limit, given or not. Keyed and unkeyed calls queue
+// apart: a keyed batch first records its keys and may wait for a key that
+// another transaction holds (a copy of the same request in flight), and
+// unkeyed calls of the counter must not wait behind it. The two queues'
+// statements serialize on the counter's row lock, each deciding against its
+// newest version, so the limit stays exact.
 type coalesceKey struct {
 	quota, member string
 	hasLimit      bool
 	limit         int64
+	keyed         bool
 }
 
 // waiter states, changed under coalescer.mu only.
@@ -94,7 +100,7 @@ func newCoalescer(c *Client) *coalescer {
 // grant queues req (already validated) and waits for its outcome or for
 // ctx to end.
 func (co *coalescer) grant(ctx context.Context, req GrantRequest) (GrantResult, error) {
-	k := coalesceKey{quota: req.Quota, member: req.Member}
+	k := coalesceKey{quota: req.Quota, member: req.Member, keyed: req.Idempotency.Key != ""}
 	if req.Limit != nil {
 		k.hasLimit, k.limit = true, *req.Limit
 	}

@@ -493,6 +493,11 @@ func (c *Client) revokeGrant(ctx context.Context, x db.DBTX, grantID int64) (Rev
 	// snapshot; under REPEATABLE READ the statement above would have failed
 	// with 40001 had the revoke committed after the snapshot).
 	e, err := c.queries.LedgerGet(ctx, x, grantID)
+	if isNoRows(err) {
+		// Reaped while the statement above waited for its outcome row:
+		// nothing was given back.
+		return RevokeGrantResult{}, fmt.Errorf("%w: no keyed grant has id %d", ErrGrantNotFound, grantID)
+	}
 	if err != nil {
 		return RevokeGrantResult{}, dbError("revoke grant", err)
 	}

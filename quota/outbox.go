@@ -69,7 +69,7 @@ type Event struct {
 //			Quota: "points", Member: "alice", Amount: 50,
 //			Idempotency: quota.IdempotencyKey{Key: orderID},
 //		})
-//		if err != nil || !g.Granted {
+//		if err != nil || !g.Granted || g.Replayed {
 //			return err
 //		}
 //		_, err = client.EnqueueTx(ctx, tx, "points.granted", payload, &quota.EnqueueOpts{
@@ -77,6 +77,10 @@ type Event struct {
 //		})
 //		return err
 //	})
+//
+// A replayed grant (g.Replayed: the key's first call committed, with its
+// event) enqueues nothing: a second event would have another id, and
+// consumers that dedupe by event id would act twice.
 //
 // A Relay's Handler then sends the event; if the side effect fails for
 // good, it compensates with RevokeGrant(ctx, ev.GrantID).

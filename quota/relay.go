@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -58,10 +59,13 @@ type RelayConfig struct {
 // Relay delivers outbox events to a Handler. Run several relays at once (in
 // one process or many) to deliver in parallel: each claims its own batches
 // with FOR UPDATE SKIP LOCKED and keeps them locked while it delivers them,
-// so no event is delivered by two relays at the same time. A relay keeps no
-// cursor: every pending event is claimed whenever it is due, so an event
-// whose transaction committed late (after events with higher ids were
-// delivered) is delivered too.
+// so no event is delivered by two relays at the same time. (The claim lasts
+// as long as the relay's connection: one that loses it mid-batch stops
+// calling its handler, about a millisecond of handler time later at most;
+// the event in its handler then may be delivered by another relay at the
+// same time.) A relay keeps no cursor: every pending event is claimed
+// whenever it is due, so an event whose transaction committed late (after
+// events with higher ids were delivered) is delivered too.
 //
 // Each batch is one transaction at READ COMMITTED, whatever the database's
 // default isolation level: the claim's guarantees rest on row locks (and on
@@ -100,6 +104,15 @@ func (c *Client) NewRelay(h Handler, cfg RelayConfig) (*Relay, error) {
 	} {
 		if f.v < 0 {
 			return nil, inputError(f.field, "must not be negative, got %d", f.v)
+		}
+	}
+	// BatchSize and MaxAttempts go to the database as 32-bit integers.
+	for _, f := range []struct {
+		field string
+		v     int
+	}{{"RelayConfig.BatchSize", cfg.BatchSize}, {"RelayConfig.MaxAttempts", cfg.MaxAttempts}} {
+		if int64(f.v) > math.MaxInt32 {
+			return nil, inputError(f.field, "must be at most %d, got %d", math.MaxInt32, f.v)
 		}
 	}
 	if cfg.BatchSize == 0 {
@@ -202,6 +215,13 @@ func (r *Relay) RunOnce(ctx context.Context) (BatchResult, error) {
 	return res, nil
 }
 
+// aliveAfter is the handler time after which the relay checks, before the
+// next event of a batch, that its connection (and so its claim) still
+// holds. Fast handlers go through a batch without the extra round trips;
+// a relay that lost its connection calls its handler for at most about
+// this long more.
+const aliveAfter = time.Millisecond
+
 // recordTimeout bounds recording a batch's outcomes after ctx ended.
 const recordTimeout = 5 * time.Second
 
@@ -216,9 +236,25 @@ func (r *Relay) batch(ctx context.Context, tx pgx.Tx) (BatchResult, error) {
 	}
 	var delivered []int64
 	var failed db.OutboxMarkFailedParams
+	contact := time.Now() // the last round trip on tx's connection
 	for _, row := range rows {
 		if ctx.Err() != nil {
 			break
+		}
+		if time.Since(contact) > aliveAfter {
+			// The batch's row locks live as long as this transaction's
+			// connection: once it is lost (killed, cut, timed out idle in
+			// the transaction), another relay may claim the same events,
+			// so the handler must not see them here too. A round trip
+			// tells (the event in the handler when the connection died is
+			// redelivered: at least once).
+			if err := r.alive(ctx, tx); err != nil {
+				if ctx.Err() != nil {
+					break
+				}
+				return BatchResult{}, dbError("relay: batch lost its connection", err)
+			}
+			contact = time.Now()
 		}
 		ev := Event{
 			ID:               row.ID,
@@ -270,6 +306,16 @@ func (r *Relay) batch(ctx context.Context, tx pgx.Tx) (BatchResult, error) {
 		return BatchResult{}, dbError("relay: commit", err)
 	}
 	return res, nil
+}
+
+// alive checks that tx's connection still holds the batch, with a round
+// trip that ctx ending does not cut short (pgx would close the connection,
+// and with it the outcomes not recorded yet).
+func (r *Relay) alive(ctx context.Context, tx pgx.Tx) error {
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
+	defer cancel()
+	_, err := tx.Exec(pctx, ";")
+	return err
 }
 
 // call runs the handler, turning a panic into an error.

@@ -45,13 +45,15 @@ const MaxShards = 1024
 // Errors: *InputError for a bad campaign, a total below 1, or a number of
 // shards out of range; ErrCampaignExists when the campaign exists with
 // another total, number of shards or kind; ErrSchemaMissing; database
-// errors.
+// errors. Serialization failures and deadlocks are retried as for Grant.
 func (c *Client) CreateShardedPool(ctx context.Context, campaign string, total int64, shards int) (Pool, error) {
 	if err := checkShardedPool(campaign, total, shards); err != nil {
 		return Pool{}, err
 	}
-	return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (Pool, error) {
-		return c.createShardedPool(ctx, tx, campaign, total, shards)
+	return retry(ctx, c.cfg.RetryMaxElapsed, func() (Pool, error) {
+		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (Pool, error) {
+			return c.createShardedPool(ctx, tx, campaign, total, shards)
+		})
 	})
 }
 

@@ -21,6 +21,7 @@
 package bulk
 
 import (
+	"bufio"
 	"context"
 	"encoding/csv"
 	"errors"
@@ -62,6 +63,9 @@ type Row struct {
 	Err error
 }
 
+// bom is UTF-8's byte order mark.
+const bom = "\ufeff"
+
 // Reader reads the rows of a CSV file whose first record is a header.
 type Reader struct {
 	csv  *csv.Reader
@@ -75,7 +79,14 @@ type Reader struct {
 // required, limit and idempotency_key optional. Errors name a missing,
 // repeated or unknown column, or an unreadable header.
 func NewReader(r io.Reader) (*Reader, error) {
-	cr := csv.NewReader(r)
+	// A byte order mark is dropped before the CSV reader sees it: as part of
+	// the first field it would turn a quoted first column name into a bare
+	// quote.
+	br := bufio.NewReader(r)
+	if b, err := br.Peek(len(bom)); err == nil && string(b) == bom {
+		_, _ = br.Discard(len(bom))
+	}
+	cr := csv.NewReader(br)
 	cr.FieldsPerRecord = -1 // checked per row, so that a bad row does not stop the file
 	cr.ReuseRecord = true
 	head, err := cr.Read()
@@ -87,7 +98,7 @@ func NewReader(r io.Reader) (*Reader, error) {
 	}
 	cols := map[string]int{}
 	for i, name := range head {
-		name = strings.ToLower(strings.TrimSpace(strings.TrimPrefix(name, "\ufeff")))
+		name = strings.ToLower(strings.TrimSpace(name))
 		switch name {
 		case ColQuota, ColMember, ColAmount, ColLimit, ColIdempotencyKey:
 		default:
@@ -266,6 +277,13 @@ func Run(ctx context.Context, client *quota.Client, next func() (Row, error), op
 			}
 		}()
 		seed := maphash.MakeSeed()
+		// keyWorker remembers the worker of each idempotency key's first
+		// row. A later row with the same key goes to that worker, behind
+		// the first: the first line takes the key, as in a sequential run,
+		// and the later one replays it (the same request) or fails with
+		// ErrIdempotencyKeyReused having written nothing (another request,
+		// which is why taking it out of its own counter's worker is safe).
+		keyWorker := map[string]uint64{}
 		for {
 			row, err := next()
 			if err == io.EOF {
@@ -285,9 +303,21 @@ func Run(ctx context.Context, client *quota.Client, next func() (Row, error), op
 				outcomes <- errorOutcome(row, row.Err) // the emitter drains until the end
 				continue
 			}
-			h := maphash.String(seed, row.Request.Quota+"\x00"+row.Request.Member)
+			w := maphash.String(seed, row.Request.Quota+"\x00"+row.Request.Member) % uint64(len(inputs))
+			if k := row.Request.Idempotency; k.Key != "" {
+				scope := k.Scope
+				if scope == "" {
+					scope = row.Request.Quota
+				}
+				id := scope + "\x00" + k.Key
+				if first, ok := keyWorker[id]; ok {
+					w = first
+				} else {
+					keyWorker[id] = w
+				}
+			}
 			select {
-			case inputs[h%uint64(len(inputs))] <- row:
+			case inputs[w] <- row:
 			case <-stop.Done():
 				readErr <- nil
 				return

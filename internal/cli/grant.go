@@ -40,7 +40,7 @@ grants them nothing more.
 --out writes every row's outcome (line, status granted/denied/error, used,
 limit, remaining, grant id and replayed for keyed rows, error) as CSV, or as
 JSON lines when the name ends in
-.jsonl or .ndjson (or with --out-format). A progress bar runs on stderr when
+.jsonl or .ndjson, or with --out - and --json (or with --out-format). A progress bar runs on stderr when
 it is a terminal (not with --json). The summary counts granted, denied and
 errors. Exit status 0 when every row was decided (granted or denied), 2 when
 some rows had errors, 1 when the run stopped (the database failed).`,
@@ -108,17 +108,26 @@ some rows had errors, 1 when the run stopped (the database failed).`,
 	cmd.Flags().Int64Var(&limit, "limit", 0, "limit for this call (default: the member's limit, else the quota's)")
 	cmd.Flags().StringVar(&file.path, "file", "", "grant every row of this CSV file (- for stdin) instead")
 	cmd.Flags().StringVar(&file.out, "out", "", "with --file: write each row's outcome to this file (- for stdout)")
-	cmd.Flags().StringVar(&file.format, "out-format", "", "with --out: csv or jsonl (default: from the file name, else csv)")
+	cmd.Flags().StringVar(&file.format, "out-format", "", "with --out: csv or jsonl (default: from the file name, jsonl for --out - with --json, else csv)")
 	cmd.Flags().IntVar(&file.batchSize, "batch-size", 2000, "with --file: rows per statement (and per commit)")
 	cmd.Flags().IntVar(&file.workers, "workers", 4, "with --file: batches in flight at once, each on its own connection")
 	keyFlags(cmd, &req.Idempotency, "the quota")
 	return cmd
 }
 
-// keyFlags adds --idempotency-key and --idempotency-scope.
+// keyFlags adds --idempotency-key and --idempotency-scope to cmd (whose
+// RunE is set), and rejects a scope given without a key: the operation
+// would silently run without one.
 func keyFlags(cmd *cobra.Command, k *quota.IdempotencyKey, scopeDefault string) {
 	cmd.Flags().StringVar(&k.Key, "idempotency-key", "", "record the operation under this key; a repeat prints the first outcome and changes nothing")
 	cmd.Flags().StringVar(&k.Scope, "idempotency-scope", "", "namespace of --idempotency-key (default "+scopeDefault+")")
+	run := cmd.RunE
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if cmd.Flags().Changed("idempotency-scope") && !cmd.Flags().Changed("idempotency-key") {
+			return usagef("--idempotency-scope names the namespace of --idempotency-key: give both, or neither")
+		}
+		return run(cmd, args)
+	}
 }
 
 // keyedRows prints the ledger record of a keyed operation.

@@ -47,6 +47,9 @@ func (a *app) grantFile(cmd *cobra.Command, opts fileOptions) error {
 	switch {
 	case format == "" && (strings.HasSuffix(opts.out, ".jsonl") || strings.HasSuffix(opts.out, ".ndjson")):
 		format = "jsonl"
+	case format == "" && opts.out == "-" && a.json:
+		// The outcomes take stdout, which --json promises is JSON.
+		format = "jsonl"
 	case format == "":
 		format = "csv"
 	case format != "csv" && format != "jsonl":

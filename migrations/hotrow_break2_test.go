@@ -1,0 +1,116 @@
+package migrations_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgquota/pgquota/internal/pgtest"
+	"github.com/pgquota/pgquota/migrations"
+	"github.com/pgquota/pgquota/quota"
+)
+
+// Down-migrating 00005 turns a sharded pool into a counted pool. Its shards
+// numbered their units base + 1 .. base + total, so the claims so far need
+// not hold the numbers 1 .. claimed; the counted pool then numbers new
+// claims claimed + 1, claimed + 2, ... Every unit of a pool must still have
+// a distinct number (Claim.Seq, 1 to Total), before and after, and a keyed
+// claim's stored outcome must name the unit its member holds.
+func TestDownHotrowKeepsUnitNumbersDistinct(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewEmptyURL(t)
+	db := openDB(t, dbURL, 2)
+	_, err := migrations.Up(ctx, db)
+	require.NoError(t, err)
+	require.Equal(t, int64(5), migrations.Latest(), "this test down-migrates 00005_hotrow")
+
+	pool := pgtest.Connect(t, dbURL, 4)
+	client, err := quota.New(pool, nil)
+	require.NoError(t, err)
+	// 4 units in 2 shards: shard 0 holds units 1-2, shard 1 units 3-4.
+	_, err = client.CreateShardedPool(ctx, "p", 4, 2)
+	require.NoError(t, err)
+	// While shard 0 is locked, claims skip it and take shard 1's units 3
+	// and 4.
+	tx, err := pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT 1 FROM pgquota.voucher_shard WHERE campaign = 'p' AND shard = 0 FOR UPDATE`)
+	require.NoError(t, err)
+	for _, m := range []string{"a", "b"} {
+		c, err := client.ClaimVoucher(ctx, "p", m)
+		require.NoError(t, err)
+		require.True(t, c.Claimed)
+		require.Greater(t, c.Seq, int64(2), "shard 1's units")
+	}
+	require.NoError(t, tx.Rollback(ctx))
+
+	// A keyed claim holding unit 3 of a second pool (a keyed claim waits for
+	// locked shards, so the pool is made again until its random start gives
+	// it shard 1), and an unkeyed one.
+	keyed := ""
+	for i := 0; keyed == "" && i < 40; i++ {
+		camp := fmt.Sprint("k", i)
+		_, err = client.CreateShardedPool(ctx, camp, 4, 2)
+		require.NoError(t, err)
+		c, err := client.ClaimVoucherWithKey(ctx, camp, "x", quota.IdempotencyKey{Key: "key"})
+		require.NoError(t, err)
+		if c.Seq == 3 {
+			keyed = camp
+		}
+	}
+	require.NotEmpty(t, keyed)
+	_, err = client.ClaimVoucher(ctx, keyed, "y")
+	require.NoError(t, err)
+
+	p, err := migrations.NewProvider(db)
+	require.NoError(t, err)
+	_, err = p.Down(ctx)
+	require.NoError(t, err)
+
+	// The pool is a counted pool now, with 2 units left. (A client of the
+	// release before 00005 claims it with the same statement as this one.)
+	var kind string
+	var claimed int64
+	require.NoError(t, pool.QueryRow(ctx, `SELECT kind, claimed FROM pgquota.voucher_pool WHERE campaign = 'p'`).Scan(&kind, &claimed))
+	require.Equal(t, "counted", kind)
+	require.Equal(t, int64(2), claimed)
+	after, err := quota.New(pool, nil)
+	require.NoError(t, err)
+	for _, m := range []string{"c", "d"} {
+		c, err := after.ClaimVoucher(ctx, "p", m)
+		require.NoError(t, err)
+		require.True(t, c.Claimed)
+	}
+	c, err := after.ClaimVoucher(ctx, "p", "e")
+	require.NoError(t, err)
+	require.False(t, c.Claimed, "sold out")
+
+	rows, err := pool.Query(ctx, `SELECT member, seq FROM pgquota.voucher_claim WHERE campaign = 'p' ORDER BY member`)
+	require.NoError(t, err)
+	seen := map[int64]string{}
+	for rows.Next() {
+		var m string
+		var seq int64
+		require.NoError(t, rows.Scan(&m, &seq))
+		if prev, dup := seen[seq]; dup {
+			t.Errorf("unit %d is held by both %s and %s", seq, prev, m)
+		}
+		seen[seq] = m
+		require.True(t, seq >= 1 && seq <= 4, fmt.Sprintf("unit %d of 4", seq))
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, seen, 4)
+
+	// The keyed claim's stored outcome names the unit its member holds.
+	var stored, held int64
+	require.NoError(t, pool.QueryRow(ctx, `
+		SELECT o.seq, c.seq
+		FROM pgquota.ledger l
+		JOIN pgquota.ledger_outcome o ON o.grant_id = l.grant_id
+		JOIN pgquota.voucher_claim c ON c.campaign = l.target AND c.member = l.member
+		WHERE l.target = $1 AND l.idempotency_key = 'key'`, keyed).Scan(&stored, &held))
+	require.Equal(t, held, stored)
+}
