@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
@@ -37,6 +36,8 @@ type app struct {
 
 	pool   *pgxpool.Pool
 	client *quota.Client
+	// target is where pool connects, once connect configured it.
+	target *target
 }
 
 // usageError marks an error that exits with ExitUsage.
@@ -74,7 +75,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if errors.Is(err, errDenied) {
 		return ExitDenied
 	}
-	fmt.Fprintln(stderr, "pgquota: "+oneLine(strings.TrimPrefix(err.Error(), "pgquota: ")))
+	msg := a.placeError(err).Error()
+	fmt.Fprintln(stderr, "pgquota: "+oneLine(strings.TrimPrefix(msg, "pgquota: ")))
 	var ue usageError
 	switch {
 	case errors.As(err, &ue), isCobraUsageError(err), isBadInput(err):
@@ -186,13 +188,7 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if a.pool != nil {
 		return a.pool, nil
 	}
-	dsn, source := a.databaseURL, "--database-url"
-	if dsn == "" {
-		dsn, source = os.Getenv("DATABASE_URL"), "DATABASE_URL"
-	}
-	if dsn == "" {
-		source = "the PG* environment variables"
-	}
+	dsn, source, settings := settingsSource(a.databaseURL)
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, usagef("invalid %s: %v", source, unwrapAll(err))
@@ -200,6 +196,8 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > a.connectTimeout {
 		cfg.ConnConfig.ConnectTimeout = a.connectTimeout
 	}
+	t := newTarget(&cfg.ConnConfig.Config, settings)
+	a.target = &t
 	cfg.MaxConns = int32(max(4, a.poolSize))
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -228,7 +226,8 @@ func (a *app) quotaClient(ctx context.Context) (*quota.Client, error) {
 			return nil, err
 		}
 		// A newer schema than this build knows still serves it.
-		fmt.Fprintln(a.stderr, "pgquota: warning: "+strings.TrimPrefix(err.Error(), "pgquota: "))
+		fmt.Fprintf(a.stderr, "pgquota: warning: schema in %s is at version %d, newer than this build of pgquota (%d): upgrade pgquota\n",
+			a.target, sv.Have, sv.Want)
 	}
 	a.client = client
 	return client, nil

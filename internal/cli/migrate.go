@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"strconv"
 	"text/tabwriter"
@@ -30,7 +29,7 @@ migrate at once wait for each other's lock; each migration runs once.`,
 			Short: "Apply every pending migration",
 			Args:  cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				return a.withProvider(cmd.Context(), func(ctx context.Context, _ *sql.DB, p *goose.Provider) error {
+				return a.withProvider(cmd.Context(), true, func(ctx context.Context, p *goose.Provider, _ bool) error {
 					res, err := p.Up(ctx)
 					if err != nil {
 						return fmt.Errorf("migrate up: %w", err)
@@ -44,7 +43,7 @@ migrate at once wait for each other's lock; each migration runs once.`,
 			Short: "Roll back the newest applied migration",
 			Args:  cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				return a.withProvider(cmd.Context(), func(ctx context.Context, _ *sql.DB, p *goose.Provider) error {
+				return a.withProvider(cmd.Context(), true, func(ctx context.Context, p *goose.Provider, _ bool) error {
 					res, err := p.Down(ctx)
 					if err != nil {
 						return fmt.Errorf("migrate down: %w", err)
@@ -58,10 +57,17 @@ migrate at once wait for each other's lock; each migration runs once.`,
 			Short: "List every migration and whether it is applied",
 			Args:  cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				return a.withProvider(cmd.Context(), func(ctx context.Context, _ *sql.DB, p *goose.Provider) error {
-					st, err := p.Status(ctx)
-					if err != nil {
-						return fmt.Errorf("migrate status: %w", err)
+				return a.withProvider(cmd.Context(), false, func(ctx context.Context, p *goose.Provider, installed bool) error {
+					var st []*goose.MigrationStatus
+					if installed {
+						var err error
+						if st, err = p.Status(ctx); err != nil {
+							return fmt.Errorf("migrate status: %w", err)
+						}
+					} else {
+						for _, src := range p.ListSources() {
+							st = append(st, &goose.MigrationStatus{Source: src, State: goose.StatePending})
+						}
 					}
 					type item struct {
 						Version   int64      `json:"version"`
@@ -95,8 +101,8 @@ migrate at once wait for each other's lock; each migration runs once.`,
 			Short: "Print the database's migration version and the one this build needs",
 			Args:  cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				return a.withProvider(cmd.Context(), func(ctx context.Context, _ *sql.DB, p *goose.Provider) error {
-					return a.printVersion(ctx, p)
+				return a.withProvider(cmd.Context(), false, func(ctx context.Context, p *goose.Provider, installed bool) error {
+					return a.printVersion(ctx, p, installed)
 				})
 			},
 		},
@@ -105,26 +111,32 @@ migrate at once wait for each other's lock; each migration runs once.`,
 }
 
 // withProvider runs fn with a goose provider on the target database.
-func (a *app) withProvider(ctx context.Context, fn func(context.Context, *sql.DB, *goose.Provider) error) error {
+// goose keeps its version table in the pgquota schema and creates that
+// table on first use, even to read the version, so with create the schema
+// is created first; without it (status, version) nothing is created, and
+// fn learns whether pgquota's migrations were ever run there.
+func (a *app) withProvider(ctx context.Context, create bool, fn func(ctx context.Context, p *goose.Provider, installed bool) error) error {
 	pool, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	if err := db.PingContext(ctx); err != nil {
+	var installed bool
+	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, migrations.VersionTable).Scan(&installed); err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
-	// goose keeps its version table in the pgquota schema (and creates that
-	// table even for status), so the schema must exist first.
-	if err := migrations.EnsureSchema(ctx, db); err != nil {
-		return err
+	if create && !installed {
+		if err := migrations.EnsureSchema(ctx, db); err != nil {
+			return err
+		}
+		installed = true
 	}
 	p, err := migrations.NewProvider(db)
 	if err != nil {
 		return err
 	}
-	return fn(ctx, db, p)
+	return fn(ctx, p, installed)
 }
 
 func (a *app) printResults(ctx context.Context, p *goose.Provider, res []*goose.MigrationResult) error {
@@ -146,11 +158,13 @@ func (a *app) printResults(ctx context.Context, p *goose.Provider, res []*goose.
 		return fmt.Errorf("migrate: read version: %w", err)
 	}
 	out := struct {
-		Applied []item `json:"applied"`
-		Version int64  `json:"version"`
-		Latest  int64  `json:"latest"`
-	}{items, current, migrations.Latest()}
+		Database target `json:"connection"`
+		Applied  []item `json:"applied"`
+		Version  int64  `json:"version"`
+		Latest   int64  `json:"latest"`
+	}{*a.target, items, current, migrations.Latest()}
 	return a.output(out, func(w *tabwriter.Writer) {
+		row(w, "database", out.Database.brief())
 		if len(items) == 0 {
 			row(w, "no migrations to apply")
 		}
@@ -161,16 +175,21 @@ func (a *app) printResults(ctx context.Context, p *goose.Provider, res []*goose.
 	})
 }
 
-func (a *app) printVersion(ctx context.Context, p *goose.Provider) error {
-	current, err := p.GetDBVersion(ctx)
-	if err != nil {
-		return fmt.Errorf("migrate version: %w", err)
+func (a *app) printVersion(ctx context.Context, p *goose.Provider, installed bool) error {
+	var current int64
+	if installed {
+		var err error
+		if current, err = p.GetDBVersion(ctx); err != nil {
+			return fmt.Errorf("migrate version: %w", err)
+		}
 	}
 	out := struct {
-		Version int64 `json:"version"`
-		Latest  int64 `json:"latest"`
-	}{current, migrations.Latest()}
+		Database target `json:"connection"`
+		Version  int64  `json:"version"`
+		Latest   int64  `json:"latest"`
+	}{*a.target, current, migrations.Latest()}
 	return a.output(out, func(w *tabwriter.Writer) {
+		row(w, "database", out.Database.brief())
 		row(w, "version", current)
 		row(w, "latest", out.Latest)
 	})
