@@ -38,20 +38,7 @@ migrate at once wait for each other's lock; each migration runs once.`,
 				})
 			},
 		},
-		&cobra.Command{
-			Use:   "down",
-			Short: "Roll back the newest applied migration",
-			Args:  cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error {
-				return a.withProvider(cmd.Context(), true, func(ctx context.Context, p *goose.Provider, _ bool) error {
-					res, err := p.Down(ctx)
-					if err != nil {
-						return fmt.Errorf("migrate down: %w", err)
-					}
-					return a.printResults(ctx, p, []*goose.MigrationResult{res})
-				})
-			},
-		},
+		a.migrateDownCommand(),
 		&cobra.Command{
 			Use:   "status",
 			Short: "List every migration and whether it is applied",
@@ -107,6 +94,72 @@ migrate at once wait for each other's lock; each migration runs once.`,
 			},
 		},
 	)
+	return cmd
+}
+
+func (a *app) migrateDownCommand() *cobra.Command {
+	var to int64
+	cmd := &cobra.Command{
+		Use:   "down",
+		Short: "Roll back the newest applied migration (or every one above --to)",
+		Long: `Roll back the newest applied migration, or with --to N every migration above
+version N (--to 0: all of them). At version 0 there is nothing to roll back:
+it says so and exits 0. Rolling back drops the tables of the migrations it
+undoes, with their data.
+
+To remove pgquota from a database: pgquota migrate down --to 0, then
+DROP SCHEMA pgquota CASCADE (which drops goose's pgquota.goose_db_version
+and pgquota.goose_lock tables too).`,
+		Example: `  pgquota migrate down
+  pgquota migrate down --to 0`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			byVersion := cmd.Flags().Changed("to")
+			if byVersion && (to < 0 || to > migrations.Latest()) {
+				return usagef("--to must be between 0 and %d, got %d", migrations.Latest(), to)
+			}
+			return a.withProvider(cmd.Context(), false, func(ctx context.Context, p *goose.Provider, installed bool) error {
+				var current int64
+				if installed {
+					var err error
+					if current, err = p.GetDBVersion(ctx); err != nil {
+						return fmt.Errorf("migrate down: read version: %w", err)
+					}
+				}
+				if current == 0 || (byVersion && current <= to) {
+					out := struct {
+						Connection target `json:"connection"`
+						Applied    []any  `json:"applied"`
+						Version    int64  `json:"version"`
+						Latest     int64  `json:"latest"`
+					}{*a.target, []any{}, current, migrations.Latest()}
+					return a.output(out, func(w *tabwriter.Writer) {
+						row(w, "database", out.Connection.brief())
+						if current == 0 {
+							row(w, "nothing to roll back (version 0)")
+						} else {
+							row(w, fmt.Sprintf("nothing to roll back (version %d, --to %d)", current, to))
+						}
+					})
+				}
+				var res []*goose.MigrationResult
+				if byVersion {
+					var err error
+					if res, err = p.DownTo(ctx, to); err != nil {
+						return fmt.Errorf("migrate down: %w", err)
+					}
+				} else {
+					r, err := p.Down(ctx)
+					if err != nil {
+						return fmt.Errorf("migrate down: %w", err)
+					}
+					res = append(res, r)
+				}
+				return a.printResults(ctx, p, res)
+			})
+		},
+	}
+	cmd.Flags().Int64Var(&to, "to", 0, "roll back every migration above this version (default: only the newest)")
 	return cmd
 }
 
