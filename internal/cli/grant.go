@@ -206,7 +206,7 @@ first revoke's outcome.`,
 	cmd.Flags().StringVar(&req.Quota, "quota", "", "quota name")
 	cmd.Flags().StringVar(&req.Member, "member", "", "member")
 	cmd.Flags().Int64Var(&req.Amount, "amount", 0, "units to give back")
-	cmd.Flags().Int64Var(&grantID, "grant-id", 0, "give back the units of this grant instead (see `pgquota ledger show`)")
+	cmd.Flags().Int64Var(&grantID, "grant-id", 0, "give back the units of this grant instead (a keyed grant's id: see its output, or pgquota ledger show)")
 	keyFlags(cmd, &req.Idempotency, "the quota")
 	return cmd
 }
