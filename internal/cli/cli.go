@@ -136,12 +136,16 @@ Exit status: 0 success or granted; 3 denied (limit reached, sold out, lease
 held, stale token); 2 usage error or bad input; 1 any other error.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       buildVersion(),
 	}
+	root.SetVersionTemplate(versionLine())
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL, else the libpq PG* variables)")
 	pf.BoolVar(&a.json, "json", false, "print JSON instead of aligned text")
 	pf.DurationVar(&a.connectTimeout, "connect-timeout", 10*time.Second, "give up connecting after this long")
+	// cobra prints versionLine for --version; declared here for its usage.
+	root.Flags().Bool("version", false, "print pgquota's version and the schema version it needs, then exit")
 
 	root.AddCommand(
 		needsSubcommand(a.migrateCommand()),
@@ -156,6 +160,7 @@ held, stale token); 2 usage error or bad input; 1 any other error.`,
 		a.benchCommand(),
 		needsSubcommand(a.ledgerCommand()),
 		needsSubcommand(a.outboxCommand()),
+		a.versionCommand(),
 	)
 	return root
 }
