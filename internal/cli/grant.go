@@ -37,13 +37,19 @@ reported with its line number on stderr and does not stop the others.
 A row with an idempotency_key is recorded in the ledger under a grant id
 (scope: its quota), so running the same file again replays those rows and
 grants them nothing more.
+
 --out writes every row's outcome (line, status granted/denied/error, used,
 limit, remaining, grant id and replayed for keyed rows, error) as CSV, or as
-JSON lines when the name ends in
-.jsonl or .ndjson (or with --out-format). A progress bar runs on stderr when
-it is a terminal (not with --json). The summary counts granted, denied and
-errors. Exit status 0 when every row was decided (granted or denied), 2 when
-some rows had errors, 1 when the run stopped (the database failed).`,
+JSON lines when the name ends in .jsonl or .ndjson (or with --out-format);
+in CSV an error row leaves used, limit and remaining empty. A progress bar
+runs on stderr when it is a terminal (not with --json). The summary counts granted, denied
+and errors; it goes to stdout, or to stderr with --out - (stdout then holds
+the outcomes).
+
+Exit status with --file: 0 when every row was decided, granted or denied (a
+denied row is an outcome, as for a single grant, but the run is not denied
+as a whole: read the summary or --out); 2 when some rows had errors (the
+others still ran); 1 when the run stopped (the database failed).`,
 		Example: `  pgquota grant --quota api-calls --member acme
   pgquota grant --quota vouchers --member alice --limit 1 --json
   pgquota grant --quota points --member alice --amount 50 --idempotency-key order-1234
