@@ -1,11 +1,16 @@
 package cli
 
 import (
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/require"
+
+	"github.com/pgquota/pgquota/internal/bench"
 )
 
 // walk calls fn for cmd and every command below it.
@@ -27,4 +32,33 @@ func TestFlagUsagesHaveNoBackquotes(t *testing.T) {
 		c.LocalFlags().VisitAll(check)
 		c.PersistentFlags().VisitAll(check)
 	})
+}
+
+// bench --help lists the strategies with their descriptions in one column,
+// however long the longest name.
+func TestBenchStrategyListAligned(t *testing.T) {
+	t.Parallel()
+	col := -1
+	for _, line := range strings.Split(strings.TrimSuffix(strategyList(), "\n"), "\n") {
+		name := strings.Fields(line)[0]
+		i := strings.Index(line, name) + len(name)
+		j := i + len(line[i:]) - len(strings.TrimLeft(line[i:], " "))
+		require.GreaterOrEqual(t, j-i, 2, "%q", line)
+		if col < 0 {
+			col = j
+		}
+		require.Equal(t, col, j, "%q", line)
+	}
+}
+
+// The bench says how long it will measure before it starts.
+func TestBenchPlan(t *testing.T) {
+	t.Parallel()
+	grantHot, ok := bench.Lookup("grant-hot")
+	require.True(t, ok)
+	cfg := bench.Config{Strategies: []bench.Strategy{grantHot}, Clients: []int{8, 32}, Duration: 5 * time.Second, Rounds: 3, Pgbench: true}
+	require.Equal(t, "pgquota bench: 1 strategy x 2 client counts x 5s x 3 rounds x 2 sides (library and pgbench) = 1m0s of measuring, plus setup", benchPlan(cfg))
+	cfg = bench.Config{Clients: []int{1}, Duration: 2 * time.Second, Rounds: 1}
+	require.Equal(t, fmt.Sprintf("pgquota bench: %d strategies x 1 client count x 2s x 1 round x 1 side (library only) = %s of measuring, plus setup",
+		len(bench.Strategies()), time.Duration(len(bench.Strategies()))*2*time.Second), benchPlan(cfg))
 }
