@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -129,4 +130,24 @@ func connectReason(ce *pgconn.ConnectError) string {
 		}
 	}
 	return strings.Join(lines, "; ")
+}
+
+// urlFor is a URL for database name on the server cfg connects to, as the
+// same user, without the password.
+func urlFor(cfg *pgconn.Config, name string) string {
+	u := url.URL{Scheme: "postgres", User: url.User(cfg.User), Path: "/" + name}
+	q := url.Values{}
+	if strings.HasPrefix(cfg.Host, "/") {
+		q.Set("host", cfg.Host)
+		if cfg.Port != 5432 {
+			q.Set("port", strconv.Itoa(int(cfg.Port)))
+		}
+	} else {
+		u.Host = net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port)))
+	}
+	if cfg.TLSConfig == nil {
+		q.Set("sslmode", "disable")
+	}
+	u.RawQuery = q.Encode()
+	return u.String()
 }
