@@ -21,7 +21,7 @@ const (
 	ExitOK     = 0 // success, or granted
 	ExitError  = 1 // any other error
 	ExitUsage  = 2 // usage error or bad input
-	ExitDenied = 3 // denied: limit reached, sold out, lease held, stale token
+	ExitDenied = 3 // denied: limit reached, sold out, lease held, lease lost, stale token
 )
 
 // app is the state shared by every command of one Run.
@@ -130,10 +130,13 @@ func (a *app) rootCommand() *cobra.Command {
 so that a limit checked by one statement still holds when the write lands.
 
 Connection: --database-url, else $DATABASE_URL, else the libpq PG* variables
-(PGHOST, PGPORT, PGUSER, PGDATABASE, ...).
+(PGHOST, PGPORT, PGUSER, PGDATABASE, ...), else libpq's defaults (the local
+socket, your OS user, the database named like it). Errors that depend on
+where pgquota connected name the database, host and user it used.
 
 Exit status: 0 success or granted; 3 denied (limit reached, sold out, lease
-held, stale token); 2 usage error or bad input; 1 any other error.`,
+held, lease lost, stale token); 2 usage error or bad input; 1 any other
+error.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Version:       buildVersion(),
