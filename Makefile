@@ -44,6 +44,11 @@ lint: ## gofmt, go vet, staticcheck, and go mod tidy leaving no diff
 test: ## Run every test with the race detector against PGQUOTA_TEST_DATABASE_URL (default: postgres@127.0.0.1:5432, trust auth)
 	go test -race -count=1 ./...
 
+.PHONY: clean-testdb
+clean-testdb: ## Drop the testdb_tpl_* databases tests leave on PGQUOTA_TEST_DATABASE_URL's server (templates, failed tests' databases); not while tests run there
+	psql '$(PGQUOTA_TEST_DATABASE_URL)' -Atc "SELECT format('ALTER DATABASE %I IS_TEMPLATE false; DROP DATABASE %I;', datname, datname) FROM pg_database WHERE datname LIKE 'testdb\_tpl\_%'" | \
+		psql '$(PGQUOTA_TEST_DATABASE_URL)' -v ON_ERROR_STOP=1 -q
+
 # Benchmarks: the same statement through the library and through pgbench.
 # They run against BENCH_DATABASE_URL (DATABASE_URL, else the tests' server).
 CLIENTS  ?= 8
