@@ -2,6 +2,8 @@ package cli
 
 import (
 	"fmt"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -61,4 +63,43 @@ func TestBenchPlan(t *testing.T) {
 	cfg = bench.Config{Clients: []int{1}, Duration: 2 * time.Second, Rounds: 1}
 	require.Equal(t, fmt.Sprintf("pgquota bench: %d strategies x 1 client count x 2s x 1 round x 1 side (library only) = %s of measuring, plus setup",
 		len(bench.Strategies()), time.Duration(len(bench.Strategies()))*2*time.Second), benchPlan(cfg))
+}
+
+// README's "Command line" section lists every command: a line that starts
+// with "pgquota GROUP" names each of the group's subcommands.
+func TestReadmeListsEveryCommand(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	readme := string(b)
+	start := strings.Index(readme, "## Command line")
+	require.Positive(t, start)
+	section := readme[start:]
+	section = section[:strings.Index(section[1:], "\n## ")+1]
+	var lines []string
+	for _, l := range strings.Split(section, "\n") {
+		if l = strings.TrimSpace(l); strings.HasPrefix(l, "pgquota ") {
+			lines = append(lines, l)
+		}
+	}
+	walk((&app{}).rootCommand(), func(c *cobra.Command) {
+		if c.HasSubCommands() || c.Hidden || !c.Runnable() || c.Name() == "help" || c.Parent() == nil ||
+			(c.Parent().Name() == "completion") {
+			return
+		}
+		group := strings.TrimPrefix(c.Parent().CommandPath(), "pgquota")
+		word := regexp.MustCompile(`(^|[ |(])` + regexp.QuoteMeta(c.Name()) + `($|[ |)])`)
+		for _, l := range lines {
+			if group == "" {
+				if f := strings.Fields(l); len(f) > 1 && f[1] == c.Name() {
+					return
+				}
+				continue
+			}
+			if rest, ok := strings.CutPrefix(l, "pgquota"+group+" "); ok && word.MatchString(rest) {
+				return
+			}
+		}
+		t.Errorf("README's command list has no line for %q", c.CommandPath())
+	})
 }
