@@ -5,15 +5,20 @@ STATICCHECK_VERSION := v0.8.2
 SQLC        := go run github.com/sqlc-dev/sqlc/cmd/sqlc@$(SQLC_VERSION)
 STATICCHECK := go run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
-# The server tests and benchmarks run against; see README.md.
+# The server tests run against (they create a template database and one
+# database per test); see README.md. Set it to use another server.
 PGQUOTA_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 export PGQUOTA_TEST_DATABASE_URL
+
+# The server the benchmarks run against: DATABASE_URL when set, else the
+# tests' server. Each creates its own scratch databases and drops them.
+BENCH_DATABASE_URL := $(or $(DATABASE_URL),$(PGQUOTA_TEST_DATABASE_URL))
 
 .DEFAULT_GOAL := help
 
 .PHONY: help
 help: ## List the targets
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk -v sqlc='$(SQLC_VERSION)' 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {gsub(/\$$\(SQLC_VERSION\)/, sqlc, $$2); printf "  %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: generate
 generate: ## Regenerate db/ from queries/ and migrations/ with sqlc $(SQLC_VERSION)
@@ -36,10 +41,16 @@ lint: ## gofmt, go vet, staticcheck, and go mod tidy leaving no diff
 	go mod tidy -diff
 
 .PHONY: test
-test: ## Run every test with the race detector against PGQUOTA_TEST_DATABASE_URL
+test: ## Run every test with the race detector against PGQUOTA_TEST_DATABASE_URL (default: postgres@127.0.0.1:5432, trust auth)
 	go test -race -count=1 ./...
 
+.PHONY: clean-testdb
+clean-testdb: ## Drop the testdb_tpl_* databases tests leave on PGQUOTA_TEST_DATABASE_URL's server (templates, failed tests' databases); not while tests run there
+	psql '$(PGQUOTA_TEST_DATABASE_URL)' -Atc "SELECT format('ALTER DATABASE %I IS_TEMPLATE false; DROP DATABASE %I;', datname, datname) FROM pg_database WHERE datname LIKE 'testdb\_tpl\_%'" | \
+		psql '$(PGQUOTA_TEST_DATABASE_URL)' -v ON_ERROR_STOP=1 -q
+
 # Benchmarks: the same statement through the library and through pgbench.
+# They run against BENCH_DATABASE_URL (DATABASE_URL, else the tests' server).
 CLIENTS  ?= 8
 DURATION ?= 5s
 CASES    ?= grant-hot,grant-spread,lease-acquire,fenced-write
@@ -48,19 +59,19 @@ ROUNDS   ?= 3
 HOTROW_DURATION ?= 15s
 
 .PHONY: bench
-bench: ## Run the Go benchmarks (BenchmarkGrant: hot row and spread, 1/8/32 clients)
-	go test ./quota -run '^$$' -bench Grant -benchtime 3s
+bench: ## Go benchmarks BenchmarkGrant (hot row, spread; 1/8/32 clients) and BenchmarkGrantCoalesced (8/64 clients), 3s each: about 1 minute
+	PGQUOTA_TEST_DATABASE_URL='$(BENCH_DATABASE_URL)' go test ./quota -run '^$$' -bench Grant -benchtime 3s
 
 .PHONY: bench-hotrow
-bench-hotrow: ## Hot row at 64 clients: coalesced grants and a 32-shard pool beside pgbench on the single-row statements: make bench-hotrow HOTROW_DURATION=15s ROUNDS=3
-	go run ./cmd/pgquota --database-url "$(PGQUOTA_TEST_DATABASE_URL)" bench --pgbench \
+bench-hotrow: ## Hot row at 64 clients: coalesced grants and a 32-shard pool beside pgbench on the single-row statements; HOTROW_DURATION=15s ROUNDS=3: 4 x 15s x 3 x 2 sides, about 7 minutes
+	go run ./cmd/pgquota --database-url '$(BENCH_DATABASE_URL)' bench --pgbench \
 		--strategy grant-hot,grant-hot-coalesced,voucher-claim,voucher-sharded --clients 64 --duration $(HOTROW_DURATION) --rounds $(ROUNDS)
 
 .PHONY: bench-bulk
 bench-bulk: ## Bulk grants (grant --file's engine): rows/s on 100,000 distinct members, new and existing counters, 1/2/4/8 workers
-	go test ./internal/bulk -run '^$$' -bench Run -benchtime 2x
+	PGQUOTA_TEST_DATABASE_URL='$(BENCH_DATABASE_URL)' go test ./internal/bulk -run '^$$' -bench Run -benchtime 2x
 
 .PHONY: bench-compare
-bench-compare: ## Library vs pgbench on the same SQL: make bench-compare CLIENTS=8,32 CASES=lease-acquire,fenced-write ROUNDS=3; ends with "ratio <case> <library/pgbench>" lines
-	go run ./cmd/pgquota --database-url "$(PGQUOTA_TEST_DATABASE_URL)" bench --pgbench \
+bench-compare: ## Library vs pgbench on the same SQL; CASES, CLIENTS=8, DURATION=5s, ROUNDS=3: cases x clients x 5s x 3 x 2 sides, about 2-3 minutes by default; ends with "ratio <case> <library/pgbench>" lines
+	go run ./cmd/pgquota --database-url '$(BENCH_DATABASE_URL)' bench --pgbench \
 		--strategy $(CASES) --clients $(CLIENTS) --duration $(DURATION) --rounds $(ROUNDS)

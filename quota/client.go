@@ -63,9 +63,12 @@ type Config struct {
 // Client runs pgquota's operations on a connection pool. It is safe for
 // concurrent use by many goroutines.
 //
-// Every state-changing call X has a twin XTx that runs inside the caller's
-// pgx.Tx, so the caller's own writes and pgquota's commit or roll back
-// together.
+// The calls that change quota, voucher, lease, fence, ledger and outbox
+// state have a twin XTx that runs inside the caller's pgx.Tx (GrantTx,
+// RevokeGrantTx, ClaimVoucherTx, AcquireTx, FenceWriteTx, EnqueueTx, ...),
+// so the caller's own writes and pgquota's commit or roll back together.
+// The exceptions own their transactions or wait between them: AcquireWait,
+// GrantFenced, Keepalive, the Relay, ReapLedger, ReapOutbox and Migrate.
 type Client struct {
 	pool *pgxpool.Pool
 	// db runs single statements on pool and retries serialization failures

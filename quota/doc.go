@@ -53,9 +53,11 @@
 //
 // # Using it
 //
-// New takes a *pgxpool.Pool. Every state-changing call X has a twin XTx
-// that runs in the caller's pgx.Tx, so the application's own writes and
-// pgquota's commit or roll back together:
+// New takes a *pgxpool.Pool. The calls that change quota, voucher, lease,
+// fence, ledger and outbox state have a twin XTx that runs in the caller's
+// pgx.Tx, so the application's own writes and pgquota's commit or roll back
+// together (the exceptions, which own their transactions or wait between
+// them, are listed on Client):
 //
 //	client, err := quota.New(pool, nil)
 //	...

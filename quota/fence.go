@@ -105,10 +105,21 @@ func FenceError(err error) error {
 		}
 		return e
 	case SQLStateLeaseNotHeld:
-		return fmt.Errorf("%w: %s: %w", ErrLeaseLost, strings.TrimPrefix(pgErr.Message, "pgquota: "), pgErr)
+		return &leaseNotHeldError{pgErr: pgErr}
 	}
 	return err
 }
+
+// leaseNotHeldError is FenceError's error for SQLSTATE PQ002. Its text is
+// the server's message once (wrapping the *pgconn.PgError with %w would
+// print it twice); it unwraps to ErrLeaseLost and the *pgconn.PgError.
+type leaseNotHeldError struct{ pgErr *pgconn.PgError }
+
+func (e *leaseNotHeldError) Error() string {
+	return fmt.Sprintf("pgquota: lease lost: %s (SQLSTATE %s)", strings.TrimPrefix(e.pgErr.Message, "pgquota: "), e.pgErr.Code)
+}
+
+func (e *leaseNotHeldError) Unwrap() []error { return []error{ErrLeaseLost, e.pgErr} }
 
 // FenceWriteRequest is one fenced write.
 type FenceWriteRequest struct {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -96,6 +97,9 @@ func TestFenceLeaseCheck(t *testing.T) {
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr)
 	require.Equal(t, quota.SQLStateLeaseNotHeld, pgErr.Code)
+	// The server's message, said once.
+	require.Equal(t, "pgquota: lease lost: lease r is not held with token "+strconv.FormatInt(h1.Token, 10)+
+		" (expired, released or never acquired with it) (SQLSTATE PQ002)", err.Error())
 
 	h2 := b.acquire(t, "r", "two", time.Minute)
 	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "r", Key: "k", Value: "x", Token: h1.Token, Lease: "r"})

@@ -323,7 +323,9 @@ func (c *Client) leaseLost(ctx context.Context, x db.DBTX, op, name string, toke
 	case r.Token != token:
 		return fmt.Errorf("%w: cannot %s lease %q with token %d: it was acquired since with token %d", ErrLeaseLost, op, name, token, r.Token)
 	default:
-		return fmt.Errorf("%w: cannot %s lease %q with token %d: it expired at %s", ErrLeaseLost, op, name, token, r.ExpiresAt.Time.UTC().Format(time.RFC3339Nano))
+		// Release ends a lease by setting its expiry to the release time,
+		// so the row cannot tell a release from an expiry.
+		return fmt.Errorf("%w: cannot %s lease %q with token %d: it was released or expired at %s", ErrLeaseLost, op, name, token, r.ExpiresAt.Time.UTC().Format(time.RFC3339Nano))
 	}
 }
 

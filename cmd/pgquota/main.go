@@ -2,8 +2,8 @@
 // fencing tokens, and applies pgquota's migrations, from a shell.
 //
 // Run `pgquota --help` for the commands. Exit status: 0 success or granted,
-// 3 denied (limit reached, sold out, lease held, stale token), 2 usage error
-// or bad input, 1 any other error.
+// 3 denied (limit reached, sold out, lease held, lease lost, stale token), 2
+// usage error or bad input, 1 any other error.
 package main
 
 import (

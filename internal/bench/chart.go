@@ -104,7 +104,13 @@ func WriteChart(rep *Report, path string) error {
 	if len(ticks) == 1 {
 		// One client count: widen the axis around it.
 		p.X.Min, p.X.Max = ticks[0].Value/2, ticks[0].Value*2
+	} else {
+		// Room for the glyphs of the first and last client counts.
+		p.X.Min, p.X.Max = p.X.Min/1.08, p.X.Max*1.08
 	}
+	// Room above the highest point, so that its glyph is not cut off.
+	p.Y.Max *= 1.08
+	p.Title.Padding = vg.Points(8)
 
 	const w, h = 10 * vg.Inch, 5.5 * vg.Inch
 	legendWidth := 2.6 * vg.Inch
@@ -120,7 +126,8 @@ func WriteChart(rep *Report, path string) error {
 		c := vgimg.PngCanvas{Canvas: vgimg.New(w, h)}
 		canvas, dc = c, draw.New(c)
 	}
-	p.Draw(draw.Crop(dc, 0, -legendWidth, 0, 0))
+	// A margin at the top, so that the title does not touch the edge.
+	p.Draw(draw.Crop(dc, 0, -legendWidth, 0, -vg.Points(6)))
 	legend.Draw(draw.Crop(dc, w-legendWidth+vg.Points(8), 0, 0, -vg.Points(30)))
 
 	f, err := os.Create(path)

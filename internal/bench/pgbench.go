@@ -203,7 +203,13 @@ func RunPgbench(ctx context.Context, script *Script, opt PgbenchOptions) (Pgbenc
 		res.CPUMicrosPerOp = float64((st.UserTime() + st.SystemTime()).Microseconds()) / float64(res.Transactions)
 	}
 	if res.Transactions == 0 {
-		res.Note = fmt.Sprintf("pgbench processed no transaction (its connections took %.0f ms of the run)", res.ConnectMS)
+		run := "its run"
+		if opt.Transactions == 0 {
+			run = "its " + opt.Duration.String() + " run"
+		}
+		res.Note = fmt.Sprintf("pgbench completed no transaction in %s (opening its %d connections took %.0f ms of it): "+
+			"the machine is likely overloaded; try a longer --duration, fewer --clients, or a quieter machine",
+			run, opt.Clients, res.ConnectMS)
 	}
 	// pgbench aborts a client on an error it does not retry and still
 	// exits 0 when others ran; say so instead of reporting a partial run.

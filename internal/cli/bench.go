@@ -83,6 +83,10 @@ needs CREATEDB) and drops afterwards. Strategies:
 			if err != nil {
 				return err
 			}
+			if !a.json {
+				// Before the run: it can take minutes.
+				fmt.Fprintln(a.stdout, benchPlan(cfg))
+			}
 			if w := a.progressWriter(noProgress); w != nil {
 				bar := newProgressBar(w)
 				cfg.Progress = func(label string, done, total time.Duration) {
@@ -124,12 +128,42 @@ func strategyNames() []string {
 	return names
 }
 
+// strategyList lists the strategies for --help, their descriptions
+// aligned after the longest name.
 func strategyList() string {
+	width := 0
+	for _, s := range bench.Strategies() {
+		width = max(width, len(s.Name()))
+	}
 	var sb strings.Builder
 	for _, s := range bench.Strategies() {
-		fmt.Fprintf(&sb, "  %-14s %s\n", s.Name(), s.Describe())
+		fmt.Fprintf(&sb, "  %-*s  %s\n", width, s.Name(), s.Describe())
 	}
 	return sb.String()
+}
+
+// benchPlan says how long the bench measures, before it starts: strategies
+// x client counts x duration x rounds x sides (library, pgbench).
+func benchPlan(cfg bench.Config) string {
+	strategies := len(cfg.Strategies)
+	if strategies == 0 {
+		strategies = len(bench.Strategies())
+	}
+	sides, sideWord := 1, "library only"
+	if cfg.Pgbench {
+		sides, sideWord = 2, "library and pgbench"
+	}
+	total := time.Duration(strategies*len(cfg.Clients)*cfg.Rounds*sides) * cfg.Duration
+	return fmt.Sprintf("pgquota bench: %s x %s x %s x %s x %s (%s) = %s of measuring, plus setup",
+		plural(strategies, "strategy", "strategies"), plural(len(cfg.Clients), "client count", "client counts"),
+		cfg.Duration, plural(cfg.Rounds, "round", "rounds"), plural(sides, "side", "sides"), sideWord, total)
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }
 
 // progressWriter returns stderr when a progress bar belongs there: not
@@ -187,7 +221,8 @@ func benchText(w *tabwriter.Writer, rep *bench.Report, chart string) {
 	_ = w.Flush()
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "ops/s: operations completed per second; p50/p95/p99: latency of one operation as its client saw it, in ms;")
-	fmt.Fprintln(w, "retries: transactions retried after a serialization failure; errors: operations that failed.")
+	fmt.Fprintln(w, "retries: transactions the serializable strategy retried after a serialization failure (40001) or deadlock (40P01);")
+	fmt.Fprintln(w, "the other strategies show 0 (pgquota's own calls retry inside the library, uncounted). errors: operations that failed.")
 	if withPgbench {
 		fmt.Fprintln(w, "pgbench/s and pgb p50..p99: pgbench -M prepared on the same SQL, clients and duration; ratio: ops/s / pgbench/s.")
 		fmt.Fprintln(w, "A strategy measured against another one's SQL says so on its ratio line (pgbench ran ...).")

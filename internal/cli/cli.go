@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
@@ -22,7 +21,7 @@ const (
 	ExitOK     = 0 // success, or granted
 	ExitError  = 1 // any other error
 	ExitUsage  = 2 // usage error or bad input
-	ExitDenied = 3 // denied: limit reached, sold out, lease held, stale token
+	ExitDenied = 3 // denied: limit reached, sold out, lease held, lease lost, stale token
 )
 
 // app is the state shared by every command of one Run.
@@ -37,6 +36,8 @@ type app struct {
 
 	pool   *pgxpool.Pool
 	client *quota.Client
+	// target is where pool connects, once connect configured it.
+	target *target
 }
 
 // usageError marks an error that exits with ExitUsage.
@@ -74,7 +75,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if errors.Is(err, errDenied) {
 		return ExitDenied
 	}
-	fmt.Fprintln(stderr, "pgquota: "+oneLine(strings.TrimPrefix(err.Error(), "pgquota: ")))
+	msg := a.placeError(err).Error()
+	fmt.Fprintln(stderr, "pgquota: "+oneLine(strings.TrimPrefix(msg, "pgquota: ")))
 	var ue usageError
 	switch {
 	case errors.As(err, &ue), isCobraUsageError(err), isBadInput(err):
@@ -128,18 +130,25 @@ func (a *app) rootCommand() *cobra.Command {
 so that a limit checked by one statement still holds when the write lands.
 
 Connection: --database-url, else $DATABASE_URL, else the libpq PG* variables
-(PGHOST, PGPORT, PGUSER, PGDATABASE, ...).
+(PGHOST, PGPORT, PGUSER, PGDATABASE, ...), else libpq's defaults (the local
+socket, your OS user, the database named like it). Errors that depend on
+where pgquota connected name the database, host and user it used.
 
 Exit status: 0 success or granted; 3 denied (limit reached, sold out, lease
-held, stale token); 2 usage error or bad input; 1 any other error.`,
+held, lease lost, stale token); 2 usage error or bad input; 1 any other
+error.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       buildVersion(),
 	}
+	root.SetVersionTemplate(versionLine())
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	pf := root.PersistentFlags()
 	pf.StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL, else the libpq PG* variables)")
 	pf.BoolVar(&a.json, "json", false, "print JSON instead of aligned text")
 	pf.DurationVar(&a.connectTimeout, "connect-timeout", 10*time.Second, "give up connecting after this long")
+	// cobra prints versionLine for --version; declared here for its usage.
+	root.Flags().Bool("version", false, "print pgquota's version and the schema version it needs, then exit")
 
 	root.AddCommand(
 		needsSubcommand(a.migrateCommand()),
@@ -154,6 +163,7 @@ held, stale token); 2 usage error or bad input; 1 any other error.`,
 		a.benchCommand(),
 		needsSubcommand(a.ledgerCommand()),
 		needsSubcommand(a.outboxCommand()),
+		a.versionCommand(),
 	)
 	return root
 }
@@ -186,13 +196,7 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if a.pool != nil {
 		return a.pool, nil
 	}
-	dsn, source := a.databaseURL, "--database-url"
-	if dsn == "" {
-		dsn, source = os.Getenv("DATABASE_URL"), "DATABASE_URL"
-	}
-	if dsn == "" {
-		source = "the PG* environment variables"
-	}
+	dsn, source, settings := settingsSource(a.databaseURL)
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		return nil, usagef("invalid %s: %v", source, unwrapAll(err))
@@ -200,6 +204,8 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > a.connectTimeout {
 		cfg.ConnConfig.ConnectTimeout = a.connectTimeout
 	}
+	t := newTarget(&cfg.ConnConfig.Config, settings)
+	a.target = &t
 	cfg.MaxConns = int32(max(4, a.poolSize))
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -228,7 +234,8 @@ func (a *app) quotaClient(ctx context.Context) (*quota.Client, error) {
 			return nil, err
 		}
 		// A newer schema than this build knows still serves it.
-		fmt.Fprintln(a.stderr, "pgquota: warning: "+strings.TrimPrefix(err.Error(), "pgquota: "))
+		fmt.Fprintf(a.stderr, "pgquota: warning: schema in %s is at version %d, newer than this build of pgquota (%d): upgrade pgquota\n",
+			a.target, sv.Have, sv.Want)
 	}
 	a.client = client
 	return client, nil

@@ -624,3 +624,31 @@ func TestConcurrentGrantProcesses(t *testing.T) {
 	require.Equal(t, 1, strings.Count(stderr, "\n"), stderr)
 	require.True(t, strings.HasPrefix(stderr, "pgquota: "), stderr)
 }
+
+// Small messages: each names what to fix.
+func TestSmallMessages(t *testing.T) {
+	t.Parallel()
+	dbURL := migratedURL(t)
+
+	// ledger show --key without --scope names --scope.
+	requireError(t, runDB(t, dbURL, "ledger", "show", "--key", "k"), cli.ExitUsage, "--scope")
+	requireError(t, runDB(t, dbURL, "ledger", "show", "--scope", "s"), cli.ExitUsage, "--key")
+
+	// voucher import: a bad code is named by its line in the file, not by
+	// its place among the codes (blank lines are skipped).
+	file := filepath.Join(t.TempDir(), "codes.txt")
+	require.NoError(t, os.WriteFile(file, []byte("AAA\n\n\nB\x01B\n"), 0o600))
+	requireError(t, runDB(t, dbURL, "voucher", "import", "--campaign", "c", "--file", file), cli.ExitUsage,
+		"--file "+file+" line 4: invalid code \"B\\x01B\"", "control characters")
+
+	// quota limits lists per-member limits.
+	out := ok(t, dbURL, "quota", "limits", "--name", "q")
+	require.Contains(t, out, "no member of q has a limit of its own")
+	ok(t, dbURL, "quota", "set-limit", "--name", "q", "--member", "vip", "--limit", "7")
+	out = ok(t, dbURL, "quota", "limits", "--name", "q")
+	require.Regexp(t, `(?m)^MEMBER\s+LIMIT\s+UPDATED$`, out)
+	require.Regexp(t, `(?m)^vip\s+7\s+\S+$`, out)
+	ms := okJSON(t, dbURL, cli.ExitOK, "quota", "limits", "--name", "q").([]any)
+	require.Len(t, ms, 1)
+	requireError(t, runDB(t, dbURL, "quota", "limits", "--name", "nope"), cli.ExitUsage, "quota not found")
+}

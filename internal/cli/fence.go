@@ -25,10 +25,17 @@ SQLSTATE PQ001). Equal tokens are accepted: the current holder may write again.`
 	write := &cobra.Command{
 		Use:   "write",
 		Short: "Write a fenced value with a token (exit 3 when the token is stale)",
-		Long: `Write --value under --key of --resource with fencing token --token. By default
-the token must also belong to the pgquota lease named like the resource (or
---lease), held now; --external skips that check for tokens from another lock
-service (an etcd revision, a ZooKeeper zxid).`,
+		Long: `Write --value under --key of --resource, carrying fencing token --token. The
+write lands only if --token is at least the highest token the resource has
+seen, whichever key that was for; otherwise exit 3 (SQLSTATE PQ001).
+
+The token must also belong to the pgquota lease that is held now, and by
+default that is the lease named like the resource: --resource report checks
+lease "report". --lease NAME checks the lease NAME instead. A token of a
+lease that expired, was released, or never issued it is refused: exit 3
+(SQLSTATE PQ002). --external skips the lease check, for tokens from another
+lock service that increase with each holder (an etcd revision, a ZooKeeper
+zxid); the highest-token check still applies.`,
 		Example: `  pgquota fence write --resource report --key status --token 42 --value done
   pgquota fence write --resource orders --key o-17 --token 7719 --value paid --external`,
 		Args: cobra.NoArgs,
@@ -46,7 +53,12 @@ service (an etcd revision, a ZooKeeper zxid).`,
 			}
 			r, err := c.FenceWrite(cmd.Context(), req)
 			if errors.Is(err, quota.ErrStaleToken) || errors.Is(err, quota.ErrLeaseLost) {
-				fmt.Fprintln(a.stderr, "pgquota: "+oneLine(trimPrefix(err.Error())))
+				msg := oneLine(trimPrefix(err.Error()))
+				if errors.Is(err, quota.ErrLeaseLost) && !cmd.Flags().Changed("lease") {
+					msg += fmt.Sprintf("; the token must belong to the lease held now under the name %q (--lease defaults to --resource): "+
+						"give --lease NAME for a lease named otherwise, or --external for a token from another lock service", req.Lease)
+				}
+				fmt.Fprintln(a.stderr, "pgquota: "+msg)
 				return errDenied
 			}
 			if err != nil {
@@ -62,8 +74,8 @@ service (an etcd revision, a ZooKeeper zxid).`,
 	write.Flags().StringVar(&key, "key", "", "key within the resource (required)")
 	write.Flags().Int64Var(&token, "token", 0, "fencing token (required)")
 	write.Flags().StringVar(&value, "value", "", "value to write")
-	write.Flags().StringVar(&lease, "lease", "", "pgquota lease the token belongs to (default: --resource)")
-	write.Flags().BoolVar(&external, "external", false, "the token comes from another lock service: no lease check")
+	write.Flags().StringVar(&lease, "lease", "", "the pgquota lease, held now, that issued --token (default: the lease named like --resource)")
+	write.Flags().BoolVar(&external, "external", false, "the token comes from another lock service (etcd, ZooKeeper): skip the lease check")
 	_ = write.MarkFlagRequired("resource")
 	_ = write.MarkFlagRequired("key")
 	_ = write.MarkFlagRequired("token")

@@ -37,13 +37,20 @@ reported with its line number on stderr and does not stop the others.
 A row with an idempotency_key is recorded in the ledger under a grant id
 (scope: its quota), so running the same file again replays those rows and
 grants them nothing more.
+
 --out writes every row's outcome (line, status granted/denied/error, used,
 limit, remaining, grant id and replayed for keyed rows, error) as CSV, or as
-JSON lines when the name ends in
-.jsonl or .ndjson, or with --out - and --json (or with --out-format). A progress bar runs on stderr when
-it is a terminal (not with --json). The summary counts granted, denied and
-errors. Exit status 0 when every row was decided (granted or denied), 2 when
-some rows had errors, 1 when the run stopped (the database failed).`,
+JSON lines when the name ends in .jsonl or .ndjson, or with --out - and
+--json (or with --out-format);
+in CSV an error row leaves used, limit and remaining empty. A progress bar
+runs on stderr when it is a terminal (not with --json). The summary counts granted, denied
+and errors; it goes to stdout, or to stderr with --out - (stdout then holds
+the outcomes).
+
+Exit status with --file: 0 when every row was decided, granted or denied (a
+denied row is an outcome, as for a single grant, but the run is not denied
+as a whole: read the summary or --out); 2 when some rows had errors (the
+others still ran); 1 when the run stopped (the database failed).`,
 		Example: `  pgquota grant --quota api-calls --member acme
   pgquota grant --quota vouchers --member alice --limit 1 --json
   pgquota grant --quota points --member alice --amount 50 --idempotency-key order-1234
@@ -215,7 +222,7 @@ first revoke's outcome.`,
 	cmd.Flags().StringVar(&req.Quota, "quota", "", "quota name")
 	cmd.Flags().StringVar(&req.Member, "member", "", "member")
 	cmd.Flags().Int64Var(&req.Amount, "amount", 0, "units to give back")
-	cmd.Flags().Int64Var(&grantID, "grant-id", 0, "give back the units of this grant instead (see `pgquota ledger show`)")
+	cmd.Flags().Int64Var(&grantID, "grant-id", 0, "give back the units of this grant instead (a keyed grant's id: see its output, or pgquota ledger show)")
 	keyFlags(cmd, &req.Idempotency, "the quota")
 	return cmd
 }

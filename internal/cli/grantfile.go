@@ -124,6 +124,15 @@ func (a *app) grantFile(cmd *cobra.Command, opts fileOptions) error {
 				rec[6] = strconv.FormatInt(o.Used, 10)
 				rec[7] = strconv.FormatInt(o.Limit, 10)
 				rec[8] = strconv.FormatInt(o.Remaining, 10)
+				if o.Status == bulk.StatusError {
+					// Nothing was decided: no counter values. An amount
+					// of 0 is one that did not parse (the error names
+					// the file's value) or was 0 (invalid either way).
+					rec[6], rec[7], rec[8] = "", "", ""
+					if o.Amount == 0 {
+						rec[3] = ""
+					}
+				}
 				rec[9], rec[10] = "", ""
 				if o.GrantID != 0 {
 					rec[9], rec[10] = strconv.FormatInt(o.GrantID, 10), strconv.FormatBool(o.Replayed)
@@ -178,7 +187,11 @@ func (a *app) grantFile(cmd *cobra.Command, opts fileOptions) error {
 		fmt.Fprintf(a.stderr, "pgquota: ... and %d more bad rows%s\n", bad-maxBadLines, seeOut(opts.out))
 	}
 	res := fileSummary{Summary: sum, File: opts.path, Out: opts.out}
-	if opts.out != "-" {
+	if opts.out == "-" {
+		// stdout carries the outcomes: the summary goes to stderr.
+		fmt.Fprintf(a.stderr, "pgquota: %s: %d rows: %d granted, %d denied, %d errors; %d batches in %.2fs (%.0f rows/s)\n",
+			fileName(opts.path), sum.Rows, sum.Granted, sum.Denied, sum.Errors, sum.Batches, sum.Seconds, sum.RowsPerSec)
+	} else {
 		if err := a.output(res, func(w *tabwriter.Writer) {
 			row(w, "file", res.File)
 			row(w, "rows", sum.Rows)
@@ -202,6 +215,14 @@ func (a *app) grantFile(cmd *cobra.Command, opts fileOptions) error {
 		return usagef("%d of %d rows had errors and were not granted (their lines are listed above%s)", sum.Errors, sum.Rows, seeOut(opts.out))
 	}
 	return nil
+}
+
+// fileName names --file in messages.
+func fileName(path string) string {
+	if path == "-" {
+		return "stdin"
+	}
+	return path
 }
 
 func seeOut(out string) string {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -49,8 +50,10 @@ func TestGrantFile(t *testing.T) {
 		"3,lim,a,1,,granted,2,2,0,,,\n"+
 		"4,lim,a,1,,denied,2,2,0,,,\n"+
 		"5,q,b,5,,granted,5,10,5,,,\n", strings.Join(strings.SplitAfter(string(results), "\n")[:5], ""))
-	require.Contains(t, string(results), "\n6,q,c,1,,error,0,0,0,,,")
-	require.Contains(t, string(results), "\n8,nope,e,1,,error,0,0,0,,,\"quota not found")
+	// Error rows: no counter values, and no amount when it did not parse.
+	require.Contains(t, string(results), "\n6,q,c,1,,error,,,,,,")
+	require.Contains(t, string(results), "\n7,lim,d,,,error,,,,,,\"amount: not an integer: \"\"x\"\"\"\n")
+	require.Contains(t, string(results), "\n8,nope,e,1,,error,,,,,,\"quota not found")
 
 	// The counters hold exactly the granted rows.
 	out2 := ok(t, dbURL, "usage", "--quota", "lim", "--member", "a")
@@ -75,11 +78,13 @@ func TestGrantFile(t *testing.T) {
 	require.Equal(t, "granted", first["status"])
 	require.Equal(t, float64(2), first["line"])
 
-	// --out - writes the outcomes to stdout, with no summary there.
+	// --out - writes the outcomes to stdout, with no summary there: it
+	// goes to stderr.
 	r = runDB(t, dbURL, "grant", "--file", clean, "--out", "-", "--out-format", "jsonl")
 	require.Equal(t, cli.ExitOK, r.code)
 	require.Equal(t, 2, strings.Count(r.stdout, "\n"))
 	require.Contains(t, r.stdout, `"status":"denied"`)
+	require.Regexp(t, `^pgquota: `+regexp.QuoteMeta(clean)+`: 2 rows: 1 granted, 1 denied, 0 errors; \d+ batches in \S+s \(\d+ rows/s\)\n$`, r.stderr)
 }
 
 func TestGrantFileUsageErrors(t *testing.T) {

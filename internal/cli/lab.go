@@ -54,7 +54,14 @@ run, 1 otherwise.`,
 			if err != nil {
 				return err
 			}
-			if err := a.output(rep, func(w *tabwriter.Writer) { labText(w, rep) }); err != nil {
+			if err := a.output(rep, func(w *tabwriter.Writer) {
+				labText(w, rep)
+				if rep.Kept {
+					conn := &admin.Config().ConnConfig.Config
+					fmt.Fprintf(w, "\nkept scratch database %s (--keep):\n  connect: psql '%s'\n  drop:    psql '%s' -c 'DROP DATABASE %s'\n",
+						rep.Database, urlFor(conn, rep.Database), urlFor(conn, conn.Database), rep.Database)
+				}
+			}); err != nil {
 				return err
 			}
 			if len(rep.Violations) > 0 {
@@ -73,7 +80,7 @@ run, 1 otherwise.`,
 	f.IntVar(&cfg.Runs, "runs", cfg.Runs, "repeat the experiment; prints min/median/max")
 	f.StringVar(&cfg.RedisURL, "redis-url", cfg.RedisURL, "Redis server for redis-lock")
 	f.StringSliceVar(&cfg.Strategies, "strategy", nil, "strategies to run (default all): "+strings.Join(lab.Names(), ","))
-	f.BoolVar(&cfg.Keep, "keep", false, "keep the scratch database instead of dropping it")
+	f.BoolVar(&cfg.Keep, "keep", false, "keep the scratch database instead of dropping it (the output says how to connect to it and drop it)")
 	return cmd
 }
 

@@ -2,9 +2,11 @@ package cli_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"encoding/xml"
 	"image/png"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -197,4 +199,37 @@ func requireSVG(t *testing.T, path string) {
 	}
 	require.Equal(t, "svg", root)
 	require.Contains(t, string(b), "grant-hot")
+}
+
+// lab --keep says how to connect to the kept database and how to drop it,
+// and those commands' URLs work.
+func TestLabKeep(t *testing.T) {
+	t.Parallel()
+	out, errs, code := runOut(t, "lab", "--keep", "--requests", "3", "--strategy", "conditional")
+	require.Equal(t, cli.ExitOK, code, errs)
+	m := regexp.MustCompile(`(?m)^kept scratch database (\S+) \(--keep\):\n  connect: psql '([^']+)'\n  drop:    psql '([^']+)' -c 'DROP DATABASE (\S+)'$`).FindStringSubmatch(out)
+	require.NotNil(t, m, out)
+	require.Equal(t, m[1], m[4])
+	require.NotContains(t, out, "password")
+	// The printed URLs leave the password out; the test adds the base
+	// URL's back.
+	withPassword := func(s string) string {
+		base, err := url.Parse(pgtest.BaseURL(t))
+		require.NoError(t, err)
+		u, err := url.Parse(s)
+		require.NoError(t, err)
+		if p, ok := base.User.Password(); ok {
+			require.NotContains(t, out, p)
+			u.User = url.UserPassword(u.User.Username(), p)
+		}
+		return u.String()
+	}
+	admin := pgtest.Connect(t, withPassword(m[3]), 1)
+	kept := pgtest.Connect(t, withPassword(m[2]), 1)
+	var name string
+	require.NoError(t, kept.QueryRow(context.Background(), `SELECT current_database()`).Scan(&name))
+	require.Equal(t, m[1], name)
+	kept.Close()
+	_, err := admin.Exec(context.Background(), `DROP DATABASE `+m[4]+` WITH (FORCE)`)
+	require.NoError(t, err)
 }

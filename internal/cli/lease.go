@@ -37,6 +37,9 @@ so that a holder that lost its lease cannot overwrite its successor's work.`,
 			if err != nil {
 				return err
 			}
+			if holder == "" {
+				holder = defaultHolder()
+			}
 			req := quota.AcquireRequest{Name: name, Holder: holder, TTL: ttl}
 			var l quota.Lease
 			if wait {
@@ -67,8 +70,8 @@ so that a holder that lost its lease cannot overwrite its successor's work.`,
 	}
 	acquire.Flags().StringVar(&name, "name", "", "lease name (required)")
 	acquire.Flags().DurationVar(&ttl, "ttl", 30*time.Second, "how long the lease lasts unless renewed")
-	acquire.Flags().StringVar(&holder, "holder", defaultHolder(), "holder name shown to others")
-	acquire.Flags().BoolVar(&wait, "wait", false, "wait until the lease is free (until interrupted)")
+	acquire.Flags().StringVar(&holder, "holder", "", "holder name shown to others (default: hostname:pid of the running command)")
+	acquire.Flags().BoolVar(&wait, "wait", false, "when another holds the lease, wait until it is free (until interrupted) instead of exiting 3")
 	_ = acquire.MarkFlagRequired("name")
 
 	renew := &cobra.Command{

@@ -152,3 +152,23 @@ func TestCLIFenceExternalAndGuard(t *testing.T) {
 	code, _, errOut = runLease(t, dbURL, "fence", "guard", "--table", "orders", "--column", "nope")
 	require.Equal(t, cli.ExitUsage, code, errOut)
 }
+
+// After a release, renewing with the old token says the lease was released
+// or expired (the row keeps the release time as its expiry); acquire's
+// --help describes the default holder instead of showing the help's own
+// pid.
+func TestCLILeaseReleasedMessage(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewURL(t)
+	tok := fmt.Sprint(acquireJSON(t, dbURL, "--name", "job", "--ttl", "1m"))
+	out := ok(t, dbURL, "lease", "show", "--name", "job")
+	require.Regexp(t, `(?m)^holder\s+\S+:\d+$`, out, "the default holder is hostname:pid")
+	ok(t, dbURL, "lease", "release", "--name", "job", "--token", tok)
+	r := runDB(t, dbURL, "lease", "renew", "--name", "job", "--token", tok)
+	requireError(t, r, cli.ExitDenied, `cannot renew lease "job" with token `+tok+": it was released or expired at ")
+
+	help := run(t, "lease", "acquire", "--help")
+	require.Equal(t, cli.ExitOK, help.code)
+	require.Contains(t, help.stdout, "(default: hostname:pid of the running command)")
+	require.NotRegexp(t, `default "[^"]*:\d+"`, help.stdout)
+}

@@ -30,6 +30,9 @@ func (a *app) ledgerCommand() *cobra.Command {
 			if byID == byKey {
 				return usagef("give either --grant-id, or --scope and --key")
 			}
+			if byKey && (!cmd.Flags().Changed("scope") || !cmd.Flags().Changed("key")) {
+				return usagef("--key and --scope go together: give both (the scope is the quota or campaign name unless the operation gave --idempotency-scope)")
+			}
 			c, err := a.quotaClient(cmd.Context())
 			if err != nil {
 				return err

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"strconv"
 	"text/tabwriter"
@@ -30,7 +29,7 @@ migrate at once wait for each other's lock; each migration runs once.`,
 			Short: "Apply every pending migration",
 			Args:  cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				return a.withProvider(cmd.Context(), func(ctx context.Context, _ *sql.DB, p *goose.Provider) error {
+				return a.withProvider(cmd.Context(), true, func(ctx context.Context, p *goose.Provider, _ bool) error {
 					res, err := p.Up(ctx)
 					if err != nil {
 						return fmt.Errorf("migrate up: %w", err)
@@ -39,29 +38,23 @@ migrate at once wait for each other's lock; each migration runs once.`,
 				})
 			},
 		},
-		&cobra.Command{
-			Use:   "down",
-			Short: "Roll back the newest applied migration",
-			Args:  cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error {
-				return a.withProvider(cmd.Context(), func(ctx context.Context, _ *sql.DB, p *goose.Provider) error {
-					res, err := p.Down(ctx)
-					if err != nil {
-						return fmt.Errorf("migrate down: %w", err)
-					}
-					return a.printResults(ctx, p, []*goose.MigrationResult{res})
-				})
-			},
-		},
+		a.migrateDownCommand(),
 		&cobra.Command{
 			Use:   "status",
 			Short: "List every migration and whether it is applied",
 			Args:  cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				return a.withProvider(cmd.Context(), func(ctx context.Context, _ *sql.DB, p *goose.Provider) error {
-					st, err := p.Status(ctx)
-					if err != nil {
-						return fmt.Errorf("migrate status: %w", err)
+				return a.withProvider(cmd.Context(), false, func(ctx context.Context, p *goose.Provider, installed bool) error {
+					var st []*goose.MigrationStatus
+					if installed {
+						var err error
+						if st, err = p.Status(ctx); err != nil {
+							return fmt.Errorf("migrate status: %w", err)
+						}
+					} else {
+						for _, src := range p.ListSources() {
+							st = append(st, &goose.MigrationStatus{Source: src, State: goose.StatePending})
+						}
 					}
 					type item struct {
 						Version   int64      `json:"version"`
@@ -95,8 +88,8 @@ migrate at once wait for each other's lock; each migration runs once.`,
 			Short: "Print the database's migration version and the one this build needs",
 			Args:  cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				return a.withProvider(cmd.Context(), func(ctx context.Context, _ *sql.DB, p *goose.Provider) error {
-					return a.printVersion(ctx, p)
+				return a.withProvider(cmd.Context(), false, func(ctx context.Context, p *goose.Provider, installed bool) error {
+					return a.printVersion(ctx, p, installed)
 				})
 			},
 		},
@@ -104,27 +97,99 @@ migrate at once wait for each other's lock; each migration runs once.`,
 	return cmd
 }
 
+func (a *app) migrateDownCommand() *cobra.Command {
+	var to int64
+	cmd := &cobra.Command{
+		Use:   "down",
+		Short: "Roll back the newest applied migration (or every one above --to)",
+		Long: `Roll back the newest applied migration, or with --to N every migration above
+version N (--to 0: all of them). At version 0 there is nothing to roll back:
+it says so and exits 0. Rolling back drops the tables of the migrations it
+undoes, with their data.
+
+To remove pgquota from a database: pgquota migrate down --to 0, then
+DROP SCHEMA pgquota CASCADE (which drops goose's pgquota.goose_db_version
+and pgquota.goose_lock tables too).`,
+		Example: `  pgquota migrate down
+  pgquota migrate down --to 0`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			byVersion := cmd.Flags().Changed("to")
+			if byVersion && (to < 0 || to > migrations.Latest()) {
+				return usagef("--to must be between 0 and %d, got %d", migrations.Latest(), to)
+			}
+			return a.withProvider(cmd.Context(), false, func(ctx context.Context, p *goose.Provider, installed bool) error {
+				var current int64
+				if installed {
+					var err error
+					if current, err = p.GetDBVersion(ctx); err != nil {
+						return fmt.Errorf("migrate down: read version: %w", err)
+					}
+				}
+				if current == 0 || (byVersion && current <= to) {
+					out := struct {
+						Connection target `json:"connection"`
+						Applied    []any  `json:"applied"`
+						Version    int64  `json:"version"`
+						Latest     int64  `json:"latest"`
+					}{*a.target, []any{}, current, migrations.Latest()}
+					return a.output(out, func(w *tabwriter.Writer) {
+						row(w, "database", out.Connection.brief())
+						if current == 0 {
+							row(w, "nothing to roll back (version 0)")
+						} else {
+							row(w, fmt.Sprintf("nothing to roll back (version %d, --to %d)", current, to))
+						}
+					})
+				}
+				var res []*goose.MigrationResult
+				if byVersion {
+					var err error
+					if res, err = p.DownTo(ctx, to); err != nil {
+						return fmt.Errorf("migrate down: %w", err)
+					}
+				} else {
+					r, err := p.Down(ctx)
+					if err != nil {
+						return fmt.Errorf("migrate down: %w", err)
+					}
+					res = append(res, r)
+				}
+				return a.printResults(ctx, p, res)
+			})
+		},
+	}
+	cmd.Flags().Int64Var(&to, "to", 0, "roll back every migration above this version (default: only the newest)")
+	return cmd
+}
+
 // withProvider runs fn with a goose provider on the target database.
-func (a *app) withProvider(ctx context.Context, fn func(context.Context, *sql.DB, *goose.Provider) error) error {
+// goose keeps its version table in the pgquota schema and creates that
+// table on first use, even to read the version, so with create the schema
+// is created first; without it (status, version) nothing is created, and
+// fn learns whether pgquota's migrations were ever run there.
+func (a *app) withProvider(ctx context.Context, create bool, fn func(ctx context.Context, p *goose.Provider, installed bool) error) error {
 	pool, err := a.connect(ctx)
 	if err != nil {
 		return err
 	}
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	if err := db.PingContext(ctx); err != nil {
+	var installed bool
+	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, migrations.VersionTable).Scan(&installed); err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}
-	// goose keeps its version table in the pgquota schema (and creates that
-	// table even for status), so the schema must exist first.
-	if err := migrations.EnsureSchema(ctx, db); err != nil {
-		return err
+	if create && !installed {
+		if err := migrations.EnsureSchema(ctx, db); err != nil {
+			return err
+		}
+		installed = true
 	}
 	p, err := migrations.NewProvider(db)
 	if err != nil {
 		return err
 	}
-	return fn(ctx, db, p)
+	return fn(ctx, p, installed)
 }
 
 func (a *app) printResults(ctx context.Context, p *goose.Provider, res []*goose.MigrationResult) error {
@@ -146,11 +211,13 @@ func (a *app) printResults(ctx context.Context, p *goose.Provider, res []*goose.
 		return fmt.Errorf("migrate: read version: %w", err)
 	}
 	out := struct {
-		Applied []item `json:"applied"`
-		Version int64  `json:"version"`
-		Latest  int64  `json:"latest"`
-	}{items, current, migrations.Latest()}
+		Database target `json:"connection"`
+		Applied  []item `json:"applied"`
+		Version  int64  `json:"version"`
+		Latest   int64  `json:"latest"`
+	}{*a.target, items, current, migrations.Latest()}
 	return a.output(out, func(w *tabwriter.Writer) {
+		row(w, "database", out.Database.brief())
 		if len(items) == 0 {
 			row(w, "no migrations to apply")
 		}
@@ -161,16 +228,21 @@ func (a *app) printResults(ctx context.Context, p *goose.Provider, res []*goose.
 	})
 }
 
-func (a *app) printVersion(ctx context.Context, p *goose.Provider) error {
-	current, err := p.GetDBVersion(ctx)
-	if err != nil {
-		return fmt.Errorf("migrate version: %w", err)
+func (a *app) printVersion(ctx context.Context, p *goose.Provider, installed bool) error {
+	var current int64
+	if installed {
+		var err error
+		if current, err = p.GetDBVersion(ctx); err != nil {
+			return fmt.Errorf("migrate version: %w", err)
+		}
 	}
 	out := struct {
-		Version int64 `json:"version"`
-		Latest  int64 `json:"latest"`
-	}{current, migrations.Latest()}
+		Database target `json:"connection"`
+		Version  int64  `json:"version"`
+		Latest   int64  `json:"latest"`
+	}{*a.target, current, migrations.Latest()}
 	return a.output(out, func(w *tabwriter.Writer) {
+		row(w, "database", out.Database.brief())
 		row(w, "version", current)
 		row(w, "latest", out.Latest)
 	})

@@ -2,8 +2,10 @@ package cli
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -28,7 +30,7 @@ func (a *app) outboxCommand() *cobra.Command {
 committed. A relay delivers them at least once: consumers dedupe by the
 event id.`,
 	}
-	cmd.AddCommand(a.outboxRelayCommand(), a.outboxStatusCommand(), a.outboxEnqueueCommand(), a.outboxReapCommand())
+	cmd.AddCommand(a.outboxRelayCommand(), a.outboxStatusCommand(), a.outboxListCommand(), a.outboxEnqueueCommand(), a.outboxReapCommand())
 	return cmd
 }
 
@@ -48,9 +50,14 @@ event counts as delivered once the line is written.
 With --exec, the command runs through sh -c once per event, with the payload
 on stdin and the event in the environment: PGQUOTA_EVENT_ID,
 PGQUOTA_EVENT_TOPIC, PGQUOTA_EVENT_ATTEMPT, PGQUOTA_GRANT_ID,
-PGQUOTA_IDEMPOTENCY_SCOPE, PGQUOTA_IDEMPOTENCY_KEY, PGQUOTA_FENCING_TOKEN.
-Exit status 0 marks the event delivered; anything else is a failure, retried
-with backoff, and after --max-attempts failures the event is dead.
+PGQUOTA_IDEMPOTENCY_SCOPE, PGQUOTA_IDEMPOTENCY_KEY, PGQUOTA_FENCING_TOKEN
+(empty when the event has none). Exit status 0 marks the event delivered;
+anything else is a failure, retried with backoff, and after --max-attempts
+failures the event is dead. The command's stdout and stderr go to the
+relay's stderr, each line prefixed with "pgquota: event ID (TOPIC): "; a
+failure is reported there with the exit status and the last lines of the
+command's stderr, which are also stored as the event's last error
+('pgquota outbox list' shows them).
 
 Delivery is at least once: dedupe by the event id. Several relays may run at
 once; no event is delivered by two of them at the same time.`,
@@ -64,7 +71,7 @@ once; no event is delivered by two of them at the same time.`,
 			}
 			h := a.jsonLineHandler()
 			if execCmd != "" {
-				h = execHandler(execCmd)
+				h = a.execHandler(execCmd, cmp.Or(cfg.MaxAttempts, 10))
 			}
 			cfg.OnError = func(err error) {
 				fmt.Fprintln(a.stderr, "pgquota: relay: "+oneLine(strings.TrimPrefix(err.Error(), "pgquota: ")))
@@ -153,8 +160,13 @@ func (a *app) jsonLineHandler() quota.Handler {
 	}
 }
 
-// execHandler runs command through sh -c per event.
-func execHandler(command string) quota.Handler {
+// execHandler runs command through sh -c per event, with the payload on
+// stdin and the event in the environment. Its output goes to the relay's
+// stderr, each line prefixed with the event; a failure is reported there
+// too, with the exit status and the tail of the command's stderr (or of
+// its stdout, when stderr was empty), which is also the event's last_error.
+func (a *app) execHandler(command string, maxAttempts int) quota.Handler {
+	var mu sync.Mutex // one line at a time on stderr
 	return func(ctx context.Context, ev quota.Event) error {
 		cmd := exec.CommandContext(ctx, "sh", "-c", command)
 		cmd.Stdin = bytes.NewReader(ev.Payload)
@@ -162,23 +174,128 @@ func execHandler(command string) quota.Handler {
 			"PGQUOTA_EVENT_ID="+strconv.FormatInt(ev.ID, 10),
 			"PGQUOTA_EVENT_TOPIC="+ev.Topic,
 			"PGQUOTA_EVENT_ATTEMPT="+strconv.Itoa(ev.Attempt),
-			"PGQUOTA_GRANT_ID="+strconv.FormatInt(ev.GrantID, 10),
+			"PGQUOTA_GRANT_ID="+optional(ev.GrantID),
 			"PGQUOTA_IDEMPOTENCY_SCOPE="+ev.IdempotencyScope,
 			"PGQUOTA_IDEMPOTENCY_KEY="+ev.IdempotencyKey,
-			"PGQUOTA_FENCING_TOKEN="+strconv.FormatInt(ev.FencingToken, 10),
+			"PGQUOTA_FENCING_TOKEN="+optional(ev.FencingToken),
 		)
-		var stderr bytes.Buffer
-		cmd.Stdout = io.Discard
-		cmd.Stderr = &stderr
-		if err := cmd.Run(); err != nil {
-			msg := strings.TrimSpace(stderr.String())
-			if msg == "" {
-				return err
-			}
-			return fmt.Errorf("%w: %s", err, msg)
+		// A command that leaves a background process holding its output
+		// open does not stall the relay.
+		cmd.WaitDelay = 5 * time.Second
+		name := fmt.Sprintf("event %d (%s)", ev.ID, ev.Topic)
+		out := &prefixWriter{mu: &mu, w: a.stderr, prefix: "pgquota: " + name + ": "}
+		errOut := &prefixWriter{mu: &mu, w: a.stderr, prefix: "pgquota: " + name + ": "}
+		var outTail, errTail tailBuffer
+		cmd.Stdout = io.MultiWriter(out, &outTail)
+		cmd.Stderr = io.MultiWriter(errOut, &errTail)
+		err := cmd.Run()
+		out.flush()
+		errOut.flush()
+		if err == nil {
+			return nil
 		}
-		return nil
+		reason := err.Error()
+		if tail := errTail.lastLines(); tail != "" {
+			reason += ": " + tail
+		} else if tail := outTail.lastLines(); tail != "" {
+			reason += ": " + tail
+		}
+		var next string
+		switch {
+		case ctx.Err() != nil:
+			next = "interrupted: it stays pending"
+		case ev.Attempt >= maxAttempts:
+			next = fmt.Sprintf("attempt %d of %d: dead now, see pgquota outbox list --state dead", ev.Attempt, maxAttempts)
+		default:
+			next = fmt.Sprintf("attempt %d of %d: retried later", ev.Attempt, maxAttempts)
+		}
+		mu.Lock()
+		fmt.Fprintf(a.stderr, "pgquota: %s failed: %s; %s\n", name, oneLine(reason), next)
+		mu.Unlock()
+		return errors.New(reason)
 	}
+}
+
+// optional spells an optional number for the environment: empty for 0
+// (not set).
+func optional(v int64) string {
+	if v == 0 {
+		return ""
+	}
+	return strconv.FormatInt(v, 10)
+}
+
+// prefixWriter writes whole lines to w, each with prefix, under mu.
+type prefixWriter struct {
+	mu     *sync.Mutex
+	w      io.Writer
+	prefix string
+	buf    []byte
+}
+
+// maxLine is where prefixWriter breaks a line that has no end.
+const maxLine = 64 << 10
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	p.buf = append(p.buf, b...)
+	for {
+		i := bytes.IndexByte(p.buf, '\n')
+		if i < 0 {
+			if len(p.buf) >= maxLine {
+				p.emit(p.buf)
+				p.buf = p.buf[:0]
+			}
+			return len(b), nil
+		}
+		p.emit(p.buf[:i])
+		p.buf = p.buf[i+1:]
+	}
+}
+
+func (p *prefixWriter) emit(line []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fmt.Fprintf(p.w, "%s%s\n", p.prefix, bytes.TrimRight(line, "\r"))
+}
+
+// flush writes a last line that had no newline.
+func (p *prefixWriter) flush() {
+	if len(p.buf) > 0 {
+		p.emit(p.buf)
+		p.buf = nil
+	}
+}
+
+// tailBuffer keeps the last few KiB written to it.
+type tailBuffer struct{ b []byte }
+
+const tailBytes = 4 << 10
+
+func (t *tailBuffer) Write(b []byte) (int, error) {
+	t.b = append(t.b, b...)
+	if len(t.b) > 2*tailBytes {
+		t.b = append(t.b[:0], t.b[len(t.b)-tailBytes:]...)
+	}
+	return len(b), nil
+}
+
+// lastLines returns the last three non-empty lines, joined with " / ", at
+// most about 1000 bytes: the reason a command gives when it fails.
+func (t *tailBuffer) lastLines() string {
+	var lines []string
+	for _, l := range strings.Split(string(t.b), "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) > 3 {
+		lines = lines[len(lines)-3:]
+	}
+	s := strings.Join(lines, " / ")
+	if len(s) > 1000 {
+		s = "..." + strings.ToValidUTF8(s[len(s)-1000:], "")
+	}
+	return s
 }
 
 func (a *app) outboxStatusCommand() *cobra.Command {
@@ -212,6 +329,92 @@ func (a *app) outboxStatusCommand() *cobra.Command {
 			})
 		},
 	}
+}
+
+func (a *app) outboxListCommand() *cobra.Command {
+	var f quota.OutboxFilter
+	cmd := &cobra.Command{
+		Use:   "list",
+		Short: "List outbox events with their state, attempts and last error (default: the failed ones)",
+		Long: `List outbox events in id order with their state, attempts and the error of
+their last failed attempt. --state picks them: failed (the default: every
+event whose last attempt failed, retrying or dead), retrying (pending after
+a failure), dead (failed --max-attempts times, never delivered again),
+pending, delivered, or all. At most --limit events; --after-id ID pages on.
+
+With --json each event includes its payload (as JSON when it is JSON, else
+payload_base64).`,
+		Example: `  pgquota outbox list --state dead
+  pgquota outbox list --state all --topic grant.made --limit 20 --json`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.State == "all" {
+				f.State = ""
+			}
+			c, err := a.quotaClient(cmd.Context())
+			if err != nil {
+				return err
+			}
+			evs, err := c.OutboxEvents(cmd.Context(), f)
+			if err != nil {
+				return err
+			}
+			type listLine struct {
+				ID               int64           `json:"id"`
+				Topic            string          `json:"topic"`
+				Payload          json.RawMessage `json:"payload,omitempty"`
+				PayloadBase64    []byte          `json:"payload_base64,omitempty"`
+				GrantID          int64           `json:"grant_id,omitempty"`
+				IdempotencyScope string          `json:"idempotency_scope,omitempty"`
+				IdempotencyKey   string          `json:"idempotency_key,omitempty"`
+				FencingToken     int64           `json:"fencing_token,omitempty"`
+				CreatedAt        time.Time       `json:"created_at"`
+				State            string          `json:"state"`
+				Attempts         int             `json:"attempts"`
+				LastError        string          `json:"last_error,omitempty"`
+				NextAttemptAt    time.Time       `json:"next_attempt_at,omitzero"`
+				FinishedAt       time.Time       `json:"finished_at,omitzero"`
+			}
+			lines := make([]listLine, len(evs))
+			for i, ev := range evs {
+				lines[i] = listLine{
+					ID: ev.ID, Topic: ev.Topic, GrantID: ev.GrantID, IdempotencyScope: ev.IdempotencyScope,
+					IdempotencyKey: ev.IdempotencyKey, FencingToken: ev.FencingToken, CreatedAt: ev.CreatedAt,
+					State: ev.State, Attempts: ev.Attempts, LastError: ev.LastError,
+					NextAttemptAt: ev.NextAttemptAt, FinishedAt: ev.FinishedAt,
+				}
+				if json.Valid(ev.Payload) {
+					lines[i].Payload = ev.Payload
+				} else {
+					lines[i].PayloadBase64 = ev.Payload
+				}
+			}
+			return a.output(lines, func(w *tabwriter.Writer) {
+				if len(lines) == 0 {
+					row(w, "(no events)")
+					return
+				}
+				row(w, "ID", "TOPIC", "STATE", "ATTEMPTS", "CREATED", "LAST ERROR")
+				for _, l := range lines {
+					state := l.State
+					if l.State == quota.OutboxPending && l.LastError != "" {
+						state = "retrying"
+					}
+					lastErr := "-"
+					if l.LastError != "" {
+						lastErr = oneLine(l.LastError)
+					}
+					row(w, l.ID, l.Topic, state, l.Attempts, stamp(l.CreatedAt), lastErr)
+				}
+			})
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.State, "state", quota.OutboxFailed, "failed, retrying, dead, pending, delivered or all")
+	fl.StringSliceVar(&f.Topics, "topic", nil, "only events of these topics (repeatable; default all)")
+	fl.Int64Var(&f.AfterID, "after-id", 0, "only events with a higher id (to page on)")
+	fl.IntVar(&f.Limit, "limit", 100, "list at most this many events (up to 10000)")
+	return cmd
 }
 
 func (a *app) outboxEnqueueCommand() *cobra.Command {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"fmt"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -48,7 +49,7 @@ func (a *app) quotaCommand() *cobra.Command {
 
 	list := &cobra.Command{
 		Use:   "list",
-		Short: "List defined quotas",
+		Short: "List defined quotas (per-member limits: quota limits --name N)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := a.quotaClient(cmd.Context())
@@ -116,7 +117,37 @@ func (a *app) quotaCommand() *cobra.Command {
 	_ = setLimit.MarkFlagRequired("name")
 	_ = setLimit.MarkFlagRequired("member")
 
-	cmd.AddCommand(define, list, setLimit)
+	var limitsOf string
+	limits := &cobra.Command{
+		Use:     "limits",
+		Short:   "List the members of a quota that have their own limit (set-limit)",
+		Example: `  pgquota quota limits --name api-calls`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.quotaClient(cmd.Context())
+			if err != nil {
+				return err
+			}
+			ms, err := c.MemberLimits(cmd.Context(), limitsOf)
+			if err != nil {
+				return err
+			}
+			return a.output(ms, func(w *tabwriter.Writer) {
+				if len(ms) == 0 {
+					row(w, fmt.Sprintf("no member of %s has a limit of its own: the quota's default applies", limitsOf))
+					return
+				}
+				row(w, "MEMBER", "LIMIT", "UPDATED")
+				for _, m := range ms {
+					row(w, m.Member, m.Limit, stamp(m.UpdatedAt))
+				}
+			})
+		},
+	}
+	limits.Flags().StringVar(&limitsOf, "name", "", "quota name (required)")
+	_ = limits.MarkFlagRequired("name")
+
+	cmd.AddCommand(define, list, setLimit, limits)
 	return cmd
 }
 

@@ -138,7 +138,7 @@ whole file and nothing is written.`,
 		Example: `  pgquota voucher import --campaign spring --file codes.txt`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			codes, err := readCodes(file, cmd.InOrStdin())
+			codes, lines, err := readCodes(file, cmd.InOrStdin())
 			if err != nil {
 				return err
 			}
@@ -148,7 +148,7 @@ whole file and nothing is written.`,
 			}
 			res, err := c.ImportCodes(cmd.Context(), campaign, codes)
 			if err != nil {
-				return err
+				return codeLineError(err, file, codes, lines)
 			}
 			return a.output(res, func(w *tabwriter.Writer) {
 				row(w, "campaign", res.Campaign)
@@ -201,18 +201,18 @@ func (a *app) printPool(p quota.Pool) error {
 	})
 }
 
-// readCodes reads one code per line from path ("-" for stdin).
-func readCodes(path string, stdin io.Reader) ([]string, error) {
+// readCodes reads one code per line from path ("-" for stdin), and the
+// line number of each code.
+func readCodes(path string, stdin io.Reader) (codes []string, lines []int, err error) {
 	var r io.Reader = stdin
 	if path != "-" {
 		f, err := os.Open(path)
 		if err != nil {
-			return nil, usagef("--file: %v", err)
+			return nil, nil, usagef("--file: %v", err)
 		}
 		defer f.Close()
 		r = f
 	}
-	var codes []string
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for line := 1; sc.Scan(); line++ {
@@ -221,15 +221,30 @@ func readCodes(path string, stdin io.Reader) ([]string, error) {
 			continue
 		}
 		if len(code) > quota.MaxNameBytes {
-			return nil, usagef("--file line %d: code is %d bytes long, the limit is %d", line, len(code), quota.MaxNameBytes)
+			return nil, nil, usagef("--file %s line %d: code is %d bytes long, the limit is %d", path, line, len(code), quota.MaxNameBytes)
 		}
 		codes = append(codes, code)
+		lines = append(lines, line)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("--file: %w", err)
+		return nil, nil, fmt.Errorf("--file: %w", err)
 	}
 	if len(codes) == 0 {
-		return nil, usagef("--file %s holds no codes", path)
+		return nil, nil, usagef("--file %s holds no codes", path)
 	}
-	return codes, nil
+	return codes, lines, nil
+}
+
+// codeLineError turns ImportCodes' "invalid code N" (the N-th code) into an
+// error that names the code's line in the file.
+func codeLineError(err error, path string, codes []string, lines []int) error {
+	var ie *quota.InputError
+	var i int
+	if !errors.As(err, &ie) {
+		return err
+	}
+	if _, scanErr := fmt.Sscanf(ie.Field, "code %d", &i); scanErr != nil || i < 1 || i > len(codes) {
+		return err
+	}
+	return usagef("--file %s line %d: invalid code %q: %s", path, lines[i-1], codes[i-1], ie.Reason)
 }

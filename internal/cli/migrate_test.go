@@ -1,0 +1,41 @@
+package cli_test
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgquota/pgquota/internal/cli"
+	"github.com/pgquota/pgquota/internal/pgtest"
+	"github.com/pgquota/pgquota/migrations"
+)
+
+// migrate down at version 0 says there is nothing to roll back and exits
+// 0, without creating the schema; --to N rolls back everything above N.
+func TestMigrateDownTo(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewEmptyURL(t)
+
+	out := ok(t, dbURL, "migrate", "down")
+	require.Contains(t, out, "nothing to roll back (version 0)")
+	requireError(t, runDB(t, dbURL, "quota", "list"), cli.ExitError, "schema is missing")
+	v := okJSON(t, dbURL, cli.ExitOK, "migrate", "down").(map[string]any)
+	require.Equal(t, 0.0, v["version"])
+
+	ok(t, dbURL, "migrate", "up")
+	out = ok(t, dbURL, "migrate", "down", "--to", "2")
+	require.Regexp(t, `(?m)^version\s+2 \(this build needs `+strconv.FormatInt(migrations.Latest(), 10)+`\)$`, out)
+	require.Equal(t, int(migrations.Latest())-2, strings.Count(out, "down "), out)
+	out = ok(t, dbURL, "migrate", "down", "--to", "2")
+	require.Contains(t, out, "nothing to roll back (version 2, --to 2)")
+	ok(t, dbURL, "migrate", "down", "--to", "0")
+	out = ok(t, dbURL, "migrate", "version")
+	require.Regexp(t, `(?m)^version\s+0$`, out)
+	out = ok(t, dbURL, "migrate", "down")
+	require.Contains(t, out, "nothing to roll back (version 0)")
+
+	requireError(t, runDB(t, dbURL, "migrate", "down", "--to", "-1"), cli.ExitUsage, "--to")
+	requireError(t, runDB(t, dbURL, "migrate", "down", "--to", "999"), cli.ExitUsage, "--to")
+}

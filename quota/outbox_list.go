@@ -1,0 +1,129 @@
+package quota
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/pgquota/pgquota/db"
+)
+
+// Outbox event states, as OutboxEvent.State holds them and OutboxFilter
+// selects them.
+const (
+	// OutboxPending: waiting for its first delivery or for a retry.
+	OutboxPending = "pending"
+	// OutboxDelivered: a relay's handler accepted it.
+	OutboxDelivered = "delivered"
+	// OutboxDead: it failed RelayConfig.MaxAttempts times and is not
+	// delivered again (the dead-letter state).
+	OutboxDead = "dead"
+	// OutboxRetrying selects pending events whose last attempt failed.
+	OutboxRetrying = "retrying"
+	// OutboxFailed selects the events whose last attempt failed: retrying
+	// and dead ones.
+	OutboxFailed = "failed"
+)
+
+// OutboxEvent is an outbox event with its delivery state, as OutboxEvents
+// lists it.
+type OutboxEvent struct {
+	ID      int64  `json:"id"`
+	Topic   string `json:"topic"`
+	Payload []byte `json:"payload"`
+	// GrantID, IdempotencyScope, IdempotencyKey and FencingToken are the
+	// EnqueueOpts the event was written with (zero when not set).
+	GrantID          int64  `json:"grant_id,omitempty"`
+	IdempotencyScope string `json:"idempotency_scope,omitempty"`
+	IdempotencyKey   string `json:"idempotency_key,omitempty"`
+	FencingToken     int64  `json:"fencing_token,omitempty"`
+	// State is OutboxPending, OutboxDelivered or OutboxDead.
+	State string `json:"state"`
+	// Attempts counts the recorded deliveries, failed or not.
+	Attempts int `json:"attempts"`
+	// LastError is the handler's error of the last failed attempt; empty
+	// once the event is delivered, or before it failed.
+	LastError string `json:"last_error,omitempty"`
+	// NextAttemptAt is when a pending event is due; zero for finished ones.
+	NextAttemptAt time.Time `json:"next_attempt_at,omitzero"`
+	CreatedAt     time.Time `json:"created_at"`
+	// FinishedAt is when the event was delivered or died; zero while
+	// pending.
+	FinishedAt time.Time `json:"finished_at,omitzero"`
+}
+
+// OutboxFilter selects the events OutboxEvents lists.
+type OutboxFilter struct {
+	// State is OutboxPending, OutboxRetrying, OutboxDead, OutboxDelivered
+	// or OutboxFailed. Defaults to every event.
+	State string
+	// Topics limits the list to events of these topics. Defaults to every
+	// topic.
+	Topics []string
+	// AfterID lists only events with a higher id, to page through a long
+	// list. Defaults to 0: from the first.
+	AfterID int64
+	// Limit is the most events returned, at most 10,000. Defaults to 100.
+	Limit int
+}
+
+// OutboxEvents lists outbox events in id order, with their state, attempts
+// and last error, for operators: which events are dead, and why. It takes
+// no lock, so a relay may change what it lists meanwhile.
+//
+// Errors: *InputError for an unknown state, a bad topic or a limit out of
+// range; ErrSchemaMissing; database errors.
+func (c *Client) OutboxEvents(ctx context.Context, f OutboxFilter) ([]OutboxEvent, error) {
+	p := db.OutboxListParams{AfterID: f.AfterID, Topics: f.Topics, MaxEvents: 100}
+	switch f.State {
+	case "":
+		p.States = []string{OutboxPending, OutboxDelivered, OutboxDead}
+	case OutboxPending, OutboxDelivered, OutboxDead:
+		p.States = []string{f.State}
+	case OutboxRetrying:
+		p.States, p.FailedOnly = []string{OutboxPending}, true
+	case OutboxFailed:
+		p.States, p.FailedOnly = []string{OutboxPending, OutboxDead}, true
+	default:
+		return nil, inputError("state", "must be pending, retrying, dead, delivered or failed, got %q", f.State)
+	}
+	for i, t := range f.Topics {
+		if err := checkName(fmt.Sprintf("topic %d", i+1), t); err != nil {
+			return nil, err
+		}
+	}
+	if p.Topics == nil {
+		p.Topics = []string{}
+	}
+	switch {
+	case f.Limit < 0 || f.Limit > 10000:
+		return nil, inputError("limit", "must be between 1 and 10000, got %d", f.Limit)
+	case f.Limit > 0:
+		p.MaxEvents = int32(f.Limit)
+	}
+	rows, err := c.queries.OutboxList(ctx, c.db, p)
+	if err != nil {
+		return nil, dbError("list outbox", err)
+	}
+	events := make([]OutboxEvent, len(rows))
+	for i, r := range rows {
+		events[i] = OutboxEvent{
+			ID:               r.ID,
+			Topic:            r.Topic,
+			Payload:          r.Payload,
+			GrantID:          r.GrantID.Int64,
+			IdempotencyScope: r.IdempotencyScope.String,
+			IdempotencyKey:   r.IdempotencyKey.String,
+			FencingToken:     r.FencingToken.Int64,
+			State:            r.State,
+			Attempts:         int(r.Attempts),
+			LastError:        r.LastError.String,
+			CreatedAt:        timeFromPG(r.CreatedAt),
+			FinishedAt:       timeFromPG(r.FinishedAt),
+		}
+		if r.State == OutboxPending {
+			events[i].NextAttemptAt = timeFromPG(r.NextAttemptAt)
+		}
+	}
+	return events, nil
+}
