@@ -59,7 +59,7 @@ ROUNDS   ?= 3
 HOTROW_DURATION ?= 15s
 
 .PHONY: bench
-bench: ## Go benchmarks BenchmarkGrant (hot row, spread; 1/8/32 clients) and BenchmarkGrantCoalesced (8/64 clients), 3s each: about 1 minute
+bench: ## Go benchmarks BenchmarkGrant (hot row, spread, each also through pgx alone; 1/8/32 clients) and BenchmarkGrantCoalesced (8/64 clients), 3s each: about 2 minutes
 	PGQUOTA_TEST_DATABASE_URL='$(BENCH_DATABASE_URL)' go test ./quota -run '^$$' -bench Grant -benchtime 3s
 
 .PHONY: bench-hotrow

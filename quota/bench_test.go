@@ -9,6 +9,10 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/pgquota/pgquota/db"
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/quota"
 )
@@ -19,7 +23,9 @@ const spreadMembers = 10000
 // BenchmarkGrant measures Grant with N concurrent clients, each a goroutine,
 // on a pool of exactly N connections: on one hot counter row, and spread
 // over 10,000 existing counters. It reports grants/s and allocs/op. The
-// limit is far above what a run uses, so every call is a full grant.
+// limit is far above what a run uses, so every call is a full grant. The
+// -pgx cases send the same generated statement through pgx alone, so the
+// two side by side show what the library costs over its driver.
 //
 //	go test ./quota -run '^$' -bench Grant -benchtime 3s
 //
@@ -49,23 +55,51 @@ func BenchmarkGrant(b *testing.B) {
 		b.Fatal(err)
 	}
 
+	hot := func(*rand.Rand) string { return "hot" }
+	spread := func(rng *rand.Rand) string { return members[rng.IntN(len(members))] }
 	cases := []struct {
 		name   string
 		member func(rng *rand.Rand) string
+		grant  grantFunc
 	}{
-		{"hot-row", func(*rand.Rand) string { return "hot" }},
-		{"spread", func(rng *rand.Rand) string { return members[rng.IntN(len(members))] }},
+		{"hot-row", hot, libraryGrant},
+		{"spread", spread, libraryGrant},
+		// The same statement through pgx alone, without the library's
+		// validation, retry wrapper and result mapping: the baseline that
+		// shows what pgquota adds over its driver.
+		{"hot-row-pgx", hot, pgxGrant},
+		{"spread-pgx", spread, pgxGrant},
 	}
 	for _, c := range cases {
 		for _, clients := range []int{1, 8, 32} {
 			b.Run(fmt.Sprintf("%s/clients=%d", c.name, clients), func(b *testing.B) {
-				benchGrant(b, url, clients, c.member)
+				benchGrant(b, url, clients, c.member, c.grant)
 			})
 		}
 	}
 }
 
-func benchGrant(b *testing.B, url string, clients int, member func(*rand.Rand) string) {
+// grantFunc grants one unit of the bench quota to member and reports
+// whether it was granted.
+type grantFunc func(ctx context.Context, client *quota.Client, pool *pgxpool.Pool, member string) (bool, error)
+
+func libraryGrant(ctx context.Context, client *quota.Client, _ *pgxpool.Pool, member string) (bool, error) {
+	limit := quota.MaxUnits
+	res, err := client.Grant(ctx, quota.GrantRequest{Quota: "bench", Member: member, Amount: 1, Limit: &limit})
+	return res.Granted, err
+}
+
+var queries = db.New()
+
+func pgxGrant(ctx context.Context, _ *quota.Client, pool *pgxpool.Pool, member string) (bool, error) {
+	row, err := queries.UsageGrant(ctx, pool, db.UsageGrantParams{
+		Member: member, QuotaName: "bench", Amount: 1,
+		LimitValue: pgtype.Int8{Int64: quota.MaxUnits, Valid: true},
+	})
+	return row.Granted, err
+}
+
+func benchGrant(b *testing.B, url string, clients int, member func(*rand.Rand) string, grant grantFunc) {
 	ctx := context.Background()
 	pool := pgtest.Connect(b, url, int32(clients))
 	// Connect all N before the clock starts.
@@ -84,8 +118,6 @@ func benchGrant(b *testing.B, url string, clients int, member func(*rand.Rand) s
 	if err != nil {
 		b.Fatal(err)
 	}
-	limit := quota.MaxUnits
-
 	b.ReportAllocs()
 	b.ResetTimer()
 	var (
@@ -100,12 +132,12 @@ func benchGrant(b *testing.B, url string, clients int, member func(*rand.Rand) s
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(g), 42))
 			for next.Add(1) <= int64(b.N) {
-				res, err := client.Grant(ctx, quota.GrantRequest{Quota: "bench", Member: member(rng), Amount: 1, Limit: &limit})
+				granted, err := grant(ctx, client, pool, member(rng))
 				if err != nil {
 					errOnce.Do(func() { b.Error(err) })
 					return
 				}
-				if !res.Granted {
+				if !granted {
 					denied.Add(1)
 				}
 			}

@@ -368,3 +368,117 @@ func TestShardedPoolKeyedClaims(t *testing.T) {
 	_, err = fresh.ClaimCodeWithKey(b.ctx, "p", "m1", quota.IdempotencyKey{Key: "code-1"})
 	require.ErrorIs(t, err, quota.ErrCampaignKind)
 }
+
+func TestShardedClaimsInFlight(t *testing.T) {
+	t.Parallel()
+	// Two units in two shards; a transaction holds one shard's claim open
+	// and a second claim takes the other shard, so every shard with a unit
+	// left is locked. With one claim in flight allowed, a third claim waits
+	// for the locked shard inside the database, and a fourth waits in the
+	// client: its context ends there, and it wrote nothing. Without the
+	// bound (-1), both wait in the database.
+	for _, bound := range []int{1, -1} {
+		t.Run(fmt.Sprint("bound ", bound), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 6)
+			client, err := quota.New(b.pool, &quota.Config{ShardedClaimsInFlight: bound})
+			require.NoError(t, err)
+			_, err = client.CreateShardedPool(b.ctx, "p", 2, 2)
+			require.NoError(t, err)
+			tx, err := b.pool.BeginTx(b.ctx, readCommitted)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(b.ctx) }()
+			held, err := client.ClaimVoucherTx(b.ctx, tx, "p", "holder")
+			require.NoError(t, err)
+			require.True(t, held.Claimed)
+			second, err := client.ClaimVoucher(b.ctx, "p", "second")
+			require.NoError(t, err)
+			require.True(t, second.Claimed)
+
+			third := make(chan quota.Claim, 1)
+			go func() {
+				c, err := client.ClaimVoucher(b.ctx, "p", "third")
+				if err != nil {
+					t.Errorf("third claim: %v", err)
+				}
+				third <- c
+			}()
+			waitForLockWaits(t, b, 1)
+
+			if bound == 1 {
+				ctx, cancel := context.WithCancel(b.ctx)
+				defer cancel()
+				fourthErr := make(chan error, 1)
+				go func() {
+					_, err := client.ClaimVoucher(ctx, "p", "fourth")
+					fourthErr <- err
+				}()
+				// Had the fourth claim been sent, it would wait for the
+				// lock within milliseconds.
+				time.Sleep(300 * time.Millisecond)
+				require.Equal(t, 1, lockWaits(t, b), "only the admitted claim waits in the database")
+				select {
+				case err := <-fourthErr:
+					t.Fatalf("the fourth claim returned while the third was in flight: %v", err)
+				default:
+				}
+				cancel()
+				require.ErrorIs(t, <-fourthErr, context.Canceled, "the fourth claim waits in the client until its context ends")
+				require.Equal(t, 1, lockWaits(t, b))
+				require.NoError(t, tx.Rollback(b.ctx))
+				got := <-third
+				require.True(t, got.Claimed, "the rolled-back unit goes to the waiting claim")
+				fourth, err := client.ClaimVoucher(b.ctx, "p", "fourth")
+				require.NoError(t, err)
+				require.False(t, fourth.Claimed, "sold out")
+			} else {
+				fourth := make(chan quota.Claim, 1)
+				go func() {
+					c, err := client.ClaimVoucher(b.ctx, "p", "fourth")
+					if err != nil {
+						t.Errorf("fourth claim: %v", err)
+					}
+					fourth <- c
+				}()
+				waitForLockWaits(t, b, 2)
+				require.NoError(t, tx.Rollback(b.ctx))
+				a, c := <-third, <-fourth
+				require.True(t, a.Claimed != c.Claimed, "one of the two waiting claims gets the rolled-back unit")
+			}
+			var members []string
+			rows, err := b.pool.Query(b.ctx, `SELECT member FROM pgquota.voucher_claim WHERE campaign = 'p' ORDER BY member`)
+			require.NoError(t, err)
+			for rows.Next() {
+				var m string
+				require.NoError(t, rows.Scan(&m))
+				members = append(members, m)
+			}
+			require.NoError(t, rows.Err())
+			require.Len(t, members, 2)
+			require.Contains(t, members, "second")
+			require.NotContains(t, members, "holder", "the holder's transaction rolled back")
+			st, err := client.VoucherStatus(b.ctx, "p")
+			require.NoError(t, err)
+			require.Equal(t, int64(2), st.Claimed)
+			require.True(t, st.SoldOut)
+		})
+	}
+}
+
+// lockWaits returns the number of sessions of the test's database waiting
+// for a lock.
+func lockWaits(t *testing.T, b *testBundle) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.pool.QueryRow(b.ctx, `
+		SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n))
+	return n
+}
+
+// waitForLockWaits waits until n sessions of the test's database wait for
+// a lock.
+func waitForLockWaits(t *testing.T, b *testBundle, n int) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%d lock waits", n), func() bool { return lockWaits(t, b) >= n })
+}
