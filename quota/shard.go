@@ -157,15 +157,26 @@ func (c *Client) shardCount(ctx context.Context, x db.DBTX, campaign string) (in
 // claimSharded claims a unit of a sharded pool of shards shards. kind is
 // the campaign's kind: when it is not KindSharded, nothing was claimed.
 func (c *Client) claimSharded(ctx context.Context, x db.DBTX, campaign, member string, shards int) (claim Claim, kind CampaignKind, err error) {
-	if _, own := x.(retryPool); own {
-		release, err := c.shardGate(ctx, campaign, shards)
-		if err != nil {
-			return Claim{}, "", err
-		}
-		defer release()
+	claim1 := func(x db.DBTX) (db.VoucherShardClaimRow, error) {
+		start := int32(rand.IntN(max(shards, 1)))
+		return c.queries.VoucherShardClaim(ctx, x, db.VoucherShardClaimParams{Campaign: campaign, Member: member, Start: start})
 	}
-	start := int32(rand.IntN(max(shards, 1)))
-	row, err := c.queries.VoucherShardClaim(ctx, x, db.VoucherShardClaimParams{Campaign: campaign, Member: member, Start: start})
+	var row db.VoucherShardClaimRow
+	if rp, own := x.(retryPool); own {
+		// Each attempt passes the gate on its own: a claim that must run
+		// again (a serialization failure) gives its place up while it
+		// backs off, instead of retrying ahead of the claims waiting.
+		row, err = retry(ctx, rp.maxElapsed, func() (db.VoucherShardClaimRow, error) {
+			release, err := c.shardGate(ctx, campaign, shards)
+			if err != nil {
+				return db.VoucherShardClaimRow{}, err
+			}
+			defer release()
+			return claim1(rp.pool)
+		})
+	} else {
+		row, err = claim1(x)
+	}
 	if isNoRows(err) {
 		return Claim{}, "", fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
 	}
