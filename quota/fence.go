@@ -63,6 +63,15 @@ type StaleTokenError struct {
 }
 
 func (e *StaleTokenError) Error() string {
+	if e.pgErr != nil && strings.Contains(e.pgErr.Message, " was acquired since ") &&
+		!strings.Contains(e.pgErr.Message, ": lease "+e.Resource+" was acquired since ") {
+		// Rejected by a lease of another name than the resource, which
+		// another holder has acquired since: the server's message names
+		// that lease and its token, which the resource may never have
+		// seen. (Acquiring a lease raises the highest token seen of the
+		// resource of its own name, so there the usual message holds.)
+		return "pgquota: " + strings.TrimPrefix(e.pgErr.Message, "pgquota: ")
+	}
 	if e.Token == 0 {
 		return fmt.Sprintf("pgquota: stale fencing token: a write to resource %q carries no token (highest token seen is %d)", e.Resource, e.Highest)
 	}

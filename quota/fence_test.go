@@ -105,6 +105,16 @@ func TestFenceLeaseCheck(t *testing.T) {
 	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "r", Key: "k", Value: "x", Token: h1.Token, Lease: "r"})
 	requireStale(t, err, "r", h1.Token, h2.Token)
 
+	// A write to another resource, checked against lease r: its error
+	// names the lease and the token r was acquired with since, not a
+	// highest token the resource never saw.
+	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "other", Key: "k", Value: "x", Token: h1.Token, Lease: "r"})
+	require.ErrorIs(t, err, quota.ErrStaleToken)
+	require.Equal(t, fmt.Sprintf("pgquota: stale fencing token %d for resource other: lease r was acquired since with token %d", h1.Token, h2.Token), err.Error())
+	f, err := b.client.Fence(b.ctx, "other")
+	require.NoError(t, err)
+	require.Zero(t, f.Highest, "the rejected write raised nothing")
+
 	// A lease that was never acquired.
 	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "r", Key: "k", Value: "x", Token: h2.Token, Lease: "nope"})
 	require.ErrorIs(t, err, quota.ErrLeaseLost)

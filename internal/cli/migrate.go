@@ -2,11 +2,14 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/spf13/cobra"
@@ -143,17 +146,16 @@ and pgquota.goose_lock tables too).`,
 					})
 				}
 				var res []*goose.MigrationResult
+				var err error
 				if byVersion {
-					var err error
-					if res, err = p.DownTo(ctx, to); err != nil {
-						return fmt.Errorf("migrate down: %w", err)
-					}
+					res, err = p.DownTo(ctx, to)
 				} else {
-					r, err := p.Down(ctx)
-					if err != nil {
-						return fmt.Errorf("migrate down: %w", err)
-					}
+					var r *goose.MigrationResult
+					r, err = p.Down(ctx)
 					res = append(res, r)
+				}
+				if err != nil {
+					return a.downFailed(ctx, p, err)
 				}
 				return a.printResults(ctx, p, res)
 			})
@@ -161,6 +163,63 @@ and pgquota.goose_lock tables too).`,
 	}
 	cmd.Flags().Int64Var(&to, "to", 0, "roll back every migration above this version (default: only the newest)")
 	return cmd
+}
+
+// downFailed reports a rollback that stopped at a migration: the
+// migrations rolled back before it (on stdout, as a successful run
+// prints them), and the error, with what to do when the failing migration
+// could not drop pgquota's fence guard function because application
+// tables still use it (SQLSTATE 2BP01, dependent objects).
+func (a *app) downFailed(ctx context.Context, p *goose.Provider, err error) error {
+	var partial *goose.PartialError
+	if errors.As(err, &partial) && len(partial.Applied) > 0 {
+		if perr := a.printResults(ctx, p, partial.Applied); perr != nil {
+			return errors.Join(fmt.Errorf("migrate down: %w", err), perr)
+		}
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "2BP01" && strings.Contains(pgErr.Message, "fence_guard") {
+		if tables := a.guardedTables(ctx); len(tables) > 0 {
+			drops := make([]string, len(tables))
+			for i, t := range tables {
+				drops[i] = "DROP TRIGGER " + t.trigger + " ON " + t.table
+			}
+			return fmt.Errorf("migrate down: %w: application tables still use pgquota's fence guard (pgquota fence guard): %s; then run this again", err, strings.Join(drops, "; "))
+		}
+		return fmt.Errorf("migrate down: %w: application tables still use pgquota's fence guard (pgquota fence guard): drop those triggers, then run this again", err)
+	}
+	return fmt.Errorf("migrate down: %w", err)
+}
+
+type guardTrigger struct{ table, trigger string }
+
+// guardedTables lists the triggers that call pgquota.fence_guard, with
+// their tables, quoted for SQL; nil when they cannot be read.
+func (a *app) guardedTables(ctx context.Context) []guardTrigger {
+	pool, err := a.connect(ctx)
+	if err != nil {
+		return nil
+	}
+	rows, err := pool.Query(ctx, `
+		SELECT t.tgrelid::regclass::text, quote_ident(t.tgname)
+		FROM pg_trigger t
+		WHERE t.tgfoid = 'pgquota.fence_guard()'::regprocedure AND NOT t.tgisinternal
+		ORDER BY 1, 2`)
+	if err != nil {
+		return nil
+	}
+	var out []guardTrigger
+	for rows.Next() {
+		var g guardTrigger
+		if rows.Scan(&g.table, &g.trigger) != nil {
+			return nil
+		}
+		out = append(out, g)
+	}
+	if rows.Err() != nil {
+		return nil
+	}
+	return out
 }
 
 // withProvider runs fn with a goose provider on the target database.

@@ -1,6 +1,7 @@
 package cli_test
 
 import (
+	"context"
 	"strconv"
 	"strings"
 	"testing"
@@ -38,4 +39,30 @@ func TestMigrateDownTo(t *testing.T) {
 
 	requireError(t, runDB(t, dbURL, "migrate", "down", "--to", "-1"), cli.ExitUsage, "--to")
 	requireError(t, runDB(t, dbURL, "migrate", "down", "--to", "999"), cli.ExitUsage, "--to")
+}
+
+// migrate down stops at the lease migration while an application table
+// still uses the fence guard: it prints the migrations it did roll back,
+// names the triggers to drop, and succeeds once they are dropped.
+func TestMigrateDownWithFenceGuard(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewEmptyURL(t)
+	ok(t, dbURL, "migrate", "up")
+	conn := pgtest.Connect(t, dbURL, 1)
+	_, err := conn.Exec(context.Background(), `CREATE TABLE reports (id int PRIMARY KEY, fence_token bigint)`)
+	require.NoError(t, err)
+	ok(t, dbURL, "fence", "guard", "--table", "reports", "--column", "fence_token")
+
+	r := runDB(t, dbURL, "migrate", "down", "--to", "0")
+	require.Equal(t, cli.ExitError, r.code, "stderr: %q", r.stderr)
+	require.Contains(t, r.stdout, "down      00005_hotrow.sql")
+	require.Contains(t, r.stdout, "down      00004_ledger.sql")
+	require.Regexp(t, `(?m)^version\s+3 \(`, r.stdout)
+	require.Equal(t, 1, strings.Count(r.stderr, "\n"), "stderr is one line: %q", r.stderr)
+	require.Contains(t, r.stderr, "DROP TRIGGER pgquota_fence_guard ON reports; then run this again")
+
+	_, err = conn.Exec(context.Background(), `DROP TRIGGER pgquota_fence_guard ON reports`)
+	require.NoError(t, err)
+	out := ok(t, dbURL, "migrate", "down", "--to", "0")
+	require.Regexp(t, `(?m)^version\s+0 \(`, out)
 }
