@@ -75,7 +75,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if errors.Is(err, errDenied) {
 		return ExitDenied
 	}
-	msg := a.placeError(err).Error()
+	msg := a.placeError(err).Error() + hint(err)
 	fmt.Fprintln(stderr, "pgquota: "+oneLine(strings.TrimPrefix(msg, "pgquota: ")))
 	var ue usageError
 	switch {
@@ -83,6 +83,18 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return ExitUsage
 	}
 	return ExitError
+}
+
+// hint returns what to do about an error that names something the
+// database does not have, or "".
+func hint(err error) string {
+	switch {
+	case errors.Is(err, quota.ErrQuotaNotFound):
+		return " (define it with pgquota quota define; pgquota quota list shows the quotas)"
+	case errors.Is(err, quota.ErrCampaignNotFound):
+		return " (create it with pgquota voucher create, or import codes into it with pgquota voucher import)"
+	}
+	return ""
 }
 
 // isBadInput reports errors that say the command named something wrong:
@@ -199,7 +211,7 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	dsn, source, settings := settingsSource(a.databaseURL)
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		return nil, usagef("invalid %s: %v", source, unwrapAll(err))
+		return nil, usagef("invalid %s: %v (expected a URL like postgres://user@host:5432/dbname, or libpq key=value settings)", source, unwrapAll(err))
 	}
 	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > a.connectTimeout {
 		cfg.ConnConfig.ConnectTimeout = a.connectTimeout

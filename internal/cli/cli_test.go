@@ -185,7 +185,8 @@ func TestUsageErrors(t *testing.T) {
 		{"member with a newline", []string{"grant", "--quota", "q", "--member", "a\nb", "--limit", "1"}, []string{"member", "control"}},
 		{"member too long", []string{"grant", "--quota", "q", "--member", strings.Repeat("m", 256), "--limit", "1"}, []string{"member", "256"}},
 		{"invalid UTF-8", []string{"grant", "--quota", "q", "--member", "\xff", "--limit", "1"}, []string{"member", "UTF-8"}},
-		{"undefined quota", []string{"grant", "--quota", "nope", "--member", "m", "--limit", "1"}, []string{"quota not found", "nope"}},
+		{"undefined quota", []string{"grant", "--quota", "nope", "--member", "m", "--limit", "1"}, []string{"quota not found", "nope", "pgquota quota define"}},
+		{"undefined campaign", []string{"voucher", "claim", "--campaign", "nope", "--member", "m"}, []string{"campaign not found", "nope", "pgquota voucher create"}},
 		{"undefined quota with a newline", []string{"usage", "--quota", "no\npe", "--member", "m"}, []string{"control"}},
 		{"no limit anywhere", grant, []string{"no limit"}},
 		{"unknown window", []string{"quota", "define", "--name", "x", "--window", "year"}, []string{"window", "year"}},
@@ -510,7 +511,7 @@ func TestDatabaseURLFromEnvironment(t *testing.T) {
 	// A malformed DATABASE_URL is a usage error that names it.
 	t.Setenv("DATABASE_URL", "postgres://u:s3cret@localhost:notaport/db")
 	r = run(t, "grant", "--quota", "q", "--member", "m", "--limit", "1")
-	requireError(t, r, cli.ExitUsage, "DATABASE_URL")
+	requireError(t, r, cli.ExitUsage, "DATABASE_URL", "postgres://user@host:5432/dbname")
 	require.NotContains(t, r.stderr, "s3cret")
 
 	// Without either, the libpq variables.
