@@ -50,7 +50,11 @@ type Config struct {
 
 	// ShardedClaimsInFlight bounds, per sharded pool, how many of this
 	// client's ClaimVoucher calls run a claim statement at once; the others
-	// wait in the client, in no particular order, bounded by their contexts.
+	// wait in the client, in no particular order, bounded by their contexts
+	// and by 100ms: a call that waited that long goes ahead without a
+	// place, so a claim that waits in the database for a transaction of
+	// yours (ClaimVoucherTx, not committed yet) never holds the others up
+	// for longer, nor closes a wait cycle with that transaction.
 	// Zero means half the pool's shards (at least 1), which keeps FOR UPDATE
 	// SKIP LOCKED finding an unlocked shard instead of queueing claims in
 	// the shards' row locks, where many waiting sessions cost the server
@@ -100,6 +104,8 @@ type Client struct {
 	// shardGates holds, per sharded campaign, the channel that bounds this
 	// client's claims in flight (shardGate).
 	shardGates sync.Map
+	// testShardGateMaxWait replaces shardGateMaxWait when not zero (tests).
+	testShardGateMaxWait time.Duration
 
 	// testHookFencedGrantPause, set by tests only, runs in GrantFenced
 	// between the read and the fenced write.

@@ -1,6 +1,9 @@
 package quota
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // Test hooks, compiled into the package's tests only.
 
@@ -26,4 +29,10 @@ func SetCoalesceSend(c *Client, hook func(n int)) {
 // sent yet, for quota and member.
 func CoalesceQueued(c *Client, quota, member string) int {
 	return c.coalescer.queued(quota, member)
+}
+
+// SetShardGateMaxWait makes c's claims on sharded pools wait up to d for
+// a place at the gate before they go ahead without one.
+func SetShardGateMaxWait(c *Client, d time.Duration) {
+	c.testShardGateMaxWait = d
 }

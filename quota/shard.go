@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -245,6 +246,22 @@ func (c *Client) claimShardedKeyed(ctx context.Context, x db.DBTX, campaign, mem
 	}, claimFromEntry)
 }
 
+// shardGateMaxWait bounds how long a claim waits for the shard gate. A
+// claim admitted by the gate may itself wait in the database, for a shard
+// or a claim row that an open transaction of the application holds, for as
+// long as that transaction lasts; the gate's waiters then go ahead after
+// shardGateMaxWait without a place, so they are never held up for longer
+// and the gate can never close a wait cycle with the application's
+// transactions. In steady state a place frees every few milliseconds.
+const shardGateMaxWait = 100 * time.Millisecond
+
+// shardGate is one sharded pool's gate: a slot per claim allowed in
+// flight, for a pool of shards shards.
+type shardGate struct {
+	slots  chan struct{}
+	shards int
+}
+
 // shardGate admits one of this client's claims on a sharded pool of shards
 // shards, holding at most half as many claims in flight as the pool has
 // shards, and returns the function that lets the next one in. A claim
@@ -252,7 +269,8 @@ func (c *Client) claimShardedKeyed(ctx context.Context, x db.DBTX, campaign, mem
 // the shards locked at a time, FOR UPDATE SKIP LOCKED almost always finds a
 // free shard, where more claimers in flight than shards would wait in the
 // shards' lock queues, which costs the server far more than a queue in
-// this process. It bounds one client's claims only; see
+// this process. A claim that waits shardGateMaxWait goes ahead without a
+// place. It bounds one client's claims only; see
 // Config.ShardedClaimsInFlight.
 func (c *Client) shardGate(ctx context.Context, campaign string, shards int) (func(), error) {
 	n := c.cfg.ShardedClaimsInFlight
@@ -262,14 +280,38 @@ func (c *Client) shardGate(ctx context.Context, campaign string, shards int) (fu
 	if n == 0 {
 		n = max(shards/2, 1)
 	}
-	v, ok := c.shardGates.Load(campaign)
-	if !ok {
-		v, _ = c.shardGates.LoadOrStore(campaign, make(chan struct{}, n))
+	var gate *shardGate
+	if v, ok := c.shardGates.Load(campaign); ok && v.(*shardGate).shards == shards {
+		gate = v.(*shardGate)
+	} else {
+		// First claim, or the campaign was recreated with another number
+		// of shards: a gate of the new size. Claims still in flight on the
+		// old one release their places there.
+		fresh := &shardGate{slots: make(chan struct{}, n), shards: shards}
+		if ok {
+			c.shardGates.CompareAndSwap(campaign, v, fresh)
+		} else {
+			c.shardGates.LoadOrStore(campaign, fresh)
+		}
+		v, _ := c.shardGates.Load(campaign)
+		gate = v.(*shardGate)
 	}
-	gate := v.(chan struct{})
 	select {
-	case gate <- struct{}{}:
-		return func() { <-gate }, nil
+	case gate.slots <- struct{}{}:
+		return func() { <-gate.slots }, nil
+	default:
+	}
+	wait := shardGateMaxWait
+	if c.testShardGateMaxWait > 0 {
+		wait = c.testShardGateMaxWait
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case gate.slots <- struct{}{}:
+		return func() { <-gate.slots }, nil
+	case <-t.C:
+		return func() {}, nil
 	case <-ctx.Done():
 		return nil, context.Cause(ctx)
 	}

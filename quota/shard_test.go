@@ -375,8 +375,9 @@ func TestShardedClaimsInFlight(t *testing.T) {
 	// and a second claim takes the other shard, so every shard with a unit
 	// left is locked. With one claim in flight allowed, a third claim waits
 	// for the locked shard inside the database, and a fourth waits in the
-	// client: its context ends there, and it wrote nothing. Without the
-	// bound (-1), both wait in the database.
+	// client: its context ends there, and it wrote nothing; a fifth waits in
+	// the client for 100ms, then goes ahead. Without the bound (-1), claims
+	// wait in the database at once.
 	for _, bound := range []int{1, -1} {
 		t.Run(fmt.Sprint("bound ", bound), func(t *testing.T) {
 			t.Parallel()
@@ -406,31 +407,36 @@ func TestShardedClaimsInFlight(t *testing.T) {
 			waitForLockWaits(t, b, 1)
 
 			if bound == 1 {
+				// A claim whose context ends while it waits at the gate
+				// returns the context's error and writes nothing.
 				ctx, cancel := context.WithCancel(b.ctx)
-				defer cancel()
 				fourthErr := make(chan error, 1)
 				go func() {
 					_, err := client.ClaimVoucher(ctx, "p", "fourth")
 					fourthErr <- err
 				}()
-				// Had the fourth claim been sent, it would wait for the
-				// lock within milliseconds.
-				time.Sleep(300 * time.Millisecond)
-				require.Equal(t, 1, lockWaits(t, b), "only the admitted claim waits in the database")
-				select {
-				case err := <-fourthErr:
-					t.Fatalf("the fourth claim returned while the third was in flight: %v", err)
-				default:
-				}
+				time.Sleep(30 * time.Millisecond)
 				cancel()
-				require.ErrorIs(t, <-fourthErr, context.Canceled, "the fourth claim waits in the client until its context ends")
-				require.Equal(t, 1, lockWaits(t, b))
+				require.ErrorIs(t, <-fourthErr, context.Canceled)
+
+				// One that keeps waiting is held at the gate for
+				// shardGateMaxWait (100ms), then goes ahead without a
+				// place: the third claim may wait for an open transaction
+				// for any length of time.
+				fifth := make(chan quota.Claim, 1)
+				go func() {
+					c, err := client.ClaimVoucher(b.ctx, "p", "fifth")
+					if err != nil {
+						t.Errorf("fifth claim: %v", err)
+					}
+					fifth <- c
+				}()
+				time.Sleep(50 * time.Millisecond)
+				require.Equal(t, 1, lockWaits(t, b), "only the admitted claim waits in the database")
+				waitForLockWaits(t, b, 2)
 				require.NoError(t, tx.Rollback(b.ctx))
-				got := <-third
-				require.True(t, got.Claimed, "the rolled-back unit goes to the waiting claim")
-				fourth, err := client.ClaimVoucher(b.ctx, "p", "fourth")
-				require.NoError(t, err)
-				require.False(t, fourth.Claimed, "sold out")
+				a, c := <-third, <-fifth
+				require.True(t, a.Claimed != c.Claimed, "one of the two waiting claims gets the rolled-back unit")
 			} else {
 				fourth := make(chan quota.Claim, 1)
 				go func() {
@@ -456,6 +462,7 @@ func TestShardedClaimsInFlight(t *testing.T) {
 			require.NoError(t, rows.Err())
 			require.Len(t, members, 2)
 			require.Contains(t, members, "second")
+			require.NotContains(t, members, "fourth", "a claim given up at the gate wrote nothing")
 			require.NotContains(t, members, "holder", "the holder's transaction rolled back")
 			st, err := client.VoucherStatus(b.ctx, "p")
 			require.NoError(t, err)

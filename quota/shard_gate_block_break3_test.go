@@ -1,0 +1,134 @@
+package quota_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgquota/pgquota/quota"
+)
+
+// A request handler claims a unit for alice in its transaction
+// (ClaimVoucherTx) and, before it commits, a unit for the referrer bob with
+// ClaimVoucher. Meanwhile alice double-clicks: her second ClaimVoucher
+// takes a free shard, then waits in the database for the handler's
+// uncommitted claim row (the voucher_claim primary key). The pool has 3
+// shards, so the default bound is one claim in flight: alice's duplicate
+// holds the only place, and bob's claim waits in the client for it, which
+// waits for the handler's transaction, which waits for bob's claim. Nothing
+// detects that cycle (the database sees one lock wait, no deadlock), and
+// with a context without deadline the handler hangs forever, though a
+// shard with units and no lock is there for bob; without the bound (-1)
+// bob's claim skips the locked shards and takes it.
+func TestBreaker3GateBlockedByDuplicateOfOpenTx(t *testing.T) {
+	t.Parallel()
+	for _, bound := range []int{0, -1} {
+		t.Run(fmt.Sprint("bound ", bound), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 6)
+			client, err := quota.New(b.pool, &quota.Config{ShardedClaimsInFlight: bound})
+			require.NoError(t, err)
+			_, err = client.CreateShardedPool(b.ctx, "p", 30, 3)
+			require.NoError(t, err)
+			// Warm the client's caches, as a running service has.
+			warm, err := client.ClaimVoucher(b.ctx, "p", "warm")
+			require.NoError(t, err)
+			require.True(t, warm.Claimed)
+
+			tx, err := b.pool.BeginTx(b.ctx, readCommitted)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(b.ctx) }()
+			held, err := client.ClaimVoucherTx(b.ctx, tx, "p", "alice")
+			require.NoError(t, err)
+			require.True(t, held.Claimed)
+
+			dupCtx, cancelDup := context.WithCancel(b.ctx)
+			defer cancelDup()
+			dup := make(chan error, 1)
+			go func() {
+				_, err := client.ClaimVoucher(dupCtx, "p", "alice")
+				dup <- err
+			}()
+			waitForLockWaits(t, b, 1) // alice's duplicate waits for tx
+
+			// The handler, still in its transaction, claims for bob.
+			ctx, cancel := context.WithTimeout(b.ctx, 3*time.Second)
+			defer cancel()
+			start := time.Now()
+			bob, err := client.ClaimVoucher(ctx, "p", "bob")
+			require.NoError(t, err, "bob's claim is stuck behind alice's duplicate (after %s) while shards with units are free", time.Since(start).Round(time.Millisecond))
+			require.True(t, bob.Claimed)
+			require.NoError(t, tx.Commit(b.ctx))
+			require.NoError(t, <-dup)
+		})
+	}
+}
+
+// The same without duplicate clicks: two transactions hold the two shards
+// of a pool (ClaimVoucherTx, still open), so a ClaimVoucher waits in the
+// database for one of them, as designed. The other transaction commits:
+// its shard is free and has units. A new claim, though, waits in the
+// client behind the first one, which keeps waiting for the open
+// transaction, for as long as that transaction stays open. Without the
+// bound (-1) the new claim takes the free shard at once.
+func TestBreaker3GateBlockedBehindClaimWaitingForOpenTx(t *testing.T) {
+	t.Parallel()
+	for _, bound := range []int{0, -1} {
+		t.Run(fmt.Sprint("bound ", bound), func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 6)
+			client, err := quota.New(b.pool, &quota.Config{ShardedClaimsInFlight: bound})
+			require.NoError(t, err)
+			_, err = client.CreateShardedPool(b.ctx, "p", 10, 2)
+			require.NoError(t, err)
+			warm, err := client.ClaimVoucher(b.ctx, "p", "warm")
+			require.NoError(t, err)
+			require.True(t, warm.Claimed)
+
+			txs := map[int32]func(){} // backend pid -> commit
+			for i := range 2 {
+				tx, err := b.pool.BeginTx(b.ctx, readCommitted)
+				require.NoError(t, err)
+				defer func() { _ = tx.Rollback(b.ctx) }()
+				c, err := client.ClaimVoucherTx(b.ctx, tx, "p", fmt.Sprint("tx", i))
+				require.NoError(t, err)
+				require.True(t, c.Claimed)
+				var pid int32
+				require.NoError(t, tx.QueryRow(b.ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+				txs[pid] = func() { require.NoError(t, tx.Commit(b.ctx)) }
+			}
+			_, claimed := b.shardCounters(t, "p")
+			require.Len(t, claimed, 2)
+
+			waiterCtx, cancelWaiter := context.WithCancel(b.ctx)
+			defer cancelWaiter()
+			waiter := make(chan error, 1)
+			go func() {
+				_, err := client.ClaimVoucher(waiterCtx, "p", "waiter")
+				waiter <- err
+			}()
+			waitForLockWaits(t, b, 1)
+			var blocker int32
+			require.NoError(t, b.pool.QueryRow(b.ctx, `
+				SELECT (pg_blocking_pids(pid))[1] FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&blocker))
+			require.Contains(t, txs, blocker)
+			for pid, commit := range txs {
+				if pid != blocker {
+					commit() // its shard is free again, with units
+				}
+			}
+
+			ctx, cancel := context.WithTimeout(b.ctx, 3*time.Second)
+			defer cancel()
+			c, err := client.ClaimVoucher(ctx, "p", "newcomer")
+			require.NoError(t, err, "a claim waits behind one that waits for an open transaction, while a shard with units is free")
+			require.True(t, c.Claimed)
+			cancelWaiter()
+			<-waiter
+		})
+	}
+}

@@ -1,0 +1,124 @@
+package quota_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgquota/pgquota/quota"
+)
+
+// claimsInFlight measures how many of client's ClaimVoucher calls on
+// campaign run their statement at once: a transaction claims for k members
+// and stays open, then k duplicates of those claims are started; each one
+// admitted by the client waits in the database for the transaction's claim
+// rows. It returns the number of lock waits seen, and cleans up. The
+// members are named prefix0..prefixk-1: a duplicate whose context ended
+// while it waited in the database still runs there, and claims the unit
+// once the transaction rolls back.
+func claimsInFlight(t *testing.T, b *testBundle, client *quota.Client, campaign, prefix string, k int) int {
+	t.Helper()
+	tx, err := b.pool.BeginTx(b.ctx, readCommitted)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	for i := range k {
+		c, err := client.ClaimVoucherTx(b.ctx, tx, campaign, fmt.Sprint(prefix, i))
+		require.NoError(t, err)
+		require.True(t, c.Claimed)
+	}
+	ctx, cancel := context.WithCancel(b.ctx)
+	var wg sync.WaitGroup
+	for i := range k {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, _ = client.ClaimVoucher(ctx, campaign, fmt.Sprint(prefix, i))
+		}()
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	n := 0
+	for time.Now().Before(deadline) {
+		if n = lockWaits(t, b); n >= k {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	wg.Wait()
+	require.NoError(t, tx.Rollback(b.ctx))
+	b.settle(t)
+	return n
+}
+
+// recreateDrop drops a campaign (its shards and claims cascade) as an operator
+// would.
+func (b *testBundle) recreateDrop(t *testing.T, campaign string) {
+	t.Helper()
+	_, err := b.pool.Exec(b.ctx, `DELETE FROM pgquota.voucher_pool WHERE campaign = $1`, campaign)
+	require.NoError(t, err)
+}
+
+// A campaign is dropped and created again under the same name with another
+// number of shards, through a counted pool in between, while the client is
+// in use. The client sees the kind change (it forgets its cached number of
+// shards) and learns the new number, but the gate keeps the capacity it got
+// from the first pool forever: grown from 2 to 16 shards, the pool keeps a
+// bound of 1 claim in flight instead of 8; shrunk from 16 to 2, it keeps 8
+// instead of 1 (the row-lock queueing the bound exists to prevent). A
+// fresh client gets the documented bound for the same pool.
+func TestBreaker3GateCapacityStaleAfterRecreate(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		from, to  int
+		probe     int // duplicates started
+		wantLocks int // half the new pool's shards, at most probe
+	}{
+		{"grown 2 to 16", 2, 16, 4, 4},
+		{"shrunk 16 to 2", 16, 2, 3, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, 10)
+			client := b.client // default bound: half the shards
+			// Claims wait at the gate for as long as the measurement takes,
+			// instead of going ahead after 100ms.
+			quota.SetShardGateMaxWait(client, time.Hour)
+			_, err := client.CreateShardedPool(b.ctx, "p", 100, tc.from)
+			require.NoError(t, err)
+			c, err := client.ClaimVoucher(b.ctx, "p", "first")
+			require.NoError(t, err)
+			require.True(t, c.Claimed)
+
+			// Dropped, briefly a counted pool, then sharded again.
+			b.recreateDrop(t, "p")
+			_, err = client.CreateVoucherPool(b.ctx, "p", 100)
+			require.NoError(t, err)
+			c, err = client.ClaimVoucher(b.ctx, "p", "counted")
+			require.NoError(t, err)
+			require.True(t, c.Claimed)
+			b.recreateDrop(t, "p")
+			p, err := client.CreateShardedPool(b.ctx, "p", 100, tc.to)
+			require.NoError(t, err)
+			require.Equal(t, tc.to, p.Shards)
+			c, err = client.ClaimVoucher(b.ctx, "p", "sharded again")
+			require.NoError(t, err)
+			require.True(t, c.Claimed)
+
+			fresh, err := quota.New(b.pool, nil)
+			require.NoError(t, err)
+			quota.SetShardGateMaxWait(fresh, time.Hour)
+			c, err = fresh.ClaimVoucher(b.ctx, "p", "fresh")
+			require.NoError(t, err)
+			require.True(t, c.Claimed)
+			require.Equal(t, tc.wantLocks, claimsInFlight(t, b, fresh, "p", "fresh-", tc.probe), "a fresh client's bound")
+
+			require.Equal(t, tc.wantLocks, claimsInFlight(t, b, client, "p", "old-", tc.probe),
+				"the client that knew the old pool bounds the new pool of %d shards by the old pool's %d", tc.to, tc.from)
+		})
+	}
+}
