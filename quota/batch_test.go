@@ -144,13 +144,7 @@ func TestGrantBatchEmptyAndTx(t *testing.T) {
 // waitForLockWait waits until a session of b's database waits for a lock.
 func waitForLockWait(t *testing.T, b *testBundle) {
 	t.Helper()
-	waitFor(t, "a lock wait", func() bool {
-		var n int
-		require.NoError(t, b.pool.QueryRow(b.ctx, `
-			SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n))
-		return n > 0
-	})
+	waitForLockWaits(t, b, 1)
 }
 
 func TestGrantBatchCounterCreatedMeanwhile(t *testing.T) {

@@ -14,15 +14,11 @@ import (
 // A request handler claims a unit for alice in its transaction
 // (ClaimVoucherTx) and, before it commits, a unit for the referrer bob with
 // ClaimVoucher. Meanwhile alice double-clicks: her second ClaimVoucher
-// takes a free shard, then waits in the database for the handler's
-// uncommitted claim row (the voucher_claim primary key). The pool has 3
-// shards, so the default bound is one claim in flight: alice's duplicate
-// holds the only place, and bob's claim waits in the client for it, which
-// waits for the handler's transaction, which waits for bob's claim. Nothing
-// detects that cycle (the database sees one lock wait, no deadlock), and
-// with a context without deadline the handler hangs forever, though a
-// shard with units and no lock is there for bob; without the bound (-1)
-// bob's claim skips the locked shards and takes it.
+// takes the only place at the gate (3 shards: one claim in flight) and
+// waits in the database for the handler's uncommitted claim row. Had bob's
+// claim waited for that place, the three would wait for each other with
+// nothing to detect it (found by breaker3); it waits at most 100ms, then
+// takes a free shard.
 func TestBreaker3GateBlockedByDuplicateOfOpenTx(t *testing.T) {
 	t.Parallel()
 	for _, bound := range []int{0, -1} {
@@ -70,10 +66,9 @@ func TestBreaker3GateBlockedByDuplicateOfOpenTx(t *testing.T) {
 // The same without duplicate clicks: two transactions hold the two shards
 // of a pool (ClaimVoucherTx, still open), so a ClaimVoucher waits in the
 // database for one of them, as designed. The other transaction commits:
-// its shard is free and has units. A new claim, though, waits in the
-// client behind the first one, which keeps waiting for the open
-// transaction, for as long as that transaction stays open. Without the
-// bound (-1) the new claim takes the free shard at once.
+// its shard is free and has units. A new claim must not wait behind the
+// first one for as long as the remaining transaction stays open (found by
+// breaker3): it waits at most 100ms at the gate, then takes the free shard.
 func TestBreaker3GateBlockedBehindClaimWaitingForOpenTx(t *testing.T) {
 	t.Parallel()
 	for _, bound := range []int{0, -1} {

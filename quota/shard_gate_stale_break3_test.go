@@ -64,12 +64,10 @@ func (b *testBundle) recreateDrop(t *testing.T, campaign string) {
 
 // A campaign is dropped and created again under the same name with another
 // number of shards, through a counted pool in between, while the client is
-// in use. The client sees the kind change (it forgets its cached number of
-// shards) and learns the new number, but the gate keeps the capacity it got
-// from the first pool forever: grown from 2 to 16 shards, the pool keeps a
-// bound of 1 claim in flight instead of 8; shrunk from 16 to 2, it keeps 8
-// instead of 1 (the row-lock queueing the bound exists to prevent). A
-// fresh client gets the documented bound for the same pool.
+// in use. The client's gate follows the new pool: grown from 2 to 16
+// shards, 8 claims in flight; shrunk from 16 to 2, 1 (breaker3 found the
+// gate keeping the first pool's capacity forever). A fresh client gets the
+// same bound for the same pool.
 func TestBreaker3GateCapacityStaleAfterRecreate(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

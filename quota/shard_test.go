@@ -396,14 +396,7 @@ func TestShardedClaimsInFlight(t *testing.T) {
 			require.NoError(t, err)
 			require.True(t, second.Claimed)
 
-			third := make(chan quota.Claim, 1)
-			go func() {
-				c, err := client.ClaimVoucher(b.ctx, "p", "third")
-				if err != nil {
-					t.Errorf("third claim: %v", err)
-				}
-				third <- c
-			}()
+			third := claimAsync(t, b.ctx, client, "p", "third")
 			waitForLockWaits(t, b, 1)
 
 			if bound == 1 {
@@ -423,14 +416,7 @@ func TestShardedClaimsInFlight(t *testing.T) {
 				// shardGateMaxWait (100ms), then goes ahead without a
 				// place: the third claim may wait for an open transaction
 				// for any length of time.
-				fifth := make(chan quota.Claim, 1)
-				go func() {
-					c, err := client.ClaimVoucher(b.ctx, "p", "fifth")
-					if err != nil {
-						t.Errorf("fifth claim: %v", err)
-					}
-					fifth <- c
-				}()
+				fifth := claimAsync(t, b.ctx, client, "p", "fifth")
 				time.Sleep(50 * time.Millisecond)
 				require.Equal(t, 1, lockWaits(t, b), "only the admitted claim waits in the database")
 				waitForLockWaits(t, b, 2)
@@ -438,14 +424,7 @@ func TestShardedClaimsInFlight(t *testing.T) {
 				a, c := <-third, <-fifth
 				require.True(t, a.Claimed != c.Claimed, "one of the two waiting claims gets the rolled-back unit")
 			} else {
-				fourth := make(chan quota.Claim, 1)
-				go func() {
-					c, err := client.ClaimVoucher(b.ctx, "p", "fourth")
-					if err != nil {
-						t.Errorf("fourth claim: %v", err)
-					}
-					fourth <- c
-				}()
+				fourth := claimAsync(t, b.ctx, client, "p", "fourth")
 				waitForLockWaits(t, b, 2)
 				require.NoError(t, tx.Rollback(b.ctx))
 				a, c := <-third, <-fourth
@@ -488,4 +467,19 @@ func lockWaits(t *testing.T, b *testBundle) int {
 func waitForLockWaits(t *testing.T, b *testBundle, n int) {
 	t.Helper()
 	waitFor(t, fmt.Sprintf("%d lock waits", n), func() bool { return lockWaits(t, b) >= n })
+}
+
+// claimAsync runs ClaimVoucher in a goroutine and returns where its claim
+// arrives; an error fails the test.
+func claimAsync(t *testing.T, ctx context.Context, client *quota.Client, campaign, member string) <-chan quota.Claim {
+	t.Helper()
+	out := make(chan quota.Claim, 1)
+	go func() {
+		c, err := client.ClaimVoucher(ctx, campaign, member)
+		if err != nil {
+			t.Errorf("%s's claim: %v", member, err)
+		}
+		out <- c
+	}()
+	return out
 }
