@@ -280,10 +280,8 @@ func (c *Client) shardGate(ctx context.Context, campaign string, shards int) (fu
 	if n == 0 {
 		n = max(shards/2, 1)
 	}
-	var gate *shardGate
-	if v, ok := c.shardGates.Load(campaign); ok && v.(*shardGate).shards == shards {
-		gate = v.(*shardGate)
-	} else {
+	v, ok := c.shardGates.Load(campaign)
+	if !ok || v.(*shardGate).shards != shards {
 		// First claim, or the campaign was recreated with another number
 		// of shards: a gate of the new size. Claims still in flight on the
 		// old one release their places there.
@@ -293,12 +291,13 @@ func (c *Client) shardGate(ctx context.Context, campaign string, shards int) (fu
 		} else {
 			c.shardGates.LoadOrStore(campaign, fresh)
 		}
-		v, _ := c.shardGates.Load(campaign)
-		gate = v.(*shardGate)
+		v, _ = c.shardGates.Load(campaign)
 	}
+	gate := v.(*shardGate)
+	release := func() { <-gate.slots }
 	select {
 	case gate.slots <- struct{}{}:
-		return func() { <-gate.slots }, nil
+		return release, nil
 	default:
 	}
 	wait := shardGateMaxWait
@@ -309,7 +308,7 @@ func (c *Client) shardGate(ctx context.Context, campaign string, shards int) (fu
 	defer t.Stop()
 	select {
 	case gate.slots <- struct{}{}:
-		return func() { <-gate.slots }, nil
+		return release, nil
 	case <-t.C:
 		return func() {}, nil
 	case <-ctx.Done():
