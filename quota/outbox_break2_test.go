@@ -166,11 +166,21 @@ func TestRelayLostConnectionStopsBatch(t *testing.T) {
 			return nil
 		}
 		// A's connection dies while it delivers event 1 ...
-		var n int
+		var pid int32
 		require.NoError(t, b.pool.QueryRow(b.ctx, `
-			SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-			WHERE datname = current_database() AND state = 'idle in transaction'`).Scan(&n))
-		require.Equal(t, 1, n)
+			SELECT pid FROM pg_stat_activity
+			WHERE datname = current_database() AND state = 'idle in transaction'`).Scan(&pid))
+		var killed bool
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT pg_terminate_backend($1)`, pid).Scan(&killed))
+		require.True(t, killed)
+		// pg_terminate_backend only signals: the batch's row locks are
+		// gone once the backend has exited, and a relay that claimed
+		// before that would skip the still-locked events.
+		waitFor(t, "relay A's backend to exit", func() bool {
+			var alive bool
+			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&alive))
+			return !alive
+		})
 		// ... and relay B claims the batch A held.
 		go func() {
 			_, err := relayB.RunOnce(b.ctx)
