@@ -482,7 +482,21 @@ type pausedWrite struct {
 	resume chan struct{} // closed to end the pause
 	done   chan error
 	out    historyOutcome
-	leased bool // the write was checked against the lease
+	leased bool  // the write was checked against the lease
+	err    error // of the pause itself (stopping or continuing a process)
+
+	finishOnce sync.Once
+	result     error
+}
+
+// finish ends the pause and waits for the write; it may be called again
+// (a round that fails ends the pause on its way out).
+func (pw *pausedWrite) finish() error {
+	pw.finishOnce.Do(func() {
+		close(pw.resume)
+		pw.result = <-pw.done
+	})
+	return pw.result
 }
 
 // startPausedWrite starts a's write and returns once a is paused in it
@@ -495,16 +509,16 @@ func (h *historyRun) startPausedWrite(a *historyActor, key int, token int64, lea
 	pause := func() {
 		if a.proc != nil {
 			if err := a.proc.stop(); err != nil {
-				pw.done <- err
-				return
+				pw.err = err
+			} else {
+				h.mu.Lock()
+				h.stats.stops++
+				h.mu.Unlock()
 			}
-			h.mu.Lock()
-			h.stats.stops++
-			h.mu.Unlock()
 			once.Do(func() { close(pw.paused) })
 			<-pw.resume
-			if err := a.proc.cont(); err != nil {
-				pw.done <- err
+			if err := a.proc.cont(); err != nil && pw.err == nil {
+				pw.err = err
 			}
 			return
 		}
@@ -517,6 +531,9 @@ func (h *historyRun) startPausedWrite(a *historyActor, key int, token int64, lea
 	}
 	go func() {
 		out, err := h.write(a, key, token, leased, value, pause)
+		if err == nil {
+			err = pw.err
+		}
 		pw.out = out
 		once.Do(func() { close(pw.paused) })
 		pw.done <- err
@@ -621,6 +638,7 @@ func (h *historyRun) round(n int, r historyRound, a, b, c *historyActor) error {
 
 	key = h.intn(historyKeys)
 	pw := h.startPausedWrite(a, key, token, h.intn(2) == 0, fmt.Sprintf("r%d-paused", n))
+	defer func() { _ = pw.finish() }()
 	var lb leaseGrant
 	successor := false
 	if r.lapse {
@@ -651,8 +669,7 @@ func (h *historyRun) round(n int, r historyRound, a, b, c *historyActor) error {
 			return err
 		}
 	}
-	close(pw.resume)
-	if err := <-pw.done; err != nil {
+	if err := pw.finish(); err != nil {
 		return err
 	}
 	if err := h.read(a, key); err != nil {
@@ -917,7 +934,7 @@ func describeHistory(ops []porcupine.Operation) string {
 // transaction).
 func TestFenceHistoryIsLinearizable(t *testing.T) {
 	t.Parallel()
-	s := newHistorySetup(t, 6, 2)
+	s := newHistorySetup(t, 5, 2)
 	client, err := quota.New(s.pool, nil)
 	require.NoError(t, err)
 	results := s.runs(context.Background(), historyRealVariant, clientStore{pool: s.pool, client: client}, historyRuns)
