@@ -369,7 +369,7 @@ func historyStoreFor(variant string, base clientStore) (historyStore, error) {
 // of the workload on which the real client passes every run.
 func TestFenceHistoryReportsFaultyPaths(t *testing.T) {
 	t.Parallel()
-	s := newHistorySetup(t, 8, 3)
+	s := newHistorySetup(t, 6, 2)
 	client, err := quota.New(s.pool, nil)
 	require.NoError(t, err)
 	base := clientStore{pool: s.pool, client: client}

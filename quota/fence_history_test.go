@@ -934,7 +934,7 @@ func describeHistory(ops []porcupine.Operation) string {
 // transaction).
 func TestFenceHistoryIsLinearizable(t *testing.T) {
 	t.Parallel()
-	s := newHistorySetup(t, 5, 2)
+	s := newHistorySetup(t, 4, 1)
 	client, err := quota.New(s.pool, nil)
 	require.NoError(t, err)
 	results := s.runs(context.Background(), historyRealVariant, clientStore{pool: s.pool, client: client}, historyRuns)
@@ -952,4 +952,77 @@ func TestFenceHistoryIsLinearizable(t *testing.T) {
 		passed++
 	}
 	t.Logf("real client: %d of %d runs linearizable (%d operations in run 0)", passed, len(results), len(results[0].history))
+}
+
+// randomPauses records the workload of the first version of this check:
+// six clients, four rounds each, each acquiring the lease (polling), pausing
+// (client 0 past the TTL in its first round, every client past it one time
+// in four), renewing one time in two, writing a random key, reading it back
+// and releasing.
+func (s *historySetup) randomPauses(ctx context.Context, store historyStore, resource string) (res historyResult) {
+	const clients, rounds = 6, 4
+	ctx, cancel := context.WithTimeout(ctx, historyRunTimeout)
+	defer cancel()
+	h := &historyRun{ctx: ctx, resource: resource, rng: rand.New(rand.NewPCG(1, uint64(time.Now().UnixNano()))),
+		rec: &historyRecorder{start: time.Now()}, pool: s.pool, races: s.races}
+	errs := make([]error, clients)
+	concurrently(clients, func(c int) {
+		a := &historyActor{id: c, holder: fmt.Sprintf("%s-c%d", resource, c), store: store}
+		errs[c] = func() error {
+			for r := range rounds {
+				l, err := h.acquireUntil(a, historyTTL, nil)
+				if err != nil {
+					return err
+				}
+				if (c == 0 && r == 0) || h.intn(4) == 0 {
+					h.jitter(int(historyTTL/time.Millisecond)+50, int(historyTTL/time.Millisecond)+200)
+				} else {
+					h.jitter(0, 20)
+				}
+				if h.intn(2) == 0 {
+					if _, _, err := h.renew(a, l.token, historyTTL); err != nil {
+						return err
+					}
+				}
+				key := h.intn(historyKeys)
+				if _, err := h.write(a, key, l.token, h.intn(2) == 0, fmt.Sprintf("c%d-r%d", c, r), nil); err != nil {
+					return err
+				}
+				if err := h.read(a, key); err != nil {
+					return err
+				}
+				if _, err := h.release(a, l.token); err != nil {
+					return err
+				}
+			}
+			return nil
+		}()
+	})
+	res.err = errors.Join(errs...)
+	res.history, res.stats = h.rec.history(), h.stats
+	if res.err == nil {
+		res.check = porcupine.CheckOperationsTimeout(fencedLeaseModel, res.history, 20*time.Second)
+	}
+	return res
+}
+
+// The first version's workload, with random pauses and six concurrent
+// acquirers, is linearizable on the real client and includes fenced-off
+// writes; with the token ignored (a plain upsert) it is not.
+func TestFenceHistoryRandomPauses(t *testing.T) {
+	t.Parallel()
+	s := newHistorySetup(t, 6, 0)
+	client, err := quota.New(s.pool, nil)
+	require.NoError(t, err)
+	base := clientStore{pool: s.pool, client: client}
+	real := s.randomPauses(context.Background(), base, "random-real")
+	require.NoError(t, real.err)
+	require.Equal(t, porcupine.Ok, real.check, "not linearizable:\n%s", describeHistory(real.history))
+	require.Positive(t, real.stats.staleRejected, "the history must include fenced-off writes")
+
+	unfenced, err := historyStoreFor("unfenced-write", base)
+	require.NoError(t, err)
+	res := s.randomPauses(context.Background(), unfenced, "random-unfenced")
+	require.NoError(t, res.err)
+	require.Equal(t, porcupine.Illegal, res.check, "a stale write landed, so the history must not be linearizable")
 }
