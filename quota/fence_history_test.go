@@ -583,11 +583,20 @@ func (h *historyRun) waitBlockedBy(ctx context.Context, pid uint32, done <-chan 
 // lease has expired by the database clock. Then A is continued: its write
 // completes, it reads the key, renews and releases.
 type historyRound struct {
-	inProcess bool // A is a goroutine (else a child process)
+	process   bool // A is a worker process, paused by SIGSTOP (else a goroutine, asleep)
 	lapse     bool
 	race      bool // B acquires in a transaction held open while C races it
-	successor int  // takeover: 0 writes nothing, 1 writes the other key, 2 the same key
+	successor successorWrite
 }
+
+// successorWrite is what B writes in a takeover round before reading A's key.
+type successorWrite int
+
+const (
+	successorWritesNothing successorWrite = iota
+	successorWritesOtherKey
+	successorWritesSameKey
+)
 
 func (h *historyRun) round(n int, r historyRound, a, b, c *historyActor) error {
 	la, err := h.acquireUntil(a, historyTTL, nil)
@@ -655,9 +664,10 @@ func (h *historyRun) round(n int, r historyRound, a, b, c *historyActor) error {
 		}
 		successor, taken = true, true
 		switch r.successor {
-		case 1:
+		case successorWritesNothing:
+		case successorWritesOtherKey:
 			_, err = h.write(b, 1-key, lb.token, h.intn(2) == 0, fmt.Sprintf("r%d-b", n), nil)
-		case 2:
+		case successorWritesSameKey:
 			_, err = h.write(b, key, lb.token, h.intn(2) == 0, fmt.Sprintf("r%d-b", n), nil)
 		}
 		if err != nil {
@@ -857,18 +867,22 @@ func (s *historySetup) run(ctx context.Context, variant string, store historySto
 	for i := 1; i < len(actors); i++ {
 		actors[i] = &historyActor{id: i, holder: fmt.Sprintf("%s-g%d", resource, i), store: store}
 	}
+	// Four rounds in a random order: the worker process's takeover (the
+	// successor writes nothing), a sleeper's takeover (the successor writes
+	// a key), a sleeper's lapse, and a sleeper's takeover by a successor
+	// that a racer races (it writes the other key or nothing).
 	rounds := []historyRound{
-		{successor: 0},
-		{inProcess: true, successor: 1 + h.rng.IntN(2)},
-		{inProcess: true, lapse: true},
-		{inProcess: true, race: true, successor: h.rng.IntN(2)},
+		{process: true, successor: successorWritesNothing},
+		{successor: successorWritesOtherKey + successorWrite(h.rng.IntN(2))},
+		{lapse: true},
+		{race: true, successor: successorWrite(h.rng.IntN(2))},
 	}
 	h.rng.Shuffle(len(rounds), func(i, j int) { rounds[i], rounds[j] = rounds[j], rounds[i] })
 	res.err = func() error {
 		for n, r := range rounds {
 			p := h.rng.Perm(3)
 			a, b, c := actors[1+p[0]], actors[1+p[1]], actors[1+p[2]]
-			if !r.inProcess {
+			if r.process {
 				var w *historyWorker
 				select {
 				case w = <-s.workers:
