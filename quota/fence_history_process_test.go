@@ -357,8 +357,9 @@ func serveHistoryWorker(t *testing.T, url string) {
 		default:
 			err = fmt.Errorf("unknown op %q", req.Op)
 		}
-		r.Token = max(r.Token, g.token)
-		r.At, r.Expires = g.at, g.expires
+		if req.Op != "read" {
+			r.Token, r.At, r.Expires = g.token, g.at, g.expires
+		}
 		switch {
 		case err == nil:
 		case errors.Is(err, quota.ErrLeaseHeld), quota.IsRetryable(err) && req.Op == "acquire":
