@@ -28,18 +28,22 @@ import (
 // token is the current holder writing again.
 
 // SQLSTATEs raised by pgquota's fence (class PQ, which PostgreSQL does not
-// use). FenceError turns them into ErrStaleToken and ErrLeaseLost.
+// use). FenceError turns them into ErrStaleToken, ErrLeaseLost and
+// ErrTokenNotPresented.
 const (
 	// SQLStateStaleToken is raised when a write's fencing token is below the
-	// highest token seen for its resource, or is NULL, by fenced writes and
-	// by the guard trigger on application tables. The error's DETAIL is a
-	// JSON object {"resource": text, "token": bigint|null, "highest":
-	// bigint}; the message names the resource and both tokens.
+	// highest token seen for its resource, or is NULL, by fenced writes, by
+	// pgquota.present_token (PresentTokenTx), and by the guard of an
+	// application table when the token its transaction presented was
+	// overtaken. The error's DETAIL is a JSON object {"resource": text,
+	// "token": bigint|null, "highest": bigint}; the message names the
+	// resource and both tokens.
 	SQLStateStaleToken = "PQ001"
-	// SQLStateLeaseNotHeld is raised when a fenced write is checked against
-	// a pgquota lease that is not held with the write's token (expired,
-	// released, or never acquired with it). DETAIL is a JSON object
-	// {"lease": text, "token": bigint}.
+	// SQLStateLeaseNotHeld is raised when a fenced write, or a token
+	// presented with PresentTokenTx, is checked against a pgquota lease that
+	// is not held with the token (expired, released, or never acquired with
+	// it: a token above every one issued lands here). DETAIL is a JSON
+	// object {"lease": text, "token": bigint}.
 	SQLStateLeaseNotHeld = "PQ002"
 	// SQLStateTokenNotPresented is raised by the guard of a table attached
 	// with AttachFenceGuard when a statement on it (INSERT, UPDATE, DELETE

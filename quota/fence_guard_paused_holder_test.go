@@ -133,7 +133,7 @@ func TestFenceGuardPausedHolderProcess(t *testing.T) {
 		for _, stmt := range stmts {
 			rounds++
 			a := b.acquire(t, g.Resource, "A", ttl)
-			require.NoError(t, b.txWith(t, g.Resource, a.Token, `INSERT INTO reports VALUES (1, 'a', NULL) ON CONFLICT (id) DO UPDATE SET val = 'a'`))
+			require.NoError(t, b.txWith(t, g.Resource, a.Token, fmt.Sprintf(`INSERT INTO reports VALUES (1, 'a', %d) ON CONFLICT (id) DO UPDATE SET val = 'a', tok = %d`, a.Token, a.Token)))
 			w := startPsql(t, dbURL)
 			l, err := b.client.Lease(b.ctx, g.Resource)
 			require.NoError(t, err)
@@ -148,7 +148,7 @@ func TestFenceGuardPausedHolderProcess(t *testing.T) {
 			time.Sleep(ttl + 150*time.Millisecond)
 			bl := b.acquire(t, g.Resource, "B", time.Minute)
 			require.Greater(t, bl.Token, a.Token)
-			require.NoError(t, b.txWith(t, g.Resource, bl.Token, `UPDATE reports SET val = 'b' WHERE id = 1`))
+			require.NoError(t, b.txWith(t, g.Resource, bl.Token, fmt.Sprintf(`UPDATE reports SET val = 'b', tok = %d WHERE id = 1`, bl.Token)))
 			w.signal(t, syscall.SIGCONT)
 
 			code := w.finish(t)
@@ -165,7 +165,7 @@ func TestFenceGuardPausedHolderProcess(t *testing.T) {
 	for _, stmt := range stmts {
 		rounds++
 		a := b.acquire(t, g.Resource, "A", ttl)
-		require.NoError(t, b.txWith(t, g.Resource, a.Token, `INSERT INTO reports VALUES (1, 'a', NULL) ON CONFLICT (id) DO UPDATE SET val = 'a'`))
+		require.NoError(t, b.txWith(t, g.Resource, a.Token, fmt.Sprintf(`INSERT INTO reports VALUES (1, 'a', %d) ON CONFLICT (id) DO UPDATE SET val = 'a', tok = %d`, a.Token, a.Token)))
 		w := startPsql(t, dbURL)
 		w.send(t, fmt.Sprintf("BEGIN;\nSELECT pgquota.present_token('public.reports', %d);\n", a.Token))
 		w.expect(t, fmt.Sprint(a.Token))

@@ -93,7 +93,7 @@ func TestFenceGuardRefusesDeposedHolder(t *testing.T) {
 	g := b.guardReports(t, "reports", false)
 
 	a := b.acquire(t, g.Resource, "A", 200*time.Millisecond)
-	require.NoError(t, b.txWith(t, g.Resource, a.Token, `INSERT INTO reports VALUES (1, 'a', 0), (2, 'a', 0)`))
+	require.NoError(t, b.txWith(t, g.Resource, a.Token, fmt.Sprintf(`INSERT INTO reports VALUES (1, 'a', %d), (2, 'a', %d)`, a.Token, a.Token)))
 	time.Sleep(400 * time.Millisecond) // A pauses past its TTL
 	bl := b.acquire(t, g.Resource, "B", time.Minute)
 	require.Greater(t, bl.Token, a.Token)
@@ -150,13 +150,13 @@ func TestFenceGuardNeedsTokenInSameTransaction(t *testing.T) {
 	tx, err := conn.Begin(b.ctx)
 	require.NoError(t, err)
 	require.NoError(t, b.client.PresentTokenTx(b.ctx, tx, quota.PresentTokenRequest{Resource: g.Resource, Token: h.Token}))
-	_, err = tx.Exec(b.ctx, `INSERT INTO reports VALUES (1, 'x', NULL)`)
+	_, err = tx.Exec(b.ctx, `INSERT INTO reports VALUES (1, 'x', $1)`, h.Token)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(b.ctx))
 
 	for _, stmt := range []string{
-		`INSERT INTO reports VALUES (2, 'y', 1)`,
 		`UPDATE reports SET val = 'y'`,
+		fmt.Sprintf(`INSERT INTO reports VALUES (2, 'y', %d)`, h.Token),
 		`DELETE FROM reports`,
 		`TRUNCATE reports`,
 	} {
@@ -181,7 +181,7 @@ func TestFenceGuardNeedsTokenInSameTransaction(t *testing.T) {
 	requireSQLState(t, err, quota.SQLStateTokenNotPresented)
 	require.NoError(t, tx.Rollback(b.ctx))
 
-	require.Equal(t, fmt.Sprintf("1:x:%d", h.Token), b.rowsOf(t, "reports"), "the row is stamped with the presented token")
+	require.Equal(t, fmt.Sprintf("1:x:%d", h.Token), b.rowsOf(t, "reports"), "no statement without a token landed")
 }
 
 // On a lease-backed table a token no lease is held with is refused, however
@@ -192,7 +192,7 @@ func TestFenceGuardRefusesInventedTokens(t *testing.T) {
 	b := setup(t, 0)
 	g := b.guardReports(t, "reports", false)
 	h := b.acquire(t, g.Resource, "holder", time.Minute)
-	require.NoError(t, b.txWith(t, g.Resource, h.Token, `INSERT INTO reports VALUES (1, 'real', NULL)`))
+	require.NoError(t, b.txWith(t, g.Resource, h.Token, fmt.Sprintf(`INSERT INTO reports VALUES (1, 'real', %d)`, h.Token)))
 
 	const invented = 9_000_000_000_000
 	err := b.txWith(t, g.Resource, invented, `UPDATE reports SET val = 'invented'`)
@@ -244,7 +244,7 @@ func TestFenceGuardExternalTokens(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
 	g := b.guardReports(t, "zk", true)
-	require.NoError(t, b.txWith(t, g.Resource, 7719, `INSERT INTO zk VALUES (1, 'first', NULL)`))
+	require.NoError(t, b.txWith(t, g.Resource, 7719, `INSERT INTO zk VALUES (1, 'first', 7719)`))
 	require.NoError(t, b.txWith(t, g.Resource, 7720, `UPDATE zk SET val = 'second' WHERE id = 1`))
 	require.Equal(t, "1:second:7720", b.rowsOf(t, "zk"))
 	err := b.txWith(t, g.Resource, 7719, `UPDATE zk SET val = 'stale' WHERE id = 1`)
@@ -289,9 +289,9 @@ func TestFenceGuardSeveralResourcesAndFenceWriteTx(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.client.FenceWriteTx(b.ctx, tx, quota.FenceWriteRequest{Resource: "elsewhere", Key: "k", Value: "v", Token: h2.Token, Lease: g2.Resource})
 	require.NoError(t, err)
-	_, err = tx.Exec(b.ctx, `INSERT INTO reports VALUES (1, 'r', NULL)`)
+	_, err = tx.Exec(b.ctx, `INSERT INTO reports VALUES (1, 'r', $1)`, h1.Token)
 	require.NoError(t, err)
-	_, err = tx.Exec(b.ctx, `INSERT INTO "we'ird"."Or""ders" VALUES (1, 'o', NULL)`)
+	_, err = tx.Exec(b.ctx, `INSERT INTO "we'ird"."Or""ders" VALUES (1, 'o', $1)`, h2.Token)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(b.ctx))
 	require.Equal(t, fmt.Sprintf("1:r:%d", h1.Token), b.rowsOf(t, "reports"))
@@ -429,4 +429,20 @@ func TestPresentTokenInput(t *testing.T) {
 	require.NoError(t, err, "nothing was sent: the transaction is intact")
 	other := errors.New("x")
 	require.Same(t, other, quota.FenceError(other))
+}
+
+// The guard stamps the presented token into the token column of every row
+// inserted or updated, whatever the statement set it to or left alone.
+func TestFenceGuardStampsPresentedToken(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 0)
+	g := b.guardReports(t, "reports", false)
+	h1 := b.acquire(t, g.Resource, "one", time.Minute)
+	require.NoError(t, b.txWith(t, g.Resource, h1.Token, `INSERT INTO reports VALUES (1, 'a', NULL), (2, 'a', 999999)`))
+	require.Equal(t, fmt.Sprintf("1:a:%d,2:a:%d", h1.Token, h1.Token), b.rowsOf(t, "reports"))
+	_, err := b.client.Release(b.ctx, g.Resource, h1.Token)
+	require.NoError(t, err)
+	h2 := b.acquire(t, g.Resource, "two", time.Minute)
+	require.NoError(t, b.txWith(t, g.Resource, h2.Token, `UPDATE reports SET val = 'b' WHERE id = 1`))
+	require.Equal(t, fmt.Sprintf("1:b:%d,2:a:%d", h2.Token, h1.Token), b.rowsOf(t, "reports"))
 }
