@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,11 +31,14 @@ func (b *testBundle) guardReports(t *testing.T, name string, external bool) quot
 
 // txWith runs stmts in one transaction, after presenting token for
 // resource when token > 0, and returns the error of the first failing
-// statement (the transaction is then rolled back).
+// statement (the transaction is then rolled back). It may run in a
+// goroutine of its own: it reports every failure as its error.
 func (b *testBundle) txWith(t *testing.T, resource string, token int64, stmts ...string) error {
 	t.Helper()
 	tx, err := b.pool.Begin(b.ctx)
-	require.NoError(t, err)
+	if err != nil {
+		return err
+	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(b.ctx)) }()
 	if token > 0 {
 		if err := b.client.PresentTokenTx(b.ctx, tx, quota.PresentTokenRequest{Resource: resource, Token: token}); err != nil {
@@ -445,4 +450,109 @@ func TestFenceGuardStampsPresentedToken(t *testing.T) {
 	h2 := b.acquire(t, g.Resource, "two", time.Minute)
 	require.NoError(t, b.txWith(t, g.Resource, h2.Token, `UPDATE reports SET val = 'b' WHERE id = 1`))
 	require.Equal(t, fmt.Sprintf("1:b:%d,2:a:%d", h2.Token, h1.Token), b.rowsOf(t, "reports"))
+}
+
+// Holders taking the lease in turn write a guarded counter under their
+// presented tokens, while stale writers keep trying with every token
+// already released: the counter ends at exactly the number of writes the
+// holders committed, and no stale writer's statement ever lands.
+func TestFenceGuardConcurrentHoldersAndStaleWriters(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 12)
+	_, err := b.pool.Exec(b.ctx, `CREATE TABLE counter (id int PRIMARY KEY, n int NOT NULL, tok bigint)`)
+	require.NoError(t, err)
+	g, err := b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "counter", Column: "tok"})
+	require.NoError(t, err)
+	h := b.acquire(t, g.Resource, "setup", time.Minute)
+	require.NoError(t, b.txWith(t, g.Resource, h.Token, `INSERT INTO counter VALUES (1, 0, NULL)`))
+	_, err = b.client.Release(b.ctx, g.Resource, h.Token)
+	require.NoError(t, err)
+
+	const holders, rounds, stale = 4, 8, 3
+	var mu sync.Mutex
+	released := []int64{h.Token}
+	var committed, staleLanded, staleRefused atomic.Int64
+	done := make(chan struct{})
+	var wg, staleWG sync.WaitGroup
+	for w := range holders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range rounds {
+				var l quota.Lease
+				for {
+					var err error
+					l, err = b.client.Acquire(b.ctx, quota.AcquireRequest{Name: g.Resource, Holder: fmt.Sprint("holder-", w), TTL: 5 * time.Second})
+					if err == nil {
+						break
+					}
+					if !errors.Is(err, quota.ErrLeaseHeld) {
+						t.Error(err)
+						return
+					}
+					time.Sleep(2 * time.Millisecond)
+				}
+				for {
+					err := b.txWith(t, g.Resource, l.Token, `UPDATE counter SET n = n + 1 WHERE id = 1`)
+					if err == nil {
+						committed.Add(1)
+						break
+					}
+					if c := sqlStateOf(err); c != "40001" && c != "40P01" {
+						t.Errorf("holder %d with token %d: %v", w, l.Token, err)
+						break
+					}
+				}
+				if _, err := b.client.Release(b.ctx, g.Resource, l.Token); err != nil {
+					t.Error(err)
+				}
+				mu.Lock()
+				released = append(released, l.Token)
+				mu.Unlock()
+			}
+		}()
+	}
+	for s := range stale {
+		staleWG.Add(1)
+		go func() {
+			defer staleWG.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				mu.Lock()
+				tok := released[(i*7+s)%len(released)]
+				mu.Unlock()
+				var err error
+				if i%2 == 0 {
+					err = b.txWith(t, g.Resource, tok, `UPDATE counter SET n = n + 1000 WHERE id = 1`)
+				} else {
+					err = b.txWith(t, g.Resource, 0, `UPDATE counter SET n = n + 1000 WHERE id = 1`)
+				}
+				switch {
+				case err == nil:
+					staleLanded.Add(1)
+				case errors.Is(err, quota.ErrStaleToken), errors.Is(err, quota.ErrLeaseLost),
+					errors.Is(quota.FenceError(err), quota.ErrTokenNotPresented), sqlStateOf(err) == "40001", sqlStateOf(err) == "40P01":
+					staleRefused.Add(1)
+				default:
+					t.Errorf("stale writer: %v", err)
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	close(done)
+	staleWG.Wait()
+
+	var n int64
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT n FROM counter`).Scan(&n))
+	require.Equal(t, int64(holders*rounds), committed.Load())
+	require.Equal(t, committed.Load(), n, "the counter holds exactly the holders' writes")
+	require.Zero(t, staleLanded.Load(), "stale writes landed")
+	require.Positive(t, staleRefused.Load())
+	t.Logf("%d holder writes committed, %d stale statements refused, 0 landed", committed.Load(), staleRefused.Load())
 }
