@@ -464,7 +464,7 @@ func TestFenceGuardConcurrentHoldersAndStaleWriters(t *testing.T) {
 	g, err := b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "counter", Column: "tok"})
 	require.NoError(t, err)
 	h := b.acquire(t, g.Resource, "setup", time.Minute)
-	require.NoError(t, b.txWith(t, g.Resource, h.Token, `INSERT INTO counter VALUES (1, 0, NULL)`))
+	require.NoError(t, b.txWith(t, g.Resource, h.Token, fmt.Sprintf(`INSERT INTO counter VALUES (1, 0, %d)`, h.Token)))
 	_, err = b.client.Release(b.ctx, g.Resource, h.Token)
 	require.NoError(t, err)
 
