@@ -7,6 +7,8 @@ package db
 
 import (
 	"context"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const fenceGet = `-- name: FenceGet :one
@@ -21,4 +23,27 @@ func (q *Queries) FenceGet(ctx context.Context, db DBTX, resource string) (Pgquo
 	var i PgquotaFence
 	err := row.Scan(&i.Resource, &i.MaxToken, &i.UpdatedAt)
 	return i, err
+}
+
+const fencePresentToken = `-- name: FencePresentToken :one
+SELECT pgquota.present_token($1::text, $2::bigint, $3::text)::bigint AS token
+`
+
+type FencePresentTokenParams struct {
+	Resource string
+	Token    int64
+	Lease    pgtype.Text
+}
+
+// Presents @token for @resource in the caller's transaction (see
+// pgquota.present_token in migrations/00006_fence_guard.sql): validated
+// against the lease @lease (default: the lease named like the resource)
+// unless the resource's guard was attached for external tokens, raised into
+// the resource's highest token seen, and kept in the transaction-scoped
+// setting the guard's triggers read.
+func (q *Queries) FencePresentToken(ctx context.Context, db DBTX, arg FencePresentTokenParams) (int64, error) {
+	row := db.QueryRow(ctx, fencePresentToken, arg.Resource, arg.Token, arg.Lease)
+	var token int64
+	err := row.Scan(&token)
+	return token, err
 }

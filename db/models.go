@@ -14,6 +14,12 @@ type PgquotaFence struct {
 	UpdatedAt pgtype.Timestamptz
 }
 
+type PgquotaFenceGuardResource struct {
+	Resource   string
+	External   bool
+	AttachedAt pgtype.Timestamptz
+}
+
 type PgquotaFencedRow struct {
 	Resource   string
 	Key        string

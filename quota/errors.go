@@ -129,8 +129,9 @@ var (
 	// ErrLeaseLost is returned by Renew, RenewTx, Release and ReleaseTx
 	// when the lease is no longer held with the given token (it expired by
 	// the database clock, was released, or another holder took it over), by
-	// FenceWrite, FenceWriteTx and GrantFenced when the lease the write is
-	// checked against is not held with the token (SQLSTATE PQ002), and by
+	// FenceWrite, FenceWriteTx, GrantFenced and PresentTokenTx when the
+	// lease the write is checked against is not held with the token
+	// (SQLSTATE PQ002), and by
 	// Keeper.Context's cause when a renewal found the lease lost. A deposed
 	// holder can neither extend, end, nor write under its successor's lease.
 	ErrLeaseLost = errors.New("pgquota: lease lost")
@@ -143,12 +144,21 @@ var (
 	// row of that key.
 	ErrFencedRowNotFound = errors.New("pgquota: fenced row not found")
 
-	// ErrStaleToken is returned by FenceWrite, FenceWriteTx and GrantFenced,
-	// and by FenceError for an error from a guarded application table, when
+	// ErrStaleToken is returned by FenceWrite, FenceWriteTx, GrantFenced and
+	// PresentTokenTx, and by FenceError for an error from a guarded
+	// application table, when
 	// the write's fencing token is below the highest token seen for the
 	// resource (or below the token of the lease it is checked against). It
 	// is wrapped in a *StaleTokenError. Nothing was written.
 	ErrStaleToken = errors.New("pgquota: stale fencing token")
+
+	// ErrTokenNotPresented is returned by FenceError for an error from a
+	// table guarded by AttachFenceGuard (SQLSTATE PQ003) when the statement
+	// ran in a transaction that presented no fencing token for the table's
+	// resource (PresentTokenTx or SELECT pgquota.present_token(...) first,
+	// in the same transaction), or one that pgquota.present_token did not
+	// admit. Nothing of the statement was written.
+	ErrTokenNotPresented = errors.New("pgquota: no fencing token presented in this transaction")
 
 	// ErrKeepaliveStopped is the cause of a Keeper's context after
 	// Keeper.Stop.

@@ -50,3 +50,48 @@ func ExampleClient_Keepalive() {
 		log.Print(err)
 	}
 }
+
+// An application's own statements on a guarded table, under its lease's
+// token: attach the guard once, then present the token in each writing
+// transaction (SELECT pgquota.present_token(...) in plain SQL).
+func ExampleClient_PresentTokenTx() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://localhost/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	c, err := quota.New(pool, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	g, err := c.AttachFenceGuard(ctx, quota.FenceGuardRequest{Table: "public.reports", Column: "fence_token"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	l, err := c.AcquireWait(ctx, quota.AcquireRequest{Name: g.Resource, Holder: "worker-1", TTL: 30 * time.Second}, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	err = c.PresentTokenTx(ctx, tx, quota.PresentTokenRequest{Resource: g.Resource, Token: l.Token})
+	if errors.Is(err, quota.ErrStaleToken) || errors.Is(err, quota.ErrLeaseLost) {
+		log.Printf("another worker took over: %v", err) // nothing was written
+		return
+	}
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Stamped with l.Token by the guard; a statement without a presented
+	// token would fail with SQLSTATE PQ003 (quota.ErrTokenNotPresented).
+	if _, err := tx.Exec(ctx, `UPDATE public.reports SET status = 'done' WHERE id = 1`); err != nil {
+		log.Fatal(quota.FenceError(err))
+	}
+	if err := tx.Commit(ctx); err != nil {
+		log.Fatal(err)
+	}
+}

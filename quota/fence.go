@@ -28,19 +28,32 @@ import (
 // token is the current holder writing again.
 
 // SQLSTATEs raised by pgquota's fence (class PQ, which PostgreSQL does not
-// use). FenceError turns them into ErrStaleToken and ErrLeaseLost.
+// use). FenceError turns them into ErrStaleToken, ErrLeaseLost and
+// ErrTokenNotPresented.
 const (
 	// SQLStateStaleToken is raised when a write's fencing token is below the
-	// highest token seen for its resource, or is NULL, by fenced writes and
-	// by the guard trigger on application tables. The error's DETAIL is a
-	// JSON object {"resource": text, "token": bigint|null, "highest":
-	// bigint}; the message names the resource and both tokens.
+	// highest token seen for its resource, or is NULL, by fenced writes, by
+	// pgquota.present_token (PresentTokenTx), and by the guard of an
+	// application table when the token its transaction presented was
+	// overtaken. The error's DETAIL is a JSON object {"resource": text,
+	// "token": bigint|null, "highest": bigint}; the message names the
+	// resource and both tokens.
 	SQLStateStaleToken = "PQ001"
-	// SQLStateLeaseNotHeld is raised when a fenced write is checked against
-	// a pgquota lease that is not held with the write's token (expired,
-	// released, or never acquired with it). DETAIL is a JSON object
-	// {"lease": text, "token": bigint}.
+	// SQLStateLeaseNotHeld is raised when a fenced write, or a token
+	// presented with PresentTokenTx, is checked against a pgquota lease that
+	// is not held with the token (expired, released, or never acquired with
+	// it: a token above every one issued lands here). DETAIL is a JSON
+	// object {"lease": text, "token": bigint}.
 	SQLStateLeaseNotHeld = "PQ002"
+	// SQLStateTokenNotPresented is raised by the guard of a table attached
+	// with AttachFenceGuard when a statement on it (INSERT, UPDATE, DELETE
+	// or TRUNCATE) runs in a transaction that presented no fencing token for
+	// the table's resource (PresentTokenTx, pgquota.present_token), or whose
+	// token for it was not admitted by pgquota.present_token (set by hand,
+	// above the highest admitted). DETAIL is a JSON object {"resource":
+	// text, "table": text, "operation": text, "token": bigint|null,
+	// "highest": bigint}. FenceError maps it to ErrTokenNotPresented.
+	SQLStateTokenNotPresented = "PQ003"
 )
 
 // MaxFenceValueBytes is the largest fenced value accepted, in bytes.
@@ -88,8 +101,9 @@ func (e *StaleTokenError) Unwrap() []error {
 
 // FenceError maps an error raised by pgquota's fence in the database to
 // the library's errors: SQLSTATE PQ001 becomes a *StaleTokenError
-// (ErrStaleToken) and PQ002 an error wrapping ErrLeaseLost, both keeping
-// the *pgconn.PgError in the chain. Any other error, and nil, is returned
+// (ErrStaleToken), PQ002 an error wrapping ErrLeaseLost and PQ003 one
+// wrapping ErrTokenNotPresented, each keeping the *pgconn.PgError in the
+// chain. Any other error, and nil, is returned
 // unchanged. Use it on errors from your own statements on a table guarded
 // by AttachFenceGuard; pgquota's own calls apply it already.
 func FenceError(err error) error {
@@ -115,6 +129,8 @@ func FenceError(err error) error {
 		return e
 	case SQLStateLeaseNotHeld:
 		return &leaseNotHeldError{pgErr: pgErr}
+	case SQLStateTokenNotPresented:
+		return &tokenNotPresentedError{pgErr: pgErr}
 	}
 	return err
 }
@@ -129,6 +145,17 @@ func (e *leaseNotHeldError) Error() string {
 }
 
 func (e *leaseNotHeldError) Unwrap() []error { return []error{ErrLeaseLost, e.pgErr} }
+
+// tokenNotPresentedError is FenceError's error for SQLSTATE PQ003: the
+// server's message once; it unwraps to ErrTokenNotPresented and the
+// *pgconn.PgError.
+type tokenNotPresentedError struct{ pgErr *pgconn.PgError }
+
+func (e *tokenNotPresentedError) Error() string {
+	return fmt.Sprintf("pgquota: %s (SQLSTATE %s)", strings.TrimPrefix(e.pgErr.Message, "pgquota: "), e.pgErr.Code)
+}
+
+func (e *tokenNotPresentedError) Unwrap() []error { return []error{ErrTokenNotPresented, e.pgErr} }
 
 // FenceWriteRequest is one fenced write.
 type FenceWriteRequest struct {
@@ -320,8 +347,37 @@ func (c *Client) Fence(ctx context.Context, resource string) (FenceState, error)
 	return FenceState{Resource: r.Resource, Highest: r.MaxToken, UpdatedAt: timeFromPG(r.UpdatedAt)}, nil
 }
 
-// FenceGuardTrigger is the name of the trigger AttachFenceGuard creates.
-const FenceGuardTrigger = "pgquota_fence_guard"
+// Names of the triggers AttachFenceGuard creates. The row trigger keeps the
+// name of the first form of the guard (INSERT and UPDATE only, reading the
+// token from the row), so attaching again replaces it in place.
+const (
+	// FenceGuardTrigger is the BEFORE INSERT OR UPDATE OR DELETE row
+	// trigger.
+	FenceGuardTrigger = "pgquota_fence_guard"
+	// FenceGuardTruncateTrigger is the BEFORE TRUNCATE statement trigger.
+	FenceGuardTruncateTrigger = "pgquota_fence_guard_truncate"
+)
+
+// FenceGuardRequest names an application table to guard.
+type FenceGuardRequest struct {
+	// Table is a table name as PostgreSQL parses it, optionally
+	// schema-qualified ("orders", "app.orders", `"Orders"`): an ordinary or
+	// partitioned table that is not one of pgquota's own.
+	Table string
+	// Column is the token column's name exactly as stored (lower case
+	// unless created quoted), of type bigint. The guard stamps the token
+	// presented by the writing transaction into it on every INSERT and
+	// UPDATE, whatever the statement set it to.
+	Column string
+	// External says the table's tokens come from another lock service that
+	// increases them with every holder (an etcd revision, a ZooKeeper
+	// zxid), not from a pgquota lease: PresentTokenTx then checks a token
+	// only against the highest seen for the resource. Leave it false for
+	// pgquota leases: a presented token must then belong to the lease that
+	// is held now, so a token no lease issued (too high, or invented) is
+	// refused instead of locking the real holder out.
+	External bool
+}
 
 // FenceGuard describes a guard attached to an application table.
 type FenceGuard struct {
@@ -329,53 +385,86 @@ type FenceGuard struct {
 	Table string `json:"table"`
 	// Column is the token column.
 	Column string `json:"column"`
-	// Resource is the fence resource whose highest token the table's rows
-	// are checked against: "schema.table", quoted where SQL needs it. A
-	// FenceWrite with this Resource shares the same mark.
+	// Resource is the fence resource writers present their token for
+	// (PresentTokenTx, pgquota.present_token): "schema.table", quoted where
+	// SQL needs it. A FenceWrite with this Resource shares the same highest
+	// token seen, and for a lease-backed table the lease of this name is the
+	// one a presented token is checked against by default.
 	Resource string `json:"resource"`
-	// Trigger is the trigger's name, FenceGuardTrigger.
+	// External is the request's External: true when tokens are checked
+	// against the highest seen only, false when they must belong to the
+	// pgquota lease held now.
+	External bool `json:"external"`
+	// Trigger is the row trigger's name, FenceGuardTrigger.
 	Trigger string `json:"trigger"`
+	// TruncateTrigger is the TRUNCATE trigger's name,
+	// FenceGuardTruncateTrigger.
+	TruncateTrigger string `json:"truncate_trigger"`
+	// Upgraded is true when the table had a trigger of the first form of
+	// the guard (pgquota.fence_guard, which read the token from the row and
+	// guarded neither DELETE nor TRUNCATE) and this call replaced it.
+	Upgraded bool `json:"upgraded"`
 }
 
 // AttachFenceGuard attaches pgquota's fence guard to an application table,
 // so that the database itself rejects stale writes, also from code that
-// bypasses pgquota: a BEFORE INSERT OR UPDATE row trigger
-// (pgquota.fence_guard) admits a row only when its token column holds a
-// token at least as high as the highest seen for the table's resource
-// (FenceGuard.Resource), and raises that mark; otherwise the statement
-// fails with SQLSTATE PQ001 (SQLStateStaleToken), which FenceError maps to
-// a *StaleTokenError. A NULL token is rejected the same way. DELETE is not
-// guarded. Writers of the table then serialize on the resource's high-water
-// row until they commit. Name the lease that protects the table's work
-// after FenceGuard.Resource ("public.orders"): acquiring it raises the
-// resource's mark (see Acquire), so a deposed holder's write is rejected
-// from the moment the lease changes hands.
+// bypasses pgquota (psql, another service, a migration script): every
+// INSERT, UPDATE, DELETE and TRUNCATE of the table lands only when its
+// transaction has presented a current fencing token for the table's
+// resource (FenceGuard.Resource), with PresentTokenTx or in SQL
 //
-// table is a table name as PostgreSQL parses it, optionally
-// schema-qualified ("orders", "app.orders", `"Orders"`); column is the
-// token column's name exactly as stored (lower case unless created
-// quoted), of type smallint, integer or bigint. Attaching again replaces
-// the trigger (idempotent). To detach: DROP TRIGGER pgquota_fence_guard ON
-// the table.
+//	BEGIN;
+//	SELECT pgquota.present_token('public.orders', 42);
+//	UPDATE public.orders SET status = 'paid' WHERE id = 1;
+//	COMMIT;
 //
-// Errors: *InputError when the table name does not parse, the table or
-// column does not exist, the table is one of pgquota's own, or the column
-// is not an integer; ErrSchemaMissing; database errors (for example
-// when the role does not own the table).
-func (c *Client) AttachFenceGuard(ctx context.Context, table, column string) (FenceGuard, error) {
+// whatever columns the statements set. Row triggers (BEFORE INSERT OR
+// UPDATE OR DELETE, FenceGuardTrigger) and a statement trigger (BEFORE
+// TRUNCATE, FenceGuardTruncateTrigger) call pgquota.fence_guard_presented,
+// which requires the presented token to still be the highest seen for the
+// resource and stamps it into req.Column of every inserted or updated row.
+// A statement in a transaction that presented no token for the resource
+// fails with SQLSTATE PQ003 (SQLStateTokenNotPresented, ErrTokenNotPresented
+// through FenceError); one whose token was overtaken with PQ001
+// (ErrStaleToken). The presenting transaction holds the resource's
+// high-water row (and, for a lease-backed table, the lease row FOR SHARE)
+// until it ends, so writers of the table serialize and no takeover lands
+// before it commits. Name the lease that protects the table's work after
+// FenceGuard.Resource ("public.orders"): acquiring it raises the resource's
+// mark (see Acquire), so a deposed holder is refused from the moment the
+// lease changes hands. This is the storage half of Kleppmann's fencing
+// (2016); the triggers follow the PostgreSQL manual, chapter 39 (Triggers).
+//
+// Attaching again replaces the triggers (idempotent) and records
+// req.External; a trigger of the first form of the guard (which read the
+// token from the row) on the table is dropped in the same transaction and
+// reported as FenceGuard.Upgraded. Row triggers of a partitioned table are
+// cloned to its partitions, the TRUNCATE trigger is not: a TRUNCATE naming
+// a partition directly is not guarded. To detach: DROP TRIGGER
+// pgquota_fence_guard ON the table; DROP TRIGGER
+// pgquota_fence_guard_truncate ON the table.
+//
+// Errors: *InputError (ErrInvalidInput) when the table name does not parse,
+// the table or column does not exist, the table is one of pgquota's own, or
+// the column is not a bigint; ErrSchemaMissing; database errors (for
+// example when the role does not own the table). Nothing is changed on an
+// error.
+func (c *Client) AttachFenceGuard(ctx context.Context, req FenceGuardRequest) (FenceGuard, error) {
 	return retry(ctx, c.cfg.RetryMaxElapsed, func() (FenceGuard, error) {
 		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (FenceGuard, error) {
-			return c.attachFenceGuard(ctx, tx, table, column)
+			return c.attachFenceGuard(ctx, tx, req)
 		})
 	})
 }
 
-// AttachFenceGuardTx is AttachFenceGuard inside the caller's transaction.
-func (c *Client) AttachFenceGuardTx(ctx context.Context, tx pgx.Tx, table, column string) (FenceGuard, error) {
-	return c.attachFenceGuard(ctx, tx, table, column)
+// AttachFenceGuardTx is AttachFenceGuard inside the caller's transaction:
+// the guard takes effect when tx commits.
+func (c *Client) AttachFenceGuardTx(ctx context.Context, tx pgx.Tx, req FenceGuardRequest) (FenceGuard, error) {
+	return c.attachFenceGuard(ctx, tx, req)
 }
 
-func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, table, column string) (FenceGuard, error) {
+func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req FenceGuardRequest) (FenceGuard, error) {
+	table, column := req.Table, req.Column
 	if err := checkName("table", table); err != nil {
 		return FenceGuard{}, err
 	}
@@ -417,19 +506,121 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, table, column 
 	if err != nil {
 		return FenceGuard{}, dbError("attach fence guard", err)
 	}
-	switch typ {
-	case "smallint", "integer", "bigint":
-	default:
-		return FenceGuard{}, inputError("column", "%s.%s is of type %s, it must be smallint, integer or bigint", resource, column, typ)
+	if typ != "bigint" {
+		// Fencing tokens are 64-bit: a lease token need not fit a smaller
+		// column.
+		return FenceGuard{}, inputError("column", "%s.%s is of type %s, it must be bigint (fencing tokens are 64-bit)", resource, column, typ)
 	}
 	ident := pgx.Identifier{nsp, rel}.Sanitize()
-	_, err = tx.Exec(ctx, `CREATE OR REPLACE TRIGGER `+FenceGuardTrigger+
-		` BEFORE INSERT OR UPDATE ON `+ident+
-		` FOR EACH ROW EXECUTE FUNCTION pgquota.fence_guard(`+quoteLiteral(column)+`, `+quoteLiteral(resource)+`)`)
+	// Triggers of the first form of the guard on this table, under any
+	// name: dropped, so that no write is checked by the old rule alone.
+	var old []string
+	rows, err := tx.Query(ctx, `
+		SELECT t.tgname FROM pg_catalog.pg_trigger t
+		JOIN pg_catalog.pg_proc p ON p.oid = t.tgfoid
+		JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace
+		WHERE t.tgrelid = to_regclass($1) AND NOT t.tgisinternal
+		  AND n.nspname = $2 AND p.proname = 'fence_guard'
+		ORDER BY t.tgname`, table, migrations.Schema)
+	if err == nil {
+		old, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
 	if err != nil {
 		return FenceGuard{}, dbError("attach fence guard", err)
 	}
-	return FenceGuard{Table: ident, Column: column, Resource: resource, Trigger: FenceGuardTrigger}, nil
+	for _, name := range old {
+		if _, err := tx.Exec(ctx, `DROP TRIGGER `+pgx.Identifier{name}.Sanitize()+` ON `+ident); err != nil {
+			return FenceGuard{}, dbError("attach fence guard", err)
+		}
+	}
+	args := quoteLiteral(column) + `, ` + quoteLiteral(resource)
+	_, err = tx.Exec(ctx, `CREATE OR REPLACE TRIGGER `+FenceGuardTrigger+
+		` BEFORE INSERT OR UPDATE OR DELETE ON `+ident+
+		` FOR EACH ROW EXECUTE FUNCTION pgquota.fence_guard_presented(`+args+`)`)
+	if err == nil {
+		_, err = tx.Exec(ctx, `CREATE OR REPLACE TRIGGER `+FenceGuardTruncateTrigger+
+			` BEFORE TRUNCATE ON `+ident+
+			` FOR EACH STATEMENT EXECUTE FUNCTION pgquota.fence_guard_presented(`+args+`)`)
+	}
+	if err == nil {
+		_, err = tx.Exec(ctx, `
+			INSERT INTO pgquota.fence_guard_resource AS g (resource, external, attached_at)
+			VALUES ($1, $2, pgquota.clock())
+			ON CONFLICT (resource) DO UPDATE SET external = excluded.external, attached_at = excluded.attached_at`,
+			resource, req.External)
+	}
+	if err != nil {
+		return FenceGuard{}, dbError("attach fence guard", err)
+	}
+	return FenceGuard{
+		Table: ident, Column: column, Resource: resource, External: req.External,
+		Trigger: FenceGuardTrigger, TruncateTrigger: FenceGuardTruncateTrigger, Upgraded: len(old) > 0,
+	}, nil
+}
+
+// PresentTokenRequest is a fencing token presented for the statements of
+// one transaction on a guarded table.
+type PresentTokenRequest struct {
+	// Resource is the guarded table's FenceGuard.Resource ("public.orders"),
+	// or any fence resource. 1 to MaxNameBytes bytes, no control
+	// characters.
+	Resource string
+	// Token is the writer's fencing token, at least 1: the Token of the
+	// pgquota lease it holds, or, for a table attached with External, the
+	// number from the external lock service.
+	Token int64
+	// Lease names the pgquota lease that issued Token. Empty means the
+	// lease named like Resource, for a table attached without External;
+	// for an External table, empty means no lease is checked.
+	Lease string
+}
+
+// PresentTokenTx presents req.Token for req.Resource in the caller's
+// transaction, so that the transaction's statements on a table guarded by
+// AttachFenceGuard with that resource land, stamped with the token, until tx
+// ends. It is one statement, SELECT pgquota.present_token(resource, token,
+// lease), which a program without this library runs the same way. The token
+// is checked as FenceWrite checks it: for a lease-backed resource the lease
+// (req.Lease, default req.Resource) must be held with req.Token by the
+// database clock, and its row stays locked FOR SHARE until tx ends, so no
+// takeover lands before tx commits (the holder's own renewals wait too:
+// keep such transactions short); then the resource's highest token seen is
+// raised to req.Token, a row that stays locked until tx ends, so the
+// guarded statements cannot interleave with another writer's. Presenting
+// several resources in one transaction is allowed; present them in the
+// same order everywhere, or two transactions may deadlock (40P01). The
+// token lives in a transaction-scoped setting (pgquota.fence_tokens), so it
+// is safe behind a transaction-mode pooler and gone after commit or
+// rollback; a savepoint rolled back takes a presentation made inside it
+// away.
+//
+// Errors: *InputError (ErrInvalidInput) for a bad resource, token or lease
+// name, nothing sent; *StaleTokenError (ErrStaleToken, SQLSTATE PQ001) when
+// the token is below the highest seen for the resource or below the token
+// the lease was acquired with since; ErrLeaseLost (PQ002) when the lease is
+// not held with the token (expired, released, or a token it never issued,
+// such as one above every token issued); ErrSchemaMissing when the schema
+// predates pgquota.present_token; database errors. Every rejection aborts
+// tx, as any failed statement does, so nothing of it commits.
+func (c *Client) PresentTokenTx(ctx context.Context, tx pgx.Tx, req PresentTokenRequest) error {
+	if err := checkName("resource", req.Resource); err != nil {
+		return err
+	}
+	if err := checkToken(req.Token); err != nil {
+		return err
+	}
+	var lease pgtype.Text
+	if req.Lease != "" {
+		if err := checkName("lease name", req.Lease); err != nil {
+			return err
+		}
+		lease = pgtype.Text{String: req.Lease, Valid: true}
+	}
+	_, err := c.queries.FencePresentToken(ctx, tx, db.FencePresentTokenParams{Resource: req.Resource, Token: req.Token, Lease: lease})
+	if err != nil {
+		return fenceDBError("present fencing token", err)
+	}
+	return nil
 }
 
 // quoteLiteral quotes s as an SQL escape string literal (E'...'), which

@@ -21,21 +21,20 @@ func TestBreakFenceGuardAdmitsStaleHolderAfterTakeover(t *testing.T) {
 	b := setup(t, 0)
 	_, err := b.pool.Exec(b.ctx, `CREATE TABLE public.orders (id int PRIMARY KEY, status text, fence_token bigint)`)
 	require.NoError(t, err)
-	g, err := b.client.AttachFenceGuard(b.ctx, "orders", "fence_token")
+	g, err := b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "orders", Column: "fence_token"})
 	require.NoError(t, err)
 
 	// The lease is named after the guard's resource.
 	h1 := b.acquire(t, g.Resource, "one", 200*time.Millisecond)
-	_, err = b.pool.Exec(b.ctx, `INSERT INTO orders VALUES (1, 'new', $1)`, h1.Token)
-	require.NoError(t, err)
+	require.NoError(t, b.txWith(t, g.Resource, h1.Token, `INSERT INTO orders VALUES (1, 'new', NULL)`))
 
 	time.Sleep(400 * time.Millisecond) // holder one pauses past its TTL
 	h2 := b.acquire(t, g.Resource, "two", time.Minute)
 	require.Greater(t, h2.Token, h1.Token)
 
 	// Holder one wakes up and writes with its token, below h2's.
-	_, err = b.pool.Exec(b.ctx, `UPDATE orders SET status = 'cancelled', fence_token = $1 WHERE id = 1`, h1.Token)
-	require.ErrorIs(t, quota.FenceError(err), quota.ErrStaleToken,
+	err = b.txWith(t, g.Resource, h1.Token, `UPDATE orders SET status = 'cancelled' WHERE id = 1`)
+	require.ErrorIs(t, err, quota.ErrStaleToken,
 		"a write with token %d after the lease was acquired with token %d", h1.Token, h2.Token)
 }
 
@@ -50,7 +49,7 @@ func TestBreakAttachFenceGuardBadTableName(t *testing.T) {
 		`a.b.c.d`,
 		`otherdb.public.t`,
 	} {
-		_, err := b.client.AttachFenceGuard(b.ctx, table, "fence_token")
+		_, err := b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: table, Column: "fence_token"})
 		require.ErrorIs(t, err, quota.ErrInvalidInput, table)
 		var ie *quota.InputError
 		require.ErrorAs(t, err, &ie, table)
@@ -64,7 +63,7 @@ func TestBreakAttachFenceGuardBadTableName(t *testing.T) {
 func TestBreakAttachFenceGuardOnPgquotaTable(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
-	_, err := b.client.AttachFenceGuard(b.ctx, "pgquota.fence", "max_token")
+	_, err := b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "pgquota.fence", Column: "max_token"})
 	if err == nil {
 		_, werr := b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "r", Key: "k", Value: "v", Token: 1})
 		require.NoError(t, werr, "fenced writes still work after the guard was accepted")

@@ -192,8 +192,9 @@ func TestFenceStealCannotSlipIn(t *testing.T) {
 	require.Equal(t, "one", row.Value, "the write committed before the takeover")
 }
 
-// The guard trigger rejects stale writes to an application's own table,
-// also from plain SQL that bypasses pgquota.
+// The guard rejects stale writes to an application's own table, also from
+// plain SQL that bypasses pgquota, on rows the new holder wrote and on rows
+// it did not touch.
 func TestFenceGuardTrigger(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
@@ -201,49 +202,52 @@ func TestFenceGuardTrigger(t *testing.T) {
 		CREATE SCHEMA app;
 		CREATE TABLE app."Orders" (id int PRIMARY KEY, status text, fence_token bigint)`)
 	require.NoError(t, err)
-	g, err := b.client.AttachFenceGuard(b.ctx, `app."Orders"`, "fence_token")
+	g, err := b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: `app."Orders"`, Column: "fence_token"})
 	require.NoError(t, err)
 	require.Equal(t, `"app"."Orders"`, g.Table)
 	require.Equal(t, `app."Orders"`, g.Resource)
+	require.Equal(t, quota.FenceGuardTrigger, g.Trigger)
+	require.Equal(t, quota.FenceGuardTruncateTrigger, g.TruncateTrigger)
 	// Attaching again is harmless.
-	_, err = b.client.AttachFenceGuard(b.ctx, `app."Orders"`, "fence_token")
+	_, err = b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: `app."Orders"`, Column: "fence_token"})
 	require.NoError(t, err)
 
-	h1 := b.acquire(t, "orders", "one", time.Minute)
-	_, err = b.pool.Exec(b.ctx, `INSERT INTO app."Orders" VALUES (1, 'new', $1), (2, 'new', $1)`, h1.Token)
+	h1 := b.acquire(t, g.Resource, "one", time.Minute)
+	require.NoError(t, b.txWith(t, g.Resource, h1.Token, `INSERT INTO app."Orders" VALUES (1, 'new', NULL), (2, 'new', NULL)`))
+	_, err = b.client.Release(b.ctx, g.Resource, h1.Token)
 	require.NoError(t, err)
-	_, err = b.client.Release(b.ctx, "orders", h1.Token)
-	require.NoError(t, err)
-	h2 := b.acquire(t, "orders", "two", time.Minute)
-	_, err = b.pool.Exec(b.ctx, `UPDATE app."Orders" SET status = 'paid', fence_token = $1 WHERE id = 1`, h2.Token)
-	require.NoError(t, err)
+	h2 := b.acquire(t, g.Resource, "two", time.Minute)
+	require.NoError(t, b.txWith(t, g.Resource, h2.Token, `UPDATE app."Orders" SET status = 'paid' WHERE id = 1`))
 
 	// The stale holder's raw UPDATE, on the row the new holder wrote and on
-	// one it did not touch.
+	// one it did not touch, with its token in the row as before.
 	for _, id := range []int{1, 2} {
-		_, err = b.pool.Exec(b.ctx, `UPDATE app."Orders" SET status = 'cancelled', fence_token = $1 WHERE id = $2`, h1.Token, id)
+		stmt := fmt.Sprintf(`UPDATE app."Orders" SET status = 'cancelled', fence_token = %d WHERE id = %d`, h1.Token, id)
+		err = b.forgedTx(t, g.Resource, h1.Token, stmt)
 		var pgErr *pgconn.PgError
 		require.ErrorAs(t, err, &pgErr)
 		require.Equal(t, "PQ001", pgErr.Code)
 		require.Contains(t, pgErr.Message, fmt.Sprintf("stale fencing token %d", h1.Token))
 		requireStale(t, quota.FenceError(err), g.Resource, h1.Token, h2.Token)
+		err = b.txWith(t, g.Resource, h1.Token, stmt)
+		requireStale(t, err, g.Resource, h1.Token, h2.Token)
 	}
 	// A write without a token is rejected too.
 	_, err = b.pool.Exec(b.ctx, `INSERT INTO app."Orders" (id, status) VALUES (3, 'new')`)
-	require.ErrorIs(t, quota.FenceError(err), quota.ErrStaleToken)
+	require.ErrorIs(t, quota.FenceError(err), quota.ErrTokenNotPresented)
 	var status string
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT string_agg(status, ',' ORDER BY id) FROM app."Orders"`).Scan(&status))
-	require.Equal(t, "paid,new", status)
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT string_agg(status || ':' || fence_token, ',' ORDER BY id) FROM app."Orders"`).Scan(&status))
+	require.Equal(t, fmt.Sprintf("paid:%d,new:%d", h2.Token, h1.Token), status)
 
 	// FenceError leaves other errors alone.
 	other := errors.New("x")
 	require.Same(t, other, quota.FenceError(other))
 
-	_, err = b.client.AttachFenceGuard(b.ctx, "app.nope", "fence_token")
+	_, err = b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "app.nope", Column: "fence_token"})
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
-	_, err = b.client.AttachFenceGuard(b.ctx, `app."Orders"`, "nope")
+	_, err = b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: `app."Orders"`, Column: "nope"})
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
-	_, err = b.client.AttachFenceGuard(b.ctx, `app."Orders"`, "status")
+	_, err = b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: `app."Orders"`, Column: "status"})
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
 }
 

@@ -3,6 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -134,20 +135,43 @@ zxid); the highest-token check still applies.`,
 
 	guard := &cobra.Command{
 		Use:   "guard",
-		Short: "Attach the fence guard trigger to an application table's token column",
-		Long: `Attach pgquota's guard trigger to --table, whose --column holds each row's
-fencing token: from then on the database rejects any INSERT or UPDATE of the
-table whose token is NULL or below the highest token seen for the table,
-with SQLSTATE PQ001, also from code that bypasses pgquota. Running it again
-is harmless. Detach with: DROP TRIGGER pgquota_fence_guard ON <table>.`,
-		Example: `  pgquota fence guard --table app.orders --column fence_token`,
-		Args:    cobra.NoArgs,
+		Short: "Attach the fence guard to an application table: every statement needs a current token",
+		Long: `Attach pgquota's guard triggers to --table, whose --column (bigint) records
+each row's fencing token. From then on every INSERT, UPDATE, DELETE and
+TRUNCATE of the table, also from code that bypasses pgquota, lands only when
+its transaction first presented a current token for the table's resource
+(printed as "resource"), whatever columns it sets:
+
+  BEGIN;
+  SELECT pgquota.present_token('public.orders', 42);
+  UPDATE public.orders SET status = 'paid' WHERE id = 1;
+  COMMIT;
+
+The guard stamps the presented token into --column of every row written.
+A statement in a transaction that presented no token is refused with SQLSTATE
+PQ003; present_token refuses a token below the highest seen with PQ001, and a
+token the lease named like the resource is not held with (expired, released,
+never issued: too high or invented) with PQ002; so does a guarded statement
+whose presented token was overtaken (PQ001).
+
+--external is for tokens from another lock service that increase with each
+holder (an etcd revision, a ZooKeeper zxid): present_token then checks a
+token only against the highest seen for the resource, and no lease.
+
+Running it again is harmless, and replaces a guard attached by an older
+pgquota (which read the token from the row and guarded neither DELETE nor
+TRUNCATE): "upgraded yes". Detach with:
+  DROP TRIGGER pgquota_fence_guard ON <table>;
+  DROP TRIGGER pgquota_fence_guard_truncate ON <table>;`,
+		Example: `  pgquota fence guard --table app.orders --column fence_token
+  pgquota fence guard --table app.orders --column zxid --external`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := a.quotaClient(cmd.Context())
 			if err != nil {
 				return err
 			}
-			g, err := c.AttachFenceGuard(cmd.Context(), table, column)
+			g, err := c.AttachFenceGuard(cmd.Context(), quota.FenceGuardRequest{Table: table, Column: column, External: external})
 			if err != nil {
 				return err
 			}
@@ -155,13 +179,22 @@ is harmless. Detach with: DROP TRIGGER pgquota_fence_guard ON <table>.`,
 				row(w, "table", g.Table)
 				row(w, "column", g.Column)
 				row(w, "resource", g.Resource)
-				row(w, "trigger", g.Trigger)
-				row(w, "rejects", "SQLSTATE "+quota.SQLStateStaleToken+" (stale fencing token)")
+				if g.External {
+					row(w, "tokens", "external (checked against the highest seen for the resource only; no lease)")
+				} else {
+					row(w, "tokens", fmt.Sprintf("pgquota lease %q by default (the lease must be held with the token)", g.Resource))
+				}
+				row(w, "present with", fmt.Sprintf("SELECT pgquota.present_token(%s, <token>); in each writing transaction", sqlLiteral(g.Resource)))
+				row(w, "triggers", g.Trigger+" (INSERT, UPDATE, DELETE), "+g.TruncateTrigger+" (TRUNCATE)")
+				row(w, "upgraded", yesNo(g.Upgraded))
+				row(w, "rejects", "SQLSTATE "+quota.SQLStateTokenNotPresented+" (no token presented), "+
+					quota.SQLStateStaleToken+" (stale token), "+quota.SQLStateLeaseNotHeld+" (lease not held with the token)")
 			})
 		},
 	}
 	guard.Flags().StringVar(&table, "table", "", "table, optionally schema-qualified (required)")
-	guard.Flags().StringVar(&column, "column", "", "token column (required)")
+	guard.Flags().StringVar(&column, "column", "", "bigint token column, stamped with the presented token (required)")
+	guard.Flags().BoolVar(&external, "external", false, "tokens come from another lock service (etcd, ZooKeeper): check them against the highest seen only, no lease")
 	_ = guard.MarkFlagRequired("table")
 	_ = guard.MarkFlagRequired("column")
 
@@ -176,3 +209,7 @@ func printFencedRow(w *tabwriter.Writer, r quota.FencedRow) {
 	row(w, "value", r.Value)
 	row(w, "updated at", stamp(r.UpdatedAt))
 }
+
+// sqlLiteral quotes s as a standard SQL string literal, for messages that
+// show a statement to copy.
+func sqlLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }

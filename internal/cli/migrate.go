@@ -193,8 +193,11 @@ func (a *app) downFailed(ctx context.Context, p *goose.Provider, err error) erro
 
 type guardTrigger struct{ table, trigger string }
 
-// guardedTables lists the triggers that call pgquota.fence_guard, with
-// their tables, quoted for SQL; nil when they cannot be read.
+// guardedTables lists the triggers that call pgquota's guard functions
+// (pgquota.fence_guard of 00003_lease.sql, pgquota.fence_guard_presented of
+// 00006_fence_guard.sql: for each guarded table its row trigger
+// pgquota_fence_guard and its TRUNCATE trigger pgquota_fence_guard_truncate),
+// with their tables, quoted for SQL; nil when they cannot be read.
 func (a *app) guardedTables(ctx context.Context) []guardTrigger {
 	pool, err := a.connect(ctx)
 	if err != nil {
@@ -203,7 +206,9 @@ func (a *app) guardedTables(ctx context.Context) []guardTrigger {
 	rows, err := pool.Query(ctx, `
 		SELECT t.tgrelid::regclass::text, quote_ident(t.tgname)
 		FROM pg_trigger t
-		WHERE t.tgfoid = 'pgquota.fence_guard()'::regprocedure AND NOT t.tgisinternal
+		JOIN pg_proc p ON p.oid = t.tgfoid
+		JOIN pg_namespace n ON n.oid = p.pronamespace
+		WHERE n.nspname = 'pgquota' AND p.proname IN ('fence_guard', 'fence_guard_presented') AND NOT t.tgisinternal
 		ORDER BY 1, 2`)
 	if err != nil {
 		return nil

@@ -41,9 +41,12 @@ func TestMigrateDownTo(t *testing.T) {
 	requireError(t, runDB(t, dbURL, "migrate", "down", "--to", "999"), cli.ExitUsage, "--to")
 }
 
-// migrate down stops at the lease migration while an application table
-// still uses the fence guard: it prints the migrations it did roll back,
-// names the triggers to drop, and succeeds once they are dropped.
+// migrate down stops at the fence guard migration while an application
+// table still uses the fence guard: it prints the migrations it did roll
+// back, names the triggers to drop (the row and the TRUNCATE trigger), and
+// succeeds once they are dropped. A table still guarded by the first form
+// (00003's pgquota.fence_guard) stops it at the lease migration the same
+// way.
 func TestMigrateDownWithFenceGuard(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewEmptyURL(t)
@@ -55,10 +58,22 @@ func TestMigrateDownWithFenceGuard(t *testing.T) {
 
 	r := runDB(t, dbURL, "migrate", "down", "--to", "0")
 	require.Equal(t, cli.ExitError, r.code, "stderr: %q", r.stderr)
+	require.NotContains(t, r.stdout, "down ", "nothing was rolled back")
+	require.Equal(t, 1, strings.Count(r.stderr, "\n"), "stderr is one line: %q", r.stderr)
+	require.Contains(t, r.stderr, "DROP TRIGGER pgquota_fence_guard ON reports; DROP TRIGGER pgquota_fence_guard_truncate ON reports; then run this again")
+
+	_, err = conn.Exec(context.Background(), `DROP TRIGGER pgquota_fence_guard ON reports; DROP TRIGGER pgquota_fence_guard_truncate ON reports`)
+	require.NoError(t, err)
+	// A guard of the first form, attached by hand as older releases did.
+	_, err = conn.Exec(context.Background(), `CREATE TRIGGER pgquota_fence_guard BEFORE INSERT OR UPDATE ON reports
+		FOR EACH ROW EXECUTE FUNCTION pgquota.fence_guard('fence_token', 'public.reports')`)
+	require.NoError(t, err)
+	r = runDB(t, dbURL, "migrate", "down", "--to", "0")
+	require.Equal(t, cli.ExitError, r.code, "stderr: %q", r.stderr)
+	require.Contains(t, r.stdout, "down      00006_fence_guard.sql")
 	require.Contains(t, r.stdout, "down      00005_hotrow.sql")
 	require.Contains(t, r.stdout, "down      00004_ledger.sql")
 	require.Regexp(t, `(?m)^version\s+3 \(`, r.stdout)
-	require.Equal(t, 1, strings.Count(r.stderr, "\n"), "stderr is one line: %q", r.stderr)
 	require.Contains(t, r.stderr, "DROP TRIGGER pgquota_fence_guard ON reports; then run this again")
 
 	_, err = conn.Exec(context.Background(), `DROP TRIGGER pgquota_fence_guard ON reports`)
