@@ -158,7 +158,14 @@ func (c *Client) Pool() *pgxpool.Pool { return c.pool }
 
 // Migrate applies every pending pgquota migration (goose, embedded in the
 // binary; see package migrations). Replicas that call it at once wait for
-// each other, and each migration is applied exactly once.
+// each other on the migration lock, and each migration is applied exactly
+// once. It needs one connection of the pool, on a direct connection or a
+// session-mode pooler (the lock is a session-level advisory lock), and a
+// role that may create objects in the database (the schema's owner):
+// application roles (migrations.AppRole) may not. It fails without
+// applying anything, with an error wrapping ErrSchemaNewer or ErrSchemaGap,
+// when the database has migrations this build does not know or misses
+// one below its newest (see migrations.SchemaError for the way out).
 func (c *Client) Migrate(ctx context.Context) error {
 	sqlDB := stdlib.OpenDBFromPool(c.pool)
 	defer sqlDB.Close()
@@ -167,23 +174,26 @@ func (c *Client) Migrate(ctx context.Context) error {
 }
 
 // CheckSchema returns nil when the database's pgquota schema is at the
-// version this build needs, and a *SchemaVersionError otherwise (wrapping
-// ErrSchemaMissing when the schema is missing or behind). Other errors come
-// from the database.
+// version this build needs, and a *SchemaVersionError otherwise: wrapping
+// ErrSchemaMissing when the schema is missing or behind, ErrSchemaNewer
+// when it has migrations this build does not know (a newer build migrated
+// it), ErrSchemaGap when a migration below its newest is not applied. It
+// takes no lock and needs SELECT on the version table only (the
+// migrations.AppRole role has it). Other errors come from the database.
 func (c *Client) CheckSchema(ctx context.Context) error {
-	var have int64
-	err := c.pool.QueryRow(ctx, `
-		SELECT coalesce(max(version_id), 0) FROM `+migrations.VersionTable+` WHERE is_applied`).Scan(&have)
+	sqlDB := stdlib.OpenDBFromPool(c.pool)
+	defer sqlDB.Close()
+	st, err := migrations.ReadState(ctx, sqlDB)
 	if err != nil {
 		if migrations.IsUndefinedSchemaError(err) {
-			have = 0
+			st = migrations.State{}
 		} else {
-			return fmt.Errorf("pgquota: read schema version: %w", err)
+			return dbError("read schema version", err)
 		}
 	}
-	want := migrations.Latest()
-	if have != want {
-		return &SchemaVersionError{Have: have, Want: want}
+	e := &SchemaVersionError{Have: st.Current, Want: migrations.Latest(), Unknown: st.Unknown(), Missing: st.Missing()}
+	if e.Have != e.Want || len(e.Unknown) > 0 || len(e.Missing) > 0 {
+		return e
 	}
 	return nil
 }

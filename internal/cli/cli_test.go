@@ -381,7 +381,9 @@ func TestJSONOutput(t *testing.T) {
 	require.Equal(t, float64(migrations.Latest()), v["version"])
 	require.Equal(t, float64(migrations.Latest()), v["latest"])
 	st := okJSON(t, dbURL, cli.ExitOK, "migrate", "status").([]any)
-	require.Len(t, st, int(migrations.Latest()))
+	files, err := migrations.FS.ReadDir(".")
+	require.NoError(t, err)
+	require.Len(t, st, len(files))
 	okJSON(t, dbURL, cli.ExitOK, "migrate", "up")
 }
 
