@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -203,10 +204,39 @@ func (c *Client) CheckSchema(ctx context.Context) error {
 // also wraps ErrSchemaMissing. The original error (a *pgconn.PgError, say)
 // always stays in the chain.
 func dbError(op string, err error) error {
+	if sqlState(err) == "42501" {
+		return fmt.Errorf("pgquota: %s: %w: %s: %w", op, ErrPermissionDenied, permissionAdvice(err), err)
+	}
 	if migrations.IsUndefinedSchemaError(err) {
 		return fmt.Errorf("pgquota: %s: %w: %w", op, ErrSchemaMissing, err)
 	}
 	return fmt.Errorf("pgquota: %s: %w", op, err)
+}
+
+// permissionAdvice says, for a permission error (42501), which privileges
+// pgquota needs on the object PostgreSQL names and how to grant them.
+func permissionAdvice(err error) string {
+	var pgErr *pgconn.PgError
+	errors.As(err, &pgErr)
+	kind, name, _ := strings.Cut(strings.TrimPrefix(pgErr.Message, "permission denied for "), " ")
+	need := map[string]string{
+		"table":    "SELECT, INSERT, UPDATE and DELETE",
+		"view":     "SELECT",
+		"sequence": "USAGE and SELECT",
+		"schema":   "USAGE",
+		"function": "EXECUTE",
+	}[kind]
+	if need == "" {
+		return fmt.Sprintf("the role lacks a privilege pgquota's calls need (%s); as the owner of schema %s run "+
+			"pgquota migrate grant-app --role ROLE (membership in %s)", pgErr.Message, migrations.Schema, migrations.AppRole)
+	}
+	obj := name
+	if kind != "schema" && !strings.Contains(name, ".") {
+		obj = migrations.Schema + "." + name
+	}
+	return fmt.Sprintf("the role lacks %s on %s %s, which pgquota's calls need; as the owner of schema %s run "+
+		"pgquota migrate grant-app --role ROLE (membership in %s holds every privilege pgquota needs)",
+		need, kind, obj, migrations.Schema, migrations.AppRole)
 }
 
 // isNoRows reports whether err is pgx's "no rows in result set".

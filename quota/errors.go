@@ -72,6 +72,15 @@ var (
 	// is migrations.ErrSchemaGap.
 	ErrSchemaGap = migrations.ErrSchemaGap
 
+	// ErrPermissionDenied is returned by every call that reaches the
+	// database when PostgreSQL refuses it a privilege (SQLSTATE 42501; the
+	// *pgconn.PgError stays in the chain). It is returned at once, never
+	// retried. The message names the object, the privileges pgquota needs
+	// on it and the fix: make the application's role a member of
+	// migrations.AppRole (pgquota_app), with `pgquota migrate grant-app
+	// --role ROLE` run as the schema's owner. Nothing was written.
+	ErrPermissionDenied = errors.New("pgquota: permission denied")
+
 	// ErrIdempotencyKeyReused is returned by Grant, GrantTx, Revoke,
 	// RevokeTx, ClaimVoucherWithKey, ClaimVoucherWithKeyTx, ClaimCodeWithKey
 	// and ClaimCodeWithKeyTx when the idempotency key (in its scope) was

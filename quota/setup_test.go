@@ -15,16 +15,21 @@ type testBundle struct {
 	ctx    context.Context
 	pool   *pgxpool.Pool
 	client *quota.Client
+	// owner is a pool on the same database as its owner: for the DDL a
+	// test runs on purpose (pinning pgquota.clock, say), which the
+	// application role of PGQUOTA_TEST_APP_ROLE=1 may not run.
+	owner *pgxpool.Pool
 }
 
 // setup returns a client on a fresh migrated database whose pool holds at
 // most maxConns connections (0 for the harness default).
 func setup(t *testing.T, maxConns int32) *testBundle {
 	t.Helper()
-	pool := pgtest.NewPool(t, maxConns)
+	dbURL := pgtest.NewURL(t)
+	pool := pgtest.Connect(t, dbURL, maxConns)
 	client, err := quota.New(pool, nil)
 	require.NoError(t, err)
-	return &testBundle{ctx: context.Background(), pool: pool, client: client}
+	return &testBundle{ctx: context.Background(), pool: pool, client: client, owner: pgtest.ConnectOwner(t, dbURL, 2)}
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -59,7 +64,7 @@ func (b *testBundle) countRows(t *testing.T, table string) int64 {
 // setClock pins pgquota.clock() in this test's database to at.
 func (b *testBundle) setClock(t *testing.T, at string) {
 	t.Helper()
-	_, err := b.pool.Exec(b.ctx, `CREATE OR REPLACE FUNCTION pgquota.clock() RETURNS timestamptz
+	_, err := b.owner.Exec(b.ctx, `CREATE OR REPLACE FUNCTION pgquota.clock() RETURNS timestamptz
 		LANGUAGE sql VOLATILE AS $$ SELECT '`+at+`'::timestamptz $$`)
 	require.NoError(t, err)
 }

@@ -32,7 +32,7 @@ func TestMigrateDownTo(t *testing.T) {
 	entries, err := migrations.FS.ReadDir(".")
 	require.NoError(t, err)
 	for _, e := range entries {
-		if e.Name() > "00002_" {
+		if e.Name() >= "00003" {
 			above2++
 		}
 	}
