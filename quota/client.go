@@ -123,7 +123,8 @@ type Client struct {
 // when you want to fail fast on a schema that is behind.
 //
 // The pool works behind a transaction-mode pooler (PgBouncer and the like):
-// pgquota keeps no session state and takes no session-level advisory locks.
+// pgquota's calls keep no session state and take no session-level advisory
+// locks (Migrate excepted: migrate on a direct connection).
 // With PgBouncer before 1.21 set pgx's default_query_exec_mode to exec or
 // simple_protocol, since pgx otherwise caches prepared statements per
 // connection.

@@ -34,6 +34,35 @@ func setup(t *testing.T, maxConns int32) *testBundle {
 
 func ptr[T any](v T) *T { return &v }
 
+// ownerClient returns a client on the owner pool, for calls that run DDL
+// on purpose (AttachFenceGuard creates a trigger on an application table).
+func (b *testBundle) ownerClient(t *testing.T) *quota.Client {
+	t.Helper()
+	c, err := quota.New(b.owner, nil)
+	require.NoError(t, err)
+	return c
+}
+
+// appDDL runs DDL an application would run as the owner of its own
+// tables (on purpose: the role of PGQUOTA_TEST_APP_ROLE=1 may not), then
+// gives b.pool's role the use of schemas and tables, as an application's
+// own role would have.
+func (b *testBundle) appDDL(t *testing.T, ddl string, schemas []string, tables ...string) {
+	t.Helper()
+	_, err := b.owner.Exec(b.ctx, ddl)
+	require.NoError(t, err)
+	var role string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT quote_ident(current_user)`).Scan(&role))
+	for _, s := range schemas {
+		_, err := b.owner.Exec(b.ctx, `GRANT USAGE ON SCHEMA `+s+` TO `+role)
+		require.NoError(t, err)
+	}
+	for _, tb := range tables {
+		_, err := b.owner.Exec(b.ctx, `GRANT SELECT, INSERT, UPDATE, DELETE ON `+tb+` TO `+role)
+		require.NoError(t, err)
+	}
+}
+
 // define defines a quota or fails the test.
 func (b *testBundle) define(t *testing.T, d quota.Definition) quota.Quota {
 	t.Helper()

@@ -278,7 +278,7 @@ func (a *app) downFailed(ctx context.Context, db *sql.DB, err error) error {
 		}
 		return fmt.Errorf("migrate down: %w: application tables still use pgquota's fence guard (pgquota fence guard): drop those triggers, then run this again", err)
 	}
-	return fmt.Errorf("migrate down: %w", err)
+	return fmt.Errorf("migrate down: %w", permissionHint(err))
 }
 
 type guardTrigger struct{ table, trigger string }
@@ -368,4 +368,3 @@ func (a *app) printResults(ctx context.Context, db *sql.DB, res []*goose.Migrati
 		row(w, "version", fmt.Sprintf("%d (this build needs %d)", current, out.Latest))
 	})
 }
-

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -195,4 +196,67 @@ func TestMigrateRefusesGapAndAllowMissingFillsIt(t *testing.T) {
 	out = ok(t, dbURL, "migrate", "status")
 	require.NotContains(t, out, "pending")
 	ok(t, dbURL, "quota", "list")
+}
+
+// `pgquota migrate grant-app --role R` is the documented way to set up an
+// application role: run by a role that may grant membership, R (a plain
+// LOGIN role) can then make calls and read the schema version, but not
+// migrate; run by the schema's owner without CREATEROLE, it fails at once
+// saying who can grant the membership.
+func TestMigrateGrantAppSetsUpApplicationRole(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.NewEmptyURL(t)
+	ok(t, dbURL, "migrate", "up")
+
+	admin, err := pgxpool.New(ctx, pgtest.BaseURL(t))
+	require.NoError(t, err)
+	defer admin.Close()
+	role := fmt.Sprintf("pgquota_cli_app_%d", time.Now().UnixNano())
+	_, err = admin.Exec(ctx, `CREATE ROLE `+role+` LOGIN PASSWORD 'x'`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), `DROP ROLE `+role) })
+
+	// The owner (pgtestdb's role, no CREATEROLE) may grant privileges on
+	// its objects but not membership in pgquota_app.
+	requireError(t, runDB(t, dbURL, "migrate", "grant-app", "--role", role), cli.ExitError,
+		"SQLSTATE 42501", "CREATEROLE", `GRANT pgquota_app TO "`+role+`"`)
+	requireError(t, runDB(t, dbURL, "migrate", "grant-app", "--role", "no_such_role_x"), cli.ExitError,
+		`role "no_such_role_x" does not exist`)
+
+	// A role with CREATEROLE (here the server's admin) on the same database.
+	adminURL := withUser(t, dbURL, pgtest.BaseURL(t))
+	out := ok(t, adminURL, "migrate", "grant-app", "--role", role)
+	require.Contains(t, out, "member")
+	ok(t, adminURL, "migrate", "grant-app", "--role", role) // idempotent
+
+	appURL := withUserPassword(t, dbURL, role, "x")
+	ok(t, appURL, "quota", "define", "--name", "q", "--window", "day", "--limit", "2")
+	ok(t, appURL, "grant", "--quota", "q", "--member", "m")
+	out = ok(t, appURL, "migrate", "status")
+	require.NotContains(t, out, "pending")
+	// With nothing pending up has nothing to do; down needs the owner.
+	out = ok(t, appURL, "migrate", "up")
+	require.Contains(t, out, "no migrations to apply")
+	requireError(t, runFor(30*time.Second, appURL, "migrate", "down"), cli.ExitError,
+		"SQLSTATE 42501", "owner of schema pgquota")
+}
+
+// withUser returns dbURL's database with the user and password of other.
+func withUser(t *testing.T, dbURL, other string) string {
+	t.Helper()
+	o, err := url.Parse(other)
+	require.NoError(t, err)
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	u.User = o.User
+	return u.String()
+}
+
+func withUserPassword(t *testing.T, dbURL, user, password string) string {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	u.User = url.UserPassword(user, password)
+	return u.String()
 }
