@@ -224,13 +224,20 @@ func TestMigrateGrantAppSetsUpApplicationRole(t *testing.T) {
 	requireError(t, runDB(t, dbURL, "migrate", "grant-app", "--role", "no_such_role_x"), cli.ExitError,
 		`role "no_such_role_x" does not exist`)
 
+	// Before it is a member, the role's `migrate status` fails at once (it
+	// used to retry a lock write for about 5 minutes), naming the fix.
+	appURL := withUserPassword(t, dbURL, role, "x")
+	start := time.Now()
+	requireError(t, runFor(30*time.Second, appURL, "migrate", "status"), cli.ExitError,
+		"permission denied for schema pgquota", "SQLSTATE 42501", "pgquota migrate grant-app --role")
+	require.Less(t, time.Since(start), 5*time.Second)
+
 	// A role with CREATEROLE (here the server's admin) on the same database.
 	adminURL := withUser(t, dbURL, pgtest.BaseURL(t))
 	out := ok(t, adminURL, "migrate", "grant-app", "--role", role)
 	require.Contains(t, out, "member")
 	ok(t, adminURL, "migrate", "grant-app", "--role", role) // idempotent
 
-	appURL := withUserPassword(t, dbURL, role, "x")
 	ok(t, appURL, "quota", "define", "--name", "q", "--window", "day", "--limit", "2")
 	ok(t, appURL, "grant", "--quota", "q", "--member", "m")
 	out = ok(t, appURL, "migrate", "status")
