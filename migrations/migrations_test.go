@@ -3,6 +3,7 @@ package migrations_test
 import (
 	"context"
 	"database/sql"
+	"io/fs"
 	"os"
 	"regexp"
 	"strconv"
@@ -50,7 +51,15 @@ func appliedVersions(t *testing.T, db *sql.DB) map[int64]int {
 // exactly once.
 func allOnce() map[int64]int {
 	out := map[int64]int{}
-	for v := int64(1); v <= migrations.Latest(); v++ {
+	names, err := fs.Glob(migrations.FS, "*.sql")
+	if err != nil {
+		panic(err)
+	}
+	for _, name := range names {
+		v, err := goose.NumericComponent(name)
+		if err != nil {
+			panic(err)
+		}
 		out[v] = 1
 	}
 	return out
@@ -98,7 +107,7 @@ func TestLatest(t *testing.T) {
 	}
 	require.Positive(t, files)
 	require.Equal(t, newest, migrations.Latest())
-	require.Equal(t, int64(files), newest, "versions are 1..n without gaps")
+	require.LessOrEqual(t, int64(files), newest, "versions are distinct")
 
 	// The embedded files are the ones on disk.
 	for _, e := range entries {
@@ -161,7 +170,7 @@ func TestConcurrentMigrate(t *testing.T) {
 			sum += n
 		}
 	}
-	require.LessOrEqual(t, sum, int(migrations.Latest()))
+	require.LessOrEqual(t, sum, len(allOnce()))
 
 	// The schema works.
 	client, err := quota.New(pgtest.Connect(t, dbURL, 2), nil)
@@ -184,7 +193,7 @@ func TestDownToZeroAndUpAgain(t *testing.T) {
 
 	res, err := migrations.Up(ctx, db)
 	require.NoError(t, err)
-	require.Len(t, res, int(migrations.Latest()))
+	require.Len(t, res, len(allOnce()))
 	migrated := relations(t, db, migrations.Schema)
 
 	// Data in every table must not stop a down migration.
@@ -209,21 +218,25 @@ func TestDownToZeroAndUpAgain(t *testing.T) {
 	require.NoError(t, err)
 	down, err := p.DownTo(ctx, 0)
 	require.NoError(t, err)
-	require.Len(t, down, int(migrations.Latest()))
+	require.Len(t, down, len(allOnce()))
 	for i, r := range down {
 		require.Equal(t, "down", r.Direction)
-		require.Equal(t, migrations.Latest()-int64(i), r.Source.Version, "newest first")
+		if i == 0 {
+			require.Equal(t, migrations.Latest(), r.Source.Version, "newest first")
+		} else {
+			require.Less(t, r.Source.Version, down[i-1].Source.Version, "newest first")
+		}
 	}
 	v, err := p.GetDBVersion(ctx)
 	require.NoError(t, err)
 	require.Zero(t, v)
 	// Only goose's own tables are left in the schema.
-	require.ElementsMatch(t, []string{"table goose_db_version", "sequence goose_db_version_id_seq", "table goose_lock"},
+	require.ElementsMatch(t, []string{"table pgquota_migrations", "sequence pgquota_migrations_id_seq"},
 		relations(t, db, migrations.Schema))
 
 	res, err = migrations.Up(ctx, db)
 	require.NoError(t, err)
-	require.Len(t, res, int(migrations.Latest()))
+	require.Len(t, res, len(allOnce()))
 	require.Equal(t, migrated, relations(t, db, migrations.Schema))
 	require.NoError(t, client.CheckSchema(ctx))
 	g, err := client.Grant(ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1, Limit: new(int64)})
@@ -231,11 +244,11 @@ func TestDownToZeroAndUpAgain(t *testing.T) {
 	require.False(t, g.Granted)
 
 	// One step at a time, both ways.
-	for range migrations.Latest() {
+	for range allOnce() {
 		_, err := p.Down(ctx)
 		require.NoError(t, err)
 	}
-	for range migrations.Latest() {
+	for range allOnce() {
 		_, err := p.UpByOne(ctx)
 		require.NoError(t, err)
 	}
@@ -281,7 +294,7 @@ func TestCoexistsWithApplicationGoose(t *testing.T) {
 	// name exists.
 	res, err := migrations.Up(ctx, db)
 	require.NoError(t, err)
-	require.Len(t, res, int(migrations.Latest()))
+	require.Len(t, res, len(allOnce()))
 	require.Equal(t, before, appHistory())
 	require.Equal(t, allOnce(), appliedVersions(t, db))
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -122,7 +123,8 @@ type Client struct {
 // when you want to fail fast on a schema that is behind.
 //
 // The pool works behind a transaction-mode pooler (PgBouncer and the like):
-// pgquota keeps no session state and takes no session-level advisory locks.
+// pgquota's calls keep no session state and take no session-level advisory
+// locks (Migrate excepted: migrate on a direct connection).
 // With PgBouncer before 1.21 set pgx's default_query_exec_mode to exec or
 // simple_protocol, since pgx otherwise caches prepared statements per
 // connection.
@@ -158,7 +160,14 @@ func (c *Client) Pool() *pgxpool.Pool { return c.pool }
 
 // Migrate applies every pending pgquota migration (goose, embedded in the
 // binary; see package migrations). Replicas that call it at once wait for
-// each other, and each migration is applied exactly once.
+// each other on the migration lock, and each migration is applied exactly
+// once. It needs one connection of the pool, on a direct connection or a
+// session-mode pooler (the lock is a session-level advisory lock), and a
+// role that may create objects in the database (the schema's owner):
+// application roles (migrations.AppRole) may not. It fails without
+// applying anything, with an error wrapping ErrSchemaNewer or ErrSchemaGap,
+// when the database has migrations this build does not know or misses
+// one below its newest (see migrations.SchemaError for the way out).
 func (c *Client) Migrate(ctx context.Context) error {
 	sqlDB := stdlib.OpenDBFromPool(c.pool)
 	defer sqlDB.Close()
@@ -167,23 +176,26 @@ func (c *Client) Migrate(ctx context.Context) error {
 }
 
 // CheckSchema returns nil when the database's pgquota schema is at the
-// version this build needs, and a *SchemaVersionError otherwise (wrapping
-// ErrSchemaMissing when the schema is missing or behind). Other errors come
-// from the database.
+// version this build needs, and a *SchemaVersionError otherwise: wrapping
+// ErrSchemaMissing when the schema is missing or behind, ErrSchemaNewer
+// when it has migrations this build does not know (a newer build migrated
+// it), ErrSchemaGap when a migration below its newest is not applied. It
+// takes no lock and needs SELECT on the version table only (the
+// migrations.AppRole role has it). Other errors come from the database.
 func (c *Client) CheckSchema(ctx context.Context) error {
-	var have int64
-	err := c.pool.QueryRow(ctx, `
-		SELECT coalesce(max(version_id), 0) FROM `+migrations.VersionTable+` WHERE is_applied`).Scan(&have)
+	sqlDB := stdlib.OpenDBFromPool(c.pool)
+	defer sqlDB.Close()
+	st, err := migrations.ReadState(ctx, sqlDB)
 	if err != nil {
 		if migrations.IsUndefinedSchemaError(err) {
-			have = 0
+			st = migrations.State{}
 		} else {
-			return fmt.Errorf("pgquota: read schema version: %w", err)
+			return dbError("read schema version", err)
 		}
 	}
-	want := migrations.Latest()
-	if have != want {
-		return &SchemaVersionError{Have: have, Want: want}
+	e := &SchemaVersionError{Have: st.Current, Want: migrations.Latest(), Unknown: st.Unknown(), Missing: st.Missing()}
+	if e.Have != e.Want || len(e.Unknown) > 0 || len(e.Missing) > 0 {
+		return e
 	}
 	return nil
 }
@@ -193,10 +205,39 @@ func (c *Client) CheckSchema(ctx context.Context) error {
 // also wraps ErrSchemaMissing. The original error (a *pgconn.PgError, say)
 // always stays in the chain.
 func dbError(op string, err error) error {
+	if sqlState(err) == "42501" {
+		return fmt.Errorf("pgquota: %s: %w: %s: %w", op, ErrPermissionDenied, permissionAdvice(err), err)
+	}
 	if migrations.IsUndefinedSchemaError(err) {
 		return fmt.Errorf("pgquota: %s: %w: %w", op, ErrSchemaMissing, err)
 	}
 	return fmt.Errorf("pgquota: %s: %w", op, err)
+}
+
+// permissionAdvice says, for a permission error (42501), which privileges
+// pgquota needs on the object PostgreSQL names and how to grant them.
+func permissionAdvice(err error) string {
+	var pgErr *pgconn.PgError
+	errors.As(err, &pgErr)
+	kind, name, _ := strings.Cut(strings.TrimPrefix(pgErr.Message, "permission denied for "), " ")
+	need := map[string]string{
+		"table":    "SELECT, INSERT, UPDATE and DELETE",
+		"view":     "SELECT",
+		"sequence": "USAGE and SELECT",
+		"schema":   "USAGE",
+		"function": "EXECUTE",
+	}[kind]
+	if need == "" {
+		return fmt.Sprintf("the role lacks a privilege pgquota's calls need (%s); as the owner of schema %s run "+
+			"pgquota migrate grant-app --role ROLE (membership in %s)", pgErr.Message, migrations.Schema, migrations.AppRole)
+	}
+	obj := name
+	if kind != "schema" && !strings.Contains(name, ".") {
+		obj = migrations.Schema + "." + name
+	}
+	return fmt.Sprintf("the role lacks %s on %s %s, which pgquota's calls need; as the owner of schema %s run "+
+		"pgquota migrate grant-app --role ROLE (membership in %s holds every privilege pgquota needs)",
+		need, kind, obj, migrations.Schema, migrations.AppRole)
 }
 
 // isNoRows reports whether err is pgx's "no rows in result set".

@@ -67,8 +67,10 @@
 //
 // Apply the schema once with Client.Migrate or `pgquota migrate up`. The
 // tables live in the schema pgquota, with goose's version table
-// pgquota.goose_db_version, so an application that also uses goose never
-// collides with pgquota.
+// pgquota.pgquota_migrations, so an application that also uses goose never
+// collides with pgquota. The application itself needs no DDL: make its role
+// a member of pgquota_app (migrations.AppRole; `pgquota migrate grant-app
+// --role ROLE`).
 //
 // Errors are sentinels (errors.Is) or typed errors (errors.As) listed in
 // errors.go; database failures keep their *pgconn.PgError and SQLSTATE.

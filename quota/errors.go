@@ -3,6 +3,8 @@ package quota
 import (
 	"errors"
 	"fmt"
+
+	"github.com/pgquota/pgquota/migrations"
 )
 
 // Sentinel errors. Test for them with errors.Is; the typed errors below wrap
@@ -54,6 +56,31 @@ var (
 	// *SchemaVersionError.
 	ErrSchemaMissing = errors.New("pgquota: schema is missing or behind: run `pgquota migrate up`")
 
+	// ErrSchemaNewer is wrapped by CheckSchema's *SchemaVersionError, and by
+	// the error of Migrate (a *migrations.SchemaError, which then applies
+	// nothing), when the database has migrations this build of pgquota does
+	// not know: a newer build migrated it. Upgrade pgquota, or roll back
+	// with the newer build (pgquota migrate down --to N). It is
+	// migrations.ErrSchemaNewer.
+	ErrSchemaNewer = migrations.ErrSchemaNewer
+
+	// ErrSchemaGap is wrapped by CheckSchema's *SchemaVersionError and by
+	// Migrate's error (which then applies nothing) when a migration of this
+	// build below the database's newest applied one is not applied (applied
+	// out of order, or its version row was removed). The message names it
+	// and the way out: `pgquota migrate up --allow-missing` applies it. It
+	// is migrations.ErrSchemaGap.
+	ErrSchemaGap = migrations.ErrSchemaGap
+
+	// ErrPermissionDenied is returned by every call that reaches the
+	// database when PostgreSQL refuses it a privilege (SQLSTATE 42501; the
+	// *pgconn.PgError stays in the chain). It is returned at once, never
+	// retried. The message names the object, the privileges pgquota needs
+	// on it and the fix: make the application's role a member of
+	// migrations.AppRole (pgquota_app), with `pgquota migrate grant-app
+	// --role ROLE` run as the schema's owner. Nothing was written.
+	ErrPermissionDenied = errors.New("pgquota: permission denied")
+
 	// ErrIdempotencyKeyReused is returned by Grant, GrantTx, Revoke,
 	// RevokeTx, ClaimVoucherWithKey, ClaimVoucherWithKeyTx, ClaimCodeWithKey
 	// and ClaimCodeWithKeyTx when the idempotency key (in its scope) was
@@ -91,31 +118,45 @@ func inputError(field, format string, args ...any) error {
 }
 
 // SchemaVersionError is returned by CheckSchema when the database's pgquota
-// schema is not at the version this build needs. It wraps ErrSchemaMissing.
+// schema is not at the version this build needs. It wraps ErrSchemaMissing
+// when the schema is missing or behind (Have < Want), ErrSchemaNewer when
+// Unknown is not empty and ErrSchemaGap when Missing is not empty.
 type SchemaVersionError struct {
 	// Have is the database's migration version (0 when the schema is absent).
 	Have int64
 	// Want is the newest migration embedded in this build.
 	Want int64
+	// Unknown lists applied migrations this build does not have.
+	Unknown []int64
+	// Missing lists this build's migrations below Have that are not applied.
+	Missing []int64
 }
 
 func (e *SchemaVersionError) Error() string {
+	if len(e.Unknown) > 0 || len(e.Missing) > 0 {
+		return (&migrations.SchemaError{Current: e.Have, Latest: e.Want, Unknown: e.Unknown, Missing: e.Missing}).Error()
+	}
 	if e.Have == 0 {
 		return "pgquota: schema is missing: run `pgquota migrate up`"
-	}
-	if e.Have > e.Want {
-		return fmt.Sprintf("pgquota: schema is at version %d, newer than this build of pgquota (%d): upgrade pgquota", e.Have, e.Want)
 	}
 	return fmt.Sprintf("pgquota: schema is at version %d, this build needs %d: run `pgquota migrate up`", e.Have, e.Want)
 }
 
-// Unwrap returns ErrSchemaMissing when the schema is missing or behind, and
-// nil when it is newer than this build.
-func (e *SchemaVersionError) Unwrap() error {
-	if e.Have > e.Want {
-		return nil
+// Unwrap returns ErrSchemaMissing when the schema is missing or behind,
+// ErrSchemaNewer when it has migrations this build does not know, and
+// ErrSchemaGap when one below its newest is not applied.
+func (e *SchemaVersionError) Unwrap() []error {
+	var out []error
+	if e.Have < e.Want && len(e.Unknown) == 0 {
+		out = append(out, ErrSchemaMissing)
 	}
-	return ErrSchemaMissing
+	if len(e.Unknown) > 0 {
+		out = append(out, ErrSchemaNewer)
+	}
+	if len(e.Missing) > 0 {
+		out = append(out, ErrSchemaGap)
+	}
+	return out
 }
 
 // Sentinel errors of the fenced lock (lease.go, fence.go, keepalive.go).

@@ -19,9 +19,9 @@ import (
 func TestBreakFenceGuardAdmitsStaleHolderAfterTakeover(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
-	_, err := b.pool.Exec(b.ctx, `CREATE TABLE public.orders (id int PRIMARY KEY, status text, fence_token bigint)`)
-	require.NoError(t, err)
-	g, err := b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "orders", Column: "fence_token"})
+	// DDL on purpose, as the owner: the application's table and its guard.
+	b.appDDL(t, `CREATE TABLE public.orders (id int PRIMARY KEY, status text, fence_token bigint)`, nil, "public.orders")
+	g, err := b.ownerClient(t).AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "orders", Column: "fence_token"})
 	require.NoError(t, err)
 
 	// The lease is named after the guard's resource.

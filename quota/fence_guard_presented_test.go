@@ -20,9 +20,8 @@ import (
 // fence guard to it.
 func (b *testBundle) guardReports(t *testing.T, name string, external bool) quota.FenceGuard {
 	t.Helper()
-	_, err := b.pool.Exec(b.ctx, `CREATE TABLE public.`+name+` (id int PRIMARY KEY, val text, tok bigint)`)
-	require.NoError(t, err)
-	g, err := b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "public." + name, Column: "tok", External: external})
+	b.appDDL(t, `CREATE TABLE public.`+name+` (id int PRIMARY KEY, val text, tok bigint)`, nil, "public."+name)
+	g, err := b.ownerClient(t).AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "public." + name, Column: "tok", External: external})
 	require.NoError(t, err)
 	require.Equal(t, "public."+name, g.Resource)
 	require.Equal(t, external, g.External)
@@ -264,7 +263,7 @@ func TestFenceGuardExternalTokens(t *testing.T) {
 	require.ErrorIs(t, err, quota.ErrLeaseLost)
 
 	// Attaching again switches the mode, and says so.
-	g2, err := b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "zk", Column: "tok"})
+	g2, err := b.ownerClient(t).AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "zk", Column: "tok"})
 	require.NoError(t, err)
 	require.False(t, g2.External)
 	err = b.txWith(t, g.Resource, 7721, `UPDATE zk SET val = 'x'`)
@@ -278,9 +277,9 @@ func TestFenceGuardSeveralResourcesAndFenceWriteTx(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
 	g1 := b.guardReports(t, "reports", false)
-	_, err := b.pool.Exec(b.ctx, `CREATE SCHEMA "we'ird"; CREATE TABLE "we'ird"."Or""ders" (id int PRIMARY KEY, val text, tok bigint)`)
-	require.NoError(t, err)
-	g2, err := b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: `"we'ird"."Or""ders"`, Column: "tok"})
+	b.appDDL(t, `CREATE SCHEMA "we'ird"; CREATE TABLE "we'ird"."Or""ders" (id int PRIMARY KEY, val text, tok bigint)`,
+		[]string{`"we'ird"`}, `"we'ird"."Or""ders"`)
+	g2, err := b.ownerClient(t).AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: `"we'ird"."Or""ders"`, Column: "tok"})
 	require.NoError(t, err)
 	require.Equal(t, `"we'ird"."Or""ders"`, g2.Resource)
 	h1 := b.acquire(t, g1.Resource, "one", time.Minute)
@@ -369,20 +368,19 @@ func TestFenceGuardPresentingTransactionHoldsOffTakeover(t *testing.T) {
 func TestFenceGuardUpgradesFirstForm(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
-	_, err := b.pool.Exec(b.ctx, `
+	b.appDDL(t, `
 		CREATE TABLE reports (id int PRIMARY KEY, val text, tok bigint);
 		CREATE TRIGGER pgquota_fence_guard BEFORE INSERT OR UPDATE ON reports
 			FOR EACH ROW EXECUTE FUNCTION pgquota.fence_guard('tok', 'public.reports');
 		CREATE TRIGGER my_guard BEFORE INSERT OR UPDATE ON reports
-			FOR EACH ROW EXECUTE FUNCTION pgquota.fence_guard('tok', 'public.reports')`)
-	require.NoError(t, err)
+			FOR EACH ROW EXECUTE FUNCTION pgquota.fence_guard('tok', 'public.reports')`, nil, "reports")
 	h := b.acquire(t, "public.reports", "holder", time.Minute)
-	_, err = b.pool.Exec(b.ctx, `INSERT INTO reports VALUES (1, 'old', $1)`, h.Token)
+	_, err := b.pool.Exec(b.ctx, `INSERT INTO reports VALUES (1, 'old', $1)`, h.Token)
 	require.NoError(t, err, "the first form still works")
 	_, err = b.pool.Exec(b.ctx, `INSERT INTO reports VALUES (2, 'old', $1)`, h.Token-1)
 	requireSQLState(t, err, quota.SQLStateStaleToken, "the first form still refuses a low token")
 
-	g, err := b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "reports", Column: "tok"})
+	g, err := b.ownerClient(t).AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "reports", Column: "tok"})
 	require.NoError(t, err)
 	require.True(t, g.Upgraded)
 	var triggers string
@@ -394,14 +392,13 @@ func TestFenceGuardUpgradesFirstForm(t *testing.T) {
 	requireSQLState(t, err, quota.SQLStateTokenNotPresented)
 	require.NoError(t, b.txWith(t, g.Resource, h.Token, `UPDATE reports SET val = 'new'`))
 
-	g, err = b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "reports", Column: "tok"})
+	g, err = b.ownerClient(t).AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "reports", Column: "tok"})
 	require.NoError(t, err)
 	require.False(t, g.Upgraded, "nothing left to upgrade")
 
 	// Only bigint token columns: tokens are 64-bit.
-	_, err = b.pool.Exec(b.ctx, `CREATE TABLE small (id int PRIMARY KEY, tok integer)`)
-	require.NoError(t, err)
-	_, err = b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "small", Column: "tok"})
+	b.appDDL(t, `CREATE TABLE small (id int PRIMARY KEY, tok integer)`, nil, "small")
+	_, err = b.ownerClient(t).AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "small", Column: "tok"})
 	var ie *quota.InputError
 	require.ErrorAs(t, err, &ie)
 	require.Equal(t, "column", ie.Field)
@@ -459,9 +456,8 @@ func TestFenceGuardStampsPresentedToken(t *testing.T) {
 func TestFenceGuardConcurrentHoldersAndStaleWriters(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 12)
-	_, err := b.pool.Exec(b.ctx, `CREATE TABLE counter (id int PRIMARY KEY, n int NOT NULL, tok bigint)`)
-	require.NoError(t, err)
-	g, err := b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "counter", Column: "tok"})
+	b.appDDL(t, `CREATE TABLE counter (id int PRIMARY KEY, n int NOT NULL, tok bigint)`, nil, "counter")
+	g, err := b.ownerClient(t).AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "counter", Column: "tok"})
 	require.NoError(t, err)
 	h := b.acquire(t, g.Resource, "setup", time.Minute)
 	require.NoError(t, b.txWith(t, g.Resource, h.Token, fmt.Sprintf(`INSERT INTO counter VALUES (1, 0, %d)`, h.Token)))

@@ -198,18 +198,19 @@ func TestFenceStealCannotSlipIn(t *testing.T) {
 func TestFenceGuardTrigger(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
-	_, err := b.pool.Exec(b.ctx, `
+	// DDL on purpose, as the owner: the application's table and its guard.
+	b.appDDL(t, `
 		CREATE SCHEMA app;
-		CREATE TABLE app."Orders" (id int PRIMARY KEY, status text, fence_token bigint)`)
-	require.NoError(t, err)
-	g, err := b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: `app."Orders"`, Column: "fence_token"})
+		CREATE TABLE app."Orders" (id int PRIMARY KEY, status text, fence_token bigint)`, []string{"app"}, `app."Orders"`)
+	owner := b.ownerClient(t)
+	g, err := owner.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: `app."Orders"`, Column: "fence_token"})
 	require.NoError(t, err)
 	require.Equal(t, `"app"."Orders"`, g.Table)
 	require.Equal(t, `app."Orders"`, g.Resource)
 	require.Equal(t, quota.FenceGuardTrigger, g.Trigger)
 	require.Equal(t, quota.FenceGuardTruncateTrigger, g.TruncateTrigger)
 	// Attaching again is harmless.
-	_, err = b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: `app."Orders"`, Column: "fence_token"})
+	_, err = owner.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: `app."Orders"`, Column: "fence_token"})
 	require.NoError(t, err)
 
 	h1 := b.acquire(t, g.Resource, "one", time.Minute)
@@ -243,11 +244,11 @@ func TestFenceGuardTrigger(t *testing.T) {
 	other := errors.New("x")
 	require.Same(t, other, quota.FenceError(other))
 
-	_, err = b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "app.nope", Column: "fence_token"})
+	_, err = owner.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "app.nope", Column: "fence_token"})
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
-	_, err = b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: `app."Orders"`, Column: "nope"})
+	_, err = owner.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: `app."Orders"`, Column: "nope"})
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
-	_, err = b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: `app."Orders"`, Column: "status"})
+	_, err = owner.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: `app."Orders"`, Column: "status"})
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
 }
 

@@ -567,7 +567,7 @@ var schemaCalls = map[string]func(ctx context.Context, c *quota.Client) error{
 func TestSchemaMissing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := pgtest.Connect(t, pgtest.NewEmptyURL(t), 2)
+	pool := pgtest.ConnectOwner(t, pgtest.NewEmptyURL(t), 2) // migrates on purpose: as the owner
 	client, err := quota.New(pool, nil)
 	require.NoError(t, err)
 
@@ -601,7 +601,7 @@ func TestSchemaMissing(t *testing.T) {
 func TestSchemaBehind(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := pgtest.Connect(t, pgtest.NewEmptyURL(t), 2)
+	pool := pgtest.ConnectOwner(t, pgtest.NewEmptyURL(t), 2) // migrates on purpose: as the owner
 	sqlDB := stdlib.OpenDBFromPool(pool)
 	t.Cleanup(func() { _ = sqlDB.Close() })
 	require.NoError(t, migrations.EnsureSchema(ctx, sqlDB))

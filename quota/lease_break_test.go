@@ -21,7 +21,8 @@ import (
 func TestBreakLeaseTokenGoesBackAfterRowDeletion(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
-	_, err := b.pool.Exec(b.ctx, `
+	// DDL on purpose, as the owner.
+	_, err := b.owner.Exec(b.ctx, `
 		CREATE FUNCTION pgquota.test_pause() RETURNS trigger LANGUAGE plpgsql AS $$
 		BEGIN
 			IF NEW.holder = 'slow' THEN

@@ -15,19 +15,53 @@ type testBundle struct {
 	ctx    context.Context
 	pool   *pgxpool.Pool
 	client *quota.Client
+	// owner is a pool on the same database as its owner: for the DDL a
+	// test runs on purpose (pinning pgquota.clock, say), which the
+	// application role of PGQUOTA_TEST_APP_ROLE=1 may not run.
+	owner *pgxpool.Pool
 }
 
 // setup returns a client on a fresh migrated database whose pool holds at
 // most maxConns connections (0 for the harness default).
 func setup(t *testing.T, maxConns int32) *testBundle {
 	t.Helper()
-	pool := pgtest.NewPool(t, maxConns)
+	dbURL := pgtest.NewURL(t)
+	pool := pgtest.Connect(t, dbURL, maxConns)
 	client, err := quota.New(pool, nil)
 	require.NoError(t, err)
-	return &testBundle{ctx: context.Background(), pool: pool, client: client}
+	return &testBundle{ctx: context.Background(), pool: pool, client: client, owner: pgtest.ConnectOwner(t, dbURL, 2)}
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// ownerClient returns a client on the owner pool, for calls that run DDL
+// on purpose (AttachFenceGuard creates a trigger on an application table).
+func (b *testBundle) ownerClient(t *testing.T) *quota.Client {
+	t.Helper()
+	c, err := quota.New(b.owner, nil)
+	require.NoError(t, err)
+	return c
+}
+
+// appDDL runs DDL an application would run as the owner of its own
+// tables (on purpose: the role of PGQUOTA_TEST_APP_ROLE=1 may not), then
+// gives b.pool's role the use of schemas and tables, as an application's
+// own role would have.
+func (b *testBundle) appDDL(t *testing.T, ddl string, schemas []string, tables ...string) {
+	t.Helper()
+	_, err := b.owner.Exec(b.ctx, ddl)
+	require.NoError(t, err)
+	var role string
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT quote_ident(current_user)`).Scan(&role))
+	for _, s := range schemas {
+		_, err := b.owner.Exec(b.ctx, `GRANT USAGE ON SCHEMA `+s+` TO `+role)
+		require.NoError(t, err)
+	}
+	for _, tb := range tables {
+		_, err := b.owner.Exec(b.ctx, `GRANT SELECT, INSERT, UPDATE, DELETE ON `+tb+` TO `+role)
+		require.NoError(t, err)
+	}
+}
 
 // define defines a quota or fails the test.
 func (b *testBundle) define(t *testing.T, d quota.Definition) quota.Quota {
@@ -59,7 +93,7 @@ func (b *testBundle) countRows(t *testing.T, table string) int64 {
 // setClock pins pgquota.clock() in this test's database to at.
 func (b *testBundle) setClock(t *testing.T, at string) {
 	t.Helper()
-	_, err := b.pool.Exec(b.ctx, `CREATE OR REPLACE FUNCTION pgquota.clock() RETURNS timestamptz
+	_, err := b.owner.Exec(b.ctx, `CREATE OR REPLACE FUNCTION pgquota.clock() RETURNS timestamptz
 		LANGUAGE sql VOLATILE AS $$ SELECT '`+at+`'::timestamptz $$`)
 	require.NoError(t, err)
 }

@@ -242,7 +242,7 @@ func (a *app) quotaClient(ctx context.Context) (*quota.Client, error) {
 	}
 	if err := client.CheckSchema(ctx); err != nil {
 		var sv *quota.SchemaVersionError
-		if !errors.As(err, &sv) || errors.Is(err, quota.ErrSchemaMissing) {
+		if !errors.As(err, &sv) || errors.Is(err, quota.ErrSchemaMissing) || errors.Is(err, quota.ErrSchemaGap) {
 			return nil, err
 		}
 		// A newer schema than this build knows still serves it.

@@ -381,7 +381,9 @@ func TestJSONOutput(t *testing.T) {
 	require.Equal(t, float64(migrations.Latest()), v["version"])
 	require.Equal(t, float64(migrations.Latest()), v["latest"])
 	st := okJSON(t, dbURL, cli.ExitOK, "migrate", "status").([]any)
-	require.Len(t, st, int(migrations.Latest()))
+	files, err := migrations.FS.ReadDir(".")
+	require.NoError(t, err)
+	require.Len(t, st, len(files))
 	okJSON(t, dbURL, cli.ExitOK, "migrate", "up")
 }
 
@@ -437,7 +439,11 @@ func TestMigrateCommands(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewEmptyURL(t)
 	latest := strconv.FormatInt(migrations.Latest(), 10)
-	previous := strconv.FormatInt(migrations.Latest()-1, 10)
+	files, err := migrations.FS.ReadDir(".")
+	require.NoError(t, err)
+	prev, err := strconv.ParseInt(files[len(files)-2].Name()[:5], 10, 64)
+	require.NoError(t, err)
+	previous := strconv.FormatInt(prev, 10) // the version below the newest
 
 	// Before: the schema is missing, and the message says what to do.
 	for _, args := range [][]string{
@@ -449,7 +455,7 @@ func TestMigrateCommands(t *testing.T) {
 	}
 
 	out := ok(t, dbURL, "migrate", "up")
-	entries, err := migrations.FS.ReadDir(".")
+	entries := files
 	require.NoError(t, err)
 	for _, e := range entries {
 		require.Contains(t, out, e.Name())

@@ -91,6 +91,8 @@ func (a *app) placeError(err error) error {
 	t := *a.target
 	var sv *quota.SchemaVersionError
 	switch {
+	case errors.As(err, &sv) && len(sv.Missing)+len(sv.Unknown) > 0:
+		return fmt.Errorf("%s: %w", t, err)
 	case errors.As(err, &sv) && sv.Have == 0:
 		return errors.New("schema is missing in " + t.String() + ": run pgquota migrate up there, or point --database-url at your database")
 	case errors.As(err, &sv) && sv.Have < sv.Want:

@@ -32,7 +32,9 @@ func TestErrorsNameTheDatabase(t *testing.T) {
 	require.Regexp(t, `(?m)^database\s+"`+name+`" on `+u.Host+` as user `, out)
 	require.Regexp(t, `(?m)^version\s+0$`, out)
 	out = ok(t, dbURL, "migrate", "status")
-	require.Equal(t, int(migrations.Latest()), strings.Count(out, "pending"), out)
+	files, err := migrations.FS.ReadDir(".")
+	require.NoError(t, err)
+	require.Equal(t, len(files), strings.Count(out, "pending"), out)
 	requireError(t, runDB(t, dbURL, "quota", "list"), cli.ExitError, "schema is missing in database \""+name+"\"")
 
 	out = ok(t, dbURL, "migrate", "up")

@@ -2,8 +2,10 @@ package cli
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"io/fs"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -22,82 +24,169 @@ func (a *app) migrateCommand() *cobra.Command {
 		Use:   "migrate",
 		Short: "Apply, roll back or inspect pgquota's migrations (schema pgquota)",
 		Long: `Apply, roll back or inspect pgquota's goose migrations. They live in the
-pgquota schema, with goose's version table pgquota.goose_db_version, so an
-application that also uses goose never collides with them. Replicas that
-migrate at once wait for each other's lock; each migration runs once.`,
+pgquota schema, with goose's version table pgquota.pgquota_migrations (a
+name no migration tool uses by default, so an application's own goose never
+takes it for its own, even with pgquota on its search_path).
+
+up and down run as the schema's owner and take the migration lock, a
+session-level advisory lock: replicas that migrate at once wait for each
+other and each migration runs once. Migrate on a direct connection or a
+session-mode pooler. status and version only read: they take no lock and
+answer while another process migrates. grant-app sets up an application
+role (least privilege: no DDL).`,
 	}
-	cmd.AddCommand(
-		&cobra.Command{
-			Use:   "up",
-			Short: "Apply every pending migration",
-			Args:  cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error {
-				return a.withProvider(cmd.Context(), true, func(ctx context.Context, p *goose.Provider, _ bool) error {
-					res, err := p.Up(ctx)
-					if err != nil {
-						return fmt.Errorf("migrate up: %w", err)
-					}
-					return a.printResults(ctx, p, res)
-				})
-			},
+	var allowMissing bool
+	up := &cobra.Command{
+		Use:   "up",
+		Short: "Apply every pending migration",
+		Long: `Apply every pending migration. It refuses, applying nothing, a schema with
+migrations this build does not know (migrated by a newer pgquota: upgrade
+pgquota) or missing a migration below its newest one (a gap: --allow-missing
+applies the missing ones out of order).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := cmd.Context()
+			db, err := a.sqlDB(ctx)
+			if err != nil {
+				return err
+			}
+			defer db.Close()
+			var opts []migrations.Option
+			if allowMissing {
+				opts = append(opts, migrations.AllowMissing())
+			}
+			res, err := migrations.Up(ctx, db, opts...)
+			if err != nil {
+				var se *migrations.SchemaError
+				if errors.As(err, &se) {
+					return fmt.Errorf("migrate up: %s: %w", a.target, err)
+				}
+				return fmt.Errorf("migrate up: %w", permissionHint(err))
+			}
+			if err := a.printResults(ctx, db, res); err != nil {
+				return err
+			}
+			var hasRole bool
+			if err := db.QueryRowContext(ctx, `SELECT to_regrole($1) IS NOT NULL`, migrations.AppRole).Scan(&hasRole); err == nil && !hasRole {
+				fmt.Fprintf(a.stderr, "pgquota: warning: role %s does not exist and this role may not create it: no application role was granted pgquota's objects; as a role with CREATEROLE run CREATE ROLE %s NOLOGIN, then pgquota migrate grant-app\n",
+					migrations.AppRole, migrations.AppRole)
+			}
+			return nil
 		},
+	}
+	up.Flags().BoolVar(&allowMissing, "allow-missing", false, "apply migrations missing below the newest applied one (out of order) instead of failing")
+	cmd.AddCommand(
+		up,
 		a.migrateDownCommand(),
 		&cobra.Command{
 			Use:   "status",
 			Short: "List every migration and whether it is applied",
-			Args:  cobra.NoArgs,
+			Long: `List every migration and whether it is applied. It takes no lock and creates
+nothing. It fails on a schema with migrations this build does not know, or
+with a gap, naming them and the way out.`,
+			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				return a.withProvider(cmd.Context(), false, func(ctx context.Context, p *goose.Provider, installed bool) error {
-					var st []*goose.MigrationStatus
-					if installed {
-						var err error
-						if st, err = p.Status(ctx); err != nil {
-							return fmt.Errorf("migrate status: %w", err)
-						}
-					} else {
-						for _, src := range p.ListSources() {
-							st = append(st, &goose.MigrationStatus{Source: src, State: goose.StatePending})
-						}
+				ctx := cmd.Context()
+				st, err := a.readState(ctx)
+				if err != nil {
+					return fmt.Errorf("migrate status: %w", err)
+				}
+				if err := st.Check(false); err != nil {
+					return fmt.Errorf("migrate status: %s: %w", a.target, err)
+				}
+				type item struct {
+					Version   int64      `json:"version"`
+					File      string     `json:"file"`
+					Applied   bool       `json:"applied"`
+					AppliedAt *time.Time `json:"applied_at,omitempty"`
+				}
+				var items []item
+				names, err := fs.Glob(migrations.FS, "*.sql")
+				if err != nil {
+					return err
+				}
+				for _, name := range names {
+					v, err := goose.NumericComponent(name)
+					if err != nil {
+						return err
 					}
-					type item struct {
-						Version   int64      `json:"version"`
-						File      string     `json:"file"`
-						Applied   bool       `json:"applied"`
-						AppliedAt *time.Time `json:"applied_at,omitempty"`
+					it := item{Version: v, File: name}
+					if at, ok := st.Applied[v]; ok {
+						it.Applied, it.AppliedAt = true, &at
 					}
-					items := make([]item, len(st))
-					for i, s := range st {
-						items[i] = item{Version: s.Source.Version, File: s.Source.Path, Applied: s.State == goose.StateApplied}
-						if items[i].Applied {
-							at := s.AppliedAt
-							items[i].AppliedAt = &at
+					items = append(items, it)
+				}
+				return a.output(items, func(w *tabwriter.Writer) {
+					row(w, "VERSION", "FILE", "APPLIED")
+					for _, it := range items {
+						applied := "pending"
+						if it.AppliedAt != nil {
+							applied = stamp(*it.AppliedAt)
 						}
+						row(w, it.Version, it.File, applied)
 					}
-					return a.output(items, func(w *tabwriter.Writer) {
-						row(w, "VERSION", "FILE", "APPLIED")
-						for _, it := range items {
-							applied := "pending"
-							if it.AppliedAt != nil {
-								applied = stamp(*it.AppliedAt)
-							}
-							row(w, it.Version, it.File, applied)
-						}
-					})
 				})
 			},
 		},
 		&cobra.Command{
 			Use:   "version",
 			Short: "Print the database's migration version and the one this build needs",
-			Args:  cobra.NoArgs,
+			Long: `Print the database's migration version (its newest applied migration) and
+the one this build needs. It takes no lock and creates nothing.`,
+			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				return a.withProvider(cmd.Context(), false, func(ctx context.Context, p *goose.Provider, installed bool) error {
-					return a.printVersion(ctx, p, installed)
+				st, err := a.readState(cmd.Context())
+				if err != nil {
+					return fmt.Errorf("migrate version: %w", err)
+				}
+				out := struct {
+					Database target `json:"connection"`
+					Version  int64  `json:"version"`
+					Latest   int64  `json:"latest"`
+				}{*a.target, st.Current, migrations.Latest()}
+				return a.output(out, func(w *tabwriter.Writer) {
+					row(w, "database", out.Database.brief())
+					row(w, "version", out.Version)
+					row(w, "latest", out.Latest)
 				})
 			},
 		},
+		a.grantAppCommand(),
 	)
 	return cmd
+}
+
+// sqlDB connects and returns a database/sql handle on the pool (for goose).
+func (a *app) sqlDB(ctx context.Context) (*sql.DB, error) {
+	pool, err := a.connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return stdlib.OpenDBFromPool(pool), nil
+}
+
+// readState reads the migration state without the migration lock.
+func (a *app) readState(ctx context.Context) (migrations.State, error) {
+	db, err := a.sqlDB(ctx)
+	if err != nil {
+		return migrations.State{}, err
+	}
+	defer db.Close()
+	st, err := migrations.ReadState(ctx, db)
+	if err != nil {
+		return st, permissionHint(err)
+	}
+	return st, nil
+}
+
+// permissionHint adds to a permission error (SQLSTATE 42501) what to do.
+func permissionHint(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" {
+		return fmt.Errorf("%w: migrate as the owner of schema %s (or a role that may create it); "+
+			"an application role needs only the %s role (pgquota migrate grant-app --role ROLE)", err, migrations.Schema, migrations.AppRole)
+	}
+	return err
 }
 
 func (a *app) migrateDownCommand() *cobra.Command {
@@ -111,8 +200,9 @@ it says so and exits 0. Rolling back drops the tables of the migrations it
 undoes, with their data.
 
 To remove pgquota from a database: pgquota migrate down --to 0, then
-DROP SCHEMA pgquota CASCADE (which drops goose's pgquota.goose_db_version
-and pgquota.goose_lock tables too).`,
+DROP SCHEMA pgquota CASCADE (which drops the version table
+pgquota.pgquota_migrations too), and DROP ROLE pgquota_app once no database
+of the server uses it.`,
 		Example: `  pgquota migrate down
   pgquota migrate down --to 0`,
 		Args: cobra.NoArgs,
@@ -121,7 +211,7 @@ and pgquota.goose_lock tables too).`,
 			if byVersion && (to < 0 || to > migrations.Latest()) {
 				return usagef("--to must be between 0 and %d, got %d", migrations.Latest(), to)
 			}
-			return a.withProvider(cmd.Context(), false, func(ctx context.Context, p *goose.Provider, installed bool) error {
+			return a.withProvider(cmd.Context(), func(ctx context.Context, db *sql.DB, p *goose.Provider, installed bool) error {
 				var current int64
 				if installed {
 					var err error
@@ -155,9 +245,9 @@ and pgquota.goose_lock tables too).`,
 					res = append(res, r)
 				}
 				if err != nil {
-					return a.downFailed(ctx, p, err)
+					return a.downFailed(ctx, db, err)
 				}
-				return a.printResults(ctx, p, res)
+				return a.printResults(ctx, db, res)
 			})
 		},
 	}
@@ -170,10 +260,10 @@ and pgquota.goose_lock tables too).`,
 // prints them), and the error, with what to do when the failing migration
 // could not drop pgquota's fence guard function because application
 // tables still use it (SQLSTATE 2BP01, dependent objects).
-func (a *app) downFailed(ctx context.Context, p *goose.Provider, err error) error {
+func (a *app) downFailed(ctx context.Context, db *sql.DB, err error) error {
 	var partial *goose.PartialError
 	if errors.As(err, &partial) && len(partial.Applied) > 0 {
-		if perr := a.printResults(ctx, p, partial.Applied); perr != nil {
+		if perr := a.printResults(ctx, db, partial.Applied); perr != nil {
 			return errors.Join(fmt.Errorf("migrate down: %w", err), perr)
 		}
 	}
@@ -188,7 +278,7 @@ func (a *app) downFailed(ctx context.Context, p *goose.Provider, err error) erro
 		}
 		return fmt.Errorf("migrate down: %w: application tables still use pgquota's fence guard (pgquota fence guard): drop those triggers, then run this again", err)
 	}
-	return fmt.Errorf("migrate down: %w", err)
+	return fmt.Errorf("migrate down: %w", permissionHint(err))
 }
 
 type guardTrigger struct{ table, trigger string }
@@ -227,36 +317,27 @@ func (a *app) guardedTables(ctx context.Context) []guardTrigger {
 	return out
 }
 
-// withProvider runs fn with a goose provider on the target database.
-// goose keeps its version table in the pgquota schema and creates that
-// table on first use, even to read the version, so with create the schema
-// is created first; without it (status, version) nothing is created, and
-// fn learns whether pgquota's migrations were ever run there.
-func (a *app) withProvider(ctx context.Context, create bool, fn func(ctx context.Context, p *goose.Provider, installed bool) error) error {
-	pool, err := a.connect(ctx)
+// withProvider runs fn with a goose provider on the target database (for
+// down): fn learns whether pgquota's migrations were ever run there; the
+// provider's runs take the migration lock.
+func (a *app) withProvider(ctx context.Context, fn func(ctx context.Context, db *sql.DB, p *goose.Provider, installed bool) error) error {
+	db, err := a.sqlDB(ctx)
 	if err != nil {
 		return err
 	}
-	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	var installed bool
-	if err := db.QueryRowContext(ctx, `SELECT to_regclass($1) IS NOT NULL`, migrations.VersionTable).Scan(&installed); err != nil {
-		return fmt.Errorf("connect: %w", err)
-	}
-	if create && !installed {
-		if err := migrations.EnsureSchema(ctx, db); err != nil {
-			return err
-		}
-		installed = true
+	st, err := migrations.ReadState(ctx, db)
+	if err != nil {
+		return fmt.Errorf("connect: %w", permissionHint(err))
 	}
 	p, err := migrations.NewProvider(db)
 	if err != nil {
 		return err
 	}
-	return fn(ctx, p, installed)
+	return fn(ctx, db, p, st.Installed)
 }
 
-func (a *app) printResults(ctx context.Context, p *goose.Provider, res []*goose.MigrationResult) error {
+func (a *app) printResults(ctx context.Context, db *sql.DB, res []*goose.MigrationResult) error {
 	type item struct {
 		Version   int64   `json:"version"`
 		File      string  `json:"file"`
@@ -270,10 +351,11 @@ func (a *app) printResults(ctx context.Context, p *goose.Provider, res []*goose.
 		}
 		items = append(items, item{Version: r.Source.Version, File: r.Source.Path, Direction: r.Direction, Seconds: r.Duration.Seconds()})
 	}
-	current, err := p.GetDBVersion(ctx)
+	st, err := migrations.ReadState(ctx, db)
 	if err != nil {
 		return fmt.Errorf("migrate: read version: %w", err)
 	}
+	current := st.Current
 	out := struct {
 		Database target `json:"connection"`
 		Applied  []item `json:"applied"`
@@ -289,25 +371,5 @@ func (a *app) printResults(ctx context.Context, p *goose.Provider, res []*goose.
 			row(w, it.Direction, it.File, strconv.FormatFloat(it.Seconds, 'f', 3, 64)+"s")
 		}
 		row(w, "version", fmt.Sprintf("%d (this build needs %d)", current, out.Latest))
-	})
-}
-
-func (a *app) printVersion(ctx context.Context, p *goose.Provider, installed bool) error {
-	var current int64
-	if installed {
-		var err error
-		if current, err = p.GetDBVersion(ctx); err != nil {
-			return fmt.Errorf("migrate version: %w", err)
-		}
-	}
-	out := struct {
-		Database target `json:"connection"`
-		Version  int64  `json:"version"`
-		Latest   int64  `json:"latest"`
-	}{*a.target, current, migrations.Latest()}
-	return a.output(out, func(w *tabwriter.Writer) {
-		row(w, "database", out.Database.brief())
-		row(w, "version", current)
-		row(w, "latest", out.Latest)
 	})
 }

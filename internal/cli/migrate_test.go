@@ -28,7 +28,15 @@ func TestMigrateDownTo(t *testing.T) {
 	ok(t, dbURL, "migrate", "up")
 	out = ok(t, dbURL, "migrate", "down", "--to", "2")
 	require.Regexp(t, `(?m)^version\s+2 \(this build needs `+strconv.FormatInt(migrations.Latest(), 10)+`\)$`, out)
-	require.Equal(t, int(migrations.Latest())-2, strings.Count(out, "down "), out)
+	above2 := 0
+	entries, err := migrations.FS.ReadDir(".")
+	require.NoError(t, err)
+	for _, e := range entries {
+		if e.Name() >= "00003" {
+			above2++
+		}
+	}
+	require.Equal(t, above2, strings.Count(out, "down "), out)
 	out = ok(t, dbURL, "migrate", "down", "--to", "2")
 	require.Contains(t, out, "nothing to roll back (version 2, --to 2)")
 	ok(t, dbURL, "migrate", "down", "--to", "0")

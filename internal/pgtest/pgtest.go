@@ -158,6 +158,11 @@ func (migrator) Migrate(ctx context.Context, db *sql.DB, _ pgtestdb.Config) erro
 // returns its URL. The database is dropped when the test passes.
 func NewURL(tb testing.TB) string {
 	tb.Helper()
+	// The template's migrations grant pgquota's objects to
+	// migrations.AppRole, which pgtestdb's owner may not create.
+	if err := ensureRoles(BaseURL(tb)); err != nil {
+		tb.Fatal(err)
+	}
 	return pgtestdb.Custom(tb, config(tb), migrator{}).URL()
 }
 
@@ -165,6 +170,9 @@ func NewURL(tb testing.TB) string {
 // returns its URL.
 func NewEmptyURL(tb testing.TB) string {
 	tb.Helper()
+	if err := ensureRoles(BaseURL(tb)); err != nil {
+		tb.Fatal(err)
+	}
 	return pgtestdb.Custom(tb, config(tb), pgtestdb.NoopMigrator{}).URL()
 }
 
@@ -177,8 +185,17 @@ func NewPool(tb testing.TB, maxConns int32) *pgxpool.Pool {
 	return Connect(tb, NewURL(tb), maxConns)
 }
 
-// Connect opens a pool on dbURL, closed when the test ends.
+// Connect opens a pool on dbURL, closed when the test ends. With
+// EnvAppRole=1 it connects as AppLogin instead (see ConnectOwner).
 func Connect(tb testing.TB, dbURL string, maxConns int32) *pgxpool.Pool {
+	tb.Helper()
+	if AppRoleMode() {
+		dbURL = AppURL(tb, dbURL)
+	}
+	return connect(tb, dbURL, maxConns)
+}
+
+func connect(tb testing.TB, dbURL string, maxConns int32) *pgxpool.Pool {
 	tb.Helper()
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {

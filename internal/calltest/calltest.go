@@ -1,0 +1,124 @@
+// Package calltest makes one of every kind of pgquota call on a client, for
+// tests that prove a connection setting or a role can make them all: the
+// application role (migrations.AppRole), a session with an empty
+// search_path.
+package calltest
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgquota/pgquota/quota"
+)
+
+// Exercise makes every kind of call pgquota's library offers on client
+// (quotas, grants keyed and not, batches, revokes and compensation,
+// counted, sharded and code vouchers, leases, fenced writes and reads,
+// ledger reads and reaping, outbox enqueue, listing, relaying and reaping,
+// the schema check) on a migrated database, checking each outcome. Names
+// start with prefix so that calls on one database do not collide.
+func Exercise(t *testing.T, client *quota.Client, prefix string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	q, pool, codes, sharded, lease := prefix+"q", prefix+"pool", prefix+"codes", prefix+"sharded", prefix+"lease"
+
+	require.NoError(t, client.CheckSchema(ctx))
+	_, err := client.DefineQuota(ctx, quota.Definition{Name: q, Window: quota.WindowDay, DefaultLimit: ptr(int64(10))})
+	require.NoError(t, err)
+	_, err = client.Quota(ctx, q)
+	require.NoError(t, err)
+	_, err = client.Quotas(ctx)
+	require.NoError(t, err)
+	_, err = client.SetMemberLimit(ctx, q, "m", 5)
+	require.NoError(t, err)
+	_, err = client.MemberLimits(ctx, q)
+	require.NoError(t, err)
+	g, err := client.Grant(ctx, quota.GrantRequest{Quota: q, Member: "m", Amount: 1})
+	require.NoError(t, err)
+	require.True(t, g.Granted)
+	keyed, err := client.Grant(ctx, quota.GrantRequest{Quota: q, Member: "m", Amount: 2, Idempotency: quota.IdempotencyKey{Key: prefix + "k1"}})
+	require.NoError(t, err)
+	require.True(t, keyed.Granted)
+	require.Positive(t, keyed.GrantID)
+	out, err := client.GrantBatch(ctx, []quota.GrantRequest{{Quota: q, Member: "b", Amount: 1}, {Quota: q, Member: "b", Amount: 1}})
+	require.NoError(t, err)
+	require.Len(t, out, 2)
+	_, err = client.Revoke(ctx, quota.RevokeRequest{Quota: q, Member: "m", Amount: 1})
+	require.NoError(t, err)
+	_, err = client.RevokeGrant(ctx, keyed.GrantID)
+	require.NoError(t, err)
+	u, err := client.Usage(ctx, q, "m")
+	require.NoError(t, err)
+	require.Zero(t, u.Used)
+	_, err = client.ClearMemberLimit(ctx, q, "m")
+	require.NoError(t, err)
+	_, err = client.LedgerEntry(ctx, keyed.GrantID)
+	require.NoError(t, err)
+	_, err = client.LedgerEntryByKey(ctx, quota.IdempotencyKey{Key: prefix + "k1", Scope: q})
+	require.NoError(t, err)
+	_, err = client.ReapLedger(ctx, time.Hour)
+	require.NoError(t, err)
+
+	_, err = client.CreateVoucherPool(ctx, pool, 2)
+	require.NoError(t, err)
+	c, err := client.ClaimVoucher(ctx, pool, "m")
+	require.NoError(t, err)
+	require.True(t, c.Claimed)
+	_, err = client.ClaimVoucherWithKey(ctx, pool, "n", quota.IdempotencyKey{Key: prefix + "k2"})
+	require.NoError(t, err)
+	_, err = client.CreateShardedPool(ctx, sharded, 4, 2)
+	require.NoError(t, err)
+	c, err = client.ClaimVoucher(ctx, sharded, "m")
+	require.NoError(t, err)
+	require.True(t, c.Claimed)
+	_, err = client.ImportCodes(ctx, codes, []string{"a", "b"})
+	require.NoError(t, err)
+	c, err = client.ClaimCode(ctx, codes, "m")
+	require.NoError(t, err)
+	require.True(t, c.Claimed)
+	_, err = client.ClaimCodeWithKey(ctx, codes, "n", quota.IdempotencyKey{Key: prefix + "k3"})
+	require.NoError(t, err)
+	_, err = client.VoucherStatus(ctx, codes)
+	require.NoError(t, err)
+
+	l, err := client.Acquire(ctx, quota.AcquireRequest{Name: lease, Holder: "h", TTL: time.Minute})
+	require.NoError(t, err)
+	l, err = client.Renew(ctx, lease, l.Token, time.Minute)
+	require.NoError(t, err)
+	_, err = client.FenceWrite(ctx, quota.FenceWriteRequest{Resource: lease, Key: "k", Value: "v", Token: l.Token})
+	require.NoError(t, err)
+	_, err = client.FencedRow(ctx, lease, "k")
+	require.NoError(t, err)
+	_, err = client.FencedRows(ctx, lease)
+	require.NoError(t, err)
+	_, err = client.Fence(ctx, lease)
+	require.NoError(t, err)
+	_, err = client.Lease(ctx, lease)
+	require.NoError(t, err)
+	_, err = client.Release(ctx, lease, l.Token)
+	require.NoError(t, err)
+	fg, err := client.GrantFenced(ctx, quota.GrantRequest{Quota: q, Member: "f", Amount: 1}, time.Minute)
+	require.NoError(t, err)
+	require.True(t, fg.Granted)
+
+	id, err := client.Enqueue(ctx, prefix+"topic", []byte("x"), nil)
+	require.NoError(t, err)
+	require.Positive(t, id)
+	_, err = client.OutboxEvents(ctx, quota.OutboxFilter{})
+	require.NoError(t, err)
+	_, err = client.OutboxStatus(ctx)
+	require.NoError(t, err)
+	relay, err := client.NewRelay(func(context.Context, quota.Event) error { return nil }, quota.RelayConfig{Topics: []string{prefix + "topic"}})
+	require.NoError(t, err)
+	res, err := relay.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, res.Delivered)
+	_, err = client.ReapOutbox(ctx, time.Hour)
+	require.NoError(t, err)
+}
+
+func ptr[T any](v T) *T { return &v }
