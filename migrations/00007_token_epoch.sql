@@ -1,0 +1,242 @@
+-- Fencing tokens that survive crashes and failovers.
+--
+-- 1. Durability. An acquire, renew, release or fenced write that reported
+--    success must survive a crash even when the role or database runs with
+--    synchronous_commit = off (PostgreSQL manual, section 30.4 "Asynchronous
+--    Commit": an immediate shutdown or crash loses the last transactions
+--    reported committed). A lost acquire lets the sequence hand the same
+--    token to the next holder: two holders, one token. Each such statement
+--    calls pgquota.durable_commit(), which raises the transaction's
+--    synchronous_commit from off to on (set_config(..., true): this
+--    transaction only; the setting is read at commit, so it also works
+--    inside the caller's transaction and behind transaction poolers).
+--    'local', 'remote_write', 'on' and 'remote_apply' all flush the commit
+--    to the local WAL before returning and are kept as they are: 'local'
+--    (and a role without synchronous standbys) survives a crash, but a
+--    failover to an asynchronous standby can still lose the last commits;
+--    then the epoch below still keeps tokens from going backwards.
+--
+-- 2. Epochs. A token is (epoch << 40) + n, n from pgquota.lease_token
+--    (bounded below 2^40: an error, never a wrap), epoch = the server's WAL
+--    timeline + timeline_offset. The timeline grows by one at every
+--    promotion of a standby (and every point-in-time recovery), so every
+--    token issued after a promotion exceeds every token issued before it,
+--    even those the standby never received (ZooKeeper's zxid keeps its
+--    leader epoch in the high 32 bits the same way). The timeline is read
+--    as the first 8 hex digits of pg_walfile_name(pg_current_wal_lsn()):
+--    the WAL insert timeline, right from the moment pg_promote() returns,
+--    for any role (pg_control_checkpoint() still shows the old timeline
+--    until the next checkpoint).
+--
+--    A new cluster restarts at timeline 1 (pg_dump/pg_restore, pg_upgrade,
+--    logical replication into a new cluster): a changed
+--    pg_control_system().system_identifier is detected on the first token
+--    and the offset is raised so that the epoch becomes the highest epoch
+--    recorded so far plus the timeline, above every epoch of the dump. Where
+--    the source issued tokens in later epochs after the dump was taken, or
+--    a file-system snapshot of the same cluster is restored without a new
+--    timeline, an operator raises it by hand: pgquota.lease_epoch_bump()
+--    (`pgquota lease epoch bump`).
+--
+--    Tokens issued before this migration stay valid (held leases, fence
+--    high-water marks are untouched); the first epoch is chosen above the
+--    highest token issued so far, so every new token exceeds every old one.
+
+-- +goose Up
+-- +goose StatementBegin
+CREATE FUNCTION pgquota.durable_commit() RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+BEGIN
+    IF current_setting('synchronous_commit') = 'off' THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    RETURN true;
+END
+$$;
+-- +goose StatementEnd
+
+-- The current WAL insert timeline; NULL on a standby (in recovery).
+-- +goose StatementBegin
+CREATE FUNCTION pgquota.wal_timeline() RETURNS bigint
+    LANGUAGE sql VOLATILE
+    AS $$
+    SELECT CASE WHEN pg_is_in_recovery() THEN NULL
+                ELSE ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint END
+$$;
+-- +goose StatementEnd
+
+-- One row: the cluster it was last written on, the offset added to the
+-- timeline, and the highest epoch tokens were issued in.
+CREATE TABLE pgquota.lease_epoch (
+    id                boolean     NOT NULL PRIMARY KEY DEFAULT true,
+    system_identifier bigint      NOT NULL,
+    timeline_offset   bigint      NOT NULL,
+    epoch             bigint      NOT NULL,
+    updated_at        timestamptz NOT NULL,
+    CONSTRAINT lease_epoch_one_row CHECK (id),
+    CONSTRAINT lease_epoch_range CHECK (epoch BETWEEN 1 AND 8388607)
+);
+
+-- +goose StatementBegin
+DO $$
+DECLARE
+    v_seq     bigint;
+    v_called  boolean;
+    v_old_max bigint;
+    v_tl      bigint := pgquota.wal_timeline();
+BEGIN
+    SELECT last_value, is_called INTO v_seq, v_called FROM pgquota.lease_token;
+    SELECT greatest(CASE WHEN v_called THEN v_seq ELSE v_seq - 1 END,
+                    (SELECT max(token) FROM pgquota.lease),
+                    (SELECT max(f.max_token) FROM pgquota.fence f
+                     WHERE EXISTS (SELECT 1 FROM pgquota.lease l WHERE l.name = f.resource)),
+                    0)
+    INTO v_old_max;
+    IF v_seq >= (1::bigint << 40) THEN
+        -- The epoch alone puts new tokens above old ones: n may restart.
+        ALTER SEQUENCE pgquota.lease_token RESTART WITH 1;
+    END IF;
+    ALTER SEQUENCE pgquota.lease_token MAXVALUE 1099511627775;
+    -- The first epoch e satisfies (e << 40) + 1 > every old token.
+    INSERT INTO pgquota.lease_epoch (system_identifier, timeline_offset, epoch, updated_at)
+    SELECT s.system_identifier, e - v_tl, e, clock_timestamp()
+    FROM pg_control_system() s,
+         LATERAL (SELECT greatest(v_tl, (v_old_max >> 40) + 1) AS e) x;
+END
+$$;
+-- +goose StatementEnd
+
+-- pgquota.lease_epoch_now returns the epoch the next token is issued in,
+-- without writing: the row's epoch on a standby; else timeline + offset,
+-- or, on another cluster than the row was written on (a restored dump) or
+-- when that would not exceed the recorded epoch, the recorded epoch plus
+-- the timeline. Always >= the recorded epoch.
+-- +goose StatementBegin
+CREATE FUNCTION pgquota.lease_epoch_now() RETURNS bigint
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+DECLARE
+    v_row pgquota.lease_epoch;
+    v_tl  bigint := pgquota.wal_timeline();
+BEGIN
+    SELECT * INTO v_row FROM pgquota.lease_epoch;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgquota.lease_epoch is empty: migrate pgquota again (down to 6, then up)';
+    END IF;
+    IF v_tl IS NULL THEN
+        RETURN v_row.epoch;
+    END IF;
+    IF v_row.system_identifier = (SELECT system_identifier FROM pg_control_system())
+       AND v_tl + v_row.timeline_offset >= v_row.epoch THEN
+        RETURN v_tl + v_row.timeline_offset;
+    END IF;
+    RETURN v_row.epoch + v_tl;
+END
+$$;
+-- +goose StatementEnd
+
+-- pgquota.next_lease_token issues a new token: (epoch << 40) + nextval.
+-- The first token of a new epoch records it (and the cluster, and the
+-- offset) in pgquota.lease_epoch in the same transaction. It makes the
+-- transaction's commit durable (pgquota.durable_commit). Raises 2200H
+-- (sequence_generator_limit_exceeded) after 2^40 - 1 tokens in all, and
+-- 22003 past epoch 8388607: never a wrap.
+-- +goose StatementBegin
+CREATE FUNCTION pgquota.next_lease_token() RETURNS bigint
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+DECLARE
+    v_epoch bigint;
+    v_sys   bigint;
+    v_tl    bigint;
+BEGIN
+    PERFORM pgquota.durable_commit();
+    LOOP
+        v_tl := pgquota.wal_timeline();
+        IF v_tl IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '25006', MESSAGE = 'pgquota: cannot issue a lease token on a standby (recovery is in progress)';
+        END IF;
+        v_epoch := pgquota.lease_epoch_now();
+        v_sys := (SELECT system_identifier FROM pg_control_system());
+        IF v_epoch > 8388607 THEN
+            RAISE EXCEPTION USING ERRCODE = '22003', MESSAGE = format('pgquota: lease token epoch %s is out of range', v_epoch);
+        END IF;
+        EXIT WHEN EXISTS (
+            SELECT 1 FROM pgquota.lease_epoch
+            WHERE epoch = v_epoch AND system_identifier = v_sys AND timeline_offset = v_epoch - v_tl);
+        -- A new epoch: record it unless a concurrent first token did
+        -- (then look again, with a fresh snapshot).
+        UPDATE pgquota.lease_epoch
+        SET system_identifier = v_sys, timeline_offset = v_epoch - v_tl, epoch = v_epoch, updated_at = clock_timestamp()
+        WHERE epoch < v_epoch OR (epoch = v_epoch AND (system_identifier <> v_sys OR timeline_offset <> v_epoch - v_tl));
+    END LOOP;
+    RETURN (v_epoch << 40) + nextval('pgquota.lease_token');
+END
+$$;
+-- +goose StatementEnd
+
+-- pgquota.lease_token_ceiling returns a token at least as high as every
+-- token issued so far, also those issued by a former primary in an earlier
+-- epoch that this server never received: a token above it was never
+-- issued. It writes nothing.
+-- +goose StatementBegin
+CREATE FUNCTION pgquota.lease_token_ceiling() RETURNS bigint
+    LANGUAGE sql VOLATILE
+    AS $$
+    SELECT (pgquota.lease_epoch_now() << 40) + s.last_value - CASE WHEN s.is_called THEN 0 ELSE 1 END
+    FROM pgquota.lease_token s
+$$;
+-- +goose StatementEnd
+
+-- pgquota.lease_epoch_bump raises the epoch of the next tokens to at least
+-- p_min_epoch, and at least one above the epoch tokens are issued in now;
+-- it returns the new epoch. For a cluster restored from a dump or a
+-- snapshot taken while the source went on issuing tokens. Run it on the
+-- primary and let it reach the standbys before a failover: a standby
+-- promoted without it issues tokens in its own, lower epoch.
+-- +goose StatementBegin
+CREATE FUNCTION pgquota.lease_epoch_bump(p_min_epoch bigint) RETURNS bigint
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+DECLARE
+    v_epoch bigint;
+    v_tl    bigint := pgquota.wal_timeline();
+BEGIN
+    IF v_tl IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '25006', MESSAGE = 'pgquota: the lease epoch can only be raised on a primary';
+    END IF;
+    PERFORM pgquota.durable_commit();
+    PERFORM 1 FROM pgquota.lease_epoch FOR UPDATE;
+    v_epoch := greatest(pgquota.lease_epoch_now() + 1, coalesce(p_min_epoch, 0));
+    IF v_epoch > 8388607 THEN
+        RAISE EXCEPTION USING ERRCODE = '22003', MESSAGE = format('pgquota: lease token epoch %s is out of range', v_epoch);
+    END IF;
+    UPDATE pgquota.lease_epoch
+    SET system_identifier = (SELECT system_identifier FROM pg_control_system()),
+        timeline_offset = v_epoch - v_tl, epoch = v_epoch, updated_at = clock_timestamp();
+    RETURN v_epoch;
+END
+$$;
+-- +goose StatementEnd
+
+-- +goose Down
+-- Tokens issued from now on by 00003's nextval continue above every token
+-- issued in an epoch.
+-- +goose StatementBegin
+DO $$
+DECLARE
+    v_ceiling bigint := pgquota.lease_token_ceiling();
+BEGIN
+    ALTER SEQUENCE pgquota.lease_token NO MAXVALUE;
+    PERFORM setval('pgquota.lease_token', greatest(v_ceiling, 1));
+END
+$$;
+-- +goose StatementEnd
+DROP FUNCTION pgquota.lease_epoch_bump(bigint);
+DROP FUNCTION pgquota.lease_token_ceiling();
+DROP FUNCTION pgquota.next_lease_token();
+DROP FUNCTION pgquota.lease_epoch_now();
+DROP TABLE pgquota.lease_epoch;
+DROP FUNCTION pgquota.wal_timeline();
+DROP FUNCTION pgquota.durable_commit();
