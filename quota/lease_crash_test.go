@@ -15,13 +15,14 @@ import (
 	"github.com/pgquota/pgquota/quota"
 )
 
-// EnvCrashRounds names the environment variable that sets how many
+// envCrashRounds names the environment variable that sets how many
 // immediate shutdowns TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit
 // makes (default 6; `make crash-rounds` runs 20).
 const envCrashRounds = "PGQUOTA_CRASH_ROUNDS"
 
 // TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit proves that an
-// acquire, renew, release and fenced write that reported success survive
+// acquire, renew, release, fenced write (also in the caller's transaction)
+// and fenced grant that reported success survive
 // an immediate shutdown of the server, and that no token is issued twice,
 // when synchronous_commit = off is set for the database or for the role
 // (the PostgreSQL manual, 30.4: an asynchronous commit is reported before
@@ -104,6 +105,12 @@ func TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, tx.Commit(ctx))
 		record(inTx.Token, name("tx"))
+		// A fenced grant: its lease, its fenced counter write, its release.
+		_, err = client.DefineQuota(ctx, quota.Definition{Name: name("q"), Window: quota.WindowNone, DefaultLimit: ptr[int64](10)})
+		require.NoError(t, err)
+		g, err := client.GrantFenced(ctx, quota.GrantRequest{Quota: name("q"), Member: "m", Amount: 3}, time.Minute)
+		require.NoError(t, err)
+		require.True(t, g.Granted)
 		closePool()
 
 		cl.Crash()
@@ -122,6 +129,8 @@ func TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 			row, err := client.FencedRow(ctx, l.Name, "k")
 			check(err == nil && row.Token == l.Token, "fenced write of %s with token %d (now: token %d, %v)", l.Name, l.Token, row.Token, err)
 		}
+		u, err := client.Usage(ctx, name("q"), "m")
+		check(err == nil && u.Used == 3, "fenced grant of 3 units on %s (now: %d used, %v)", name("q"), u.Used, err)
 		got, err := client.Lease(ctx, rel.Name)
 		check(err == nil && !got.Held, "release of %s (now: held %t, %v)", rel.Name, got.Held, err)
 		got, err = client.Lease(ctx, ren.Name)
