@@ -17,7 +17,7 @@ import (
 
 // envCrashRounds names the environment variable that sets how many
 // immediate shutdowns TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit
-// makes (default 6; `make crash-rounds` runs 20).
+// makes (default 20, about 1s each).
 const envCrashRounds = "PGQUOTA_CRASH_ROUNDS"
 
 // TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit proves that an
@@ -32,7 +32,7 @@ const envCrashRounds = "PGQUOTA_CRASH_ROUNDS"
 // reported outcome, and lets a newcomer acquire.
 func TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 	t.Parallel()
-	rounds := 6
+	rounds := 20
 	if s := os.Getenv(envCrashRounds); s != "" {
 		n, err := strconv.Atoi(s)
 		require.NoError(t, err, "%s=%q", envCrashRounds, s)
@@ -105,12 +105,19 @@ func TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, tx.Commit(ctx))
 		record(inTx.Token, name("tx"))
-		// A fenced grant: its lease, its fenced counter write, its release.
-		_, err = client.DefineQuota(ctx, quota.Definition{Name: name("q"), Window: quota.WindowNone, DefaultLimit: ptr[int64](10)})
-		require.NoError(t, err)
-		g, err := client.GrantFenced(ctx, quota.GrantRequest{Quota: name("q"), Member: "m", Amount: 3}, time.Minute)
-		require.NoError(t, err)
-		require.True(t, g.Granted)
+		// Every other pair of rounds, a fenced grant too: its lease, its
+		// fenced counter write, its release. (Its WAL fills pages, and a
+		// full page wakes the WAL writer, which then writes the first
+		// records of the round, the sequence's among them: the other rounds
+		// show tokens issued twice more often.)
+		granted := round%4 >= 2
+		if granted {
+			_, err = client.DefineQuota(ctx, quota.Definition{Name: name("q"), Window: quota.WindowNone, DefaultLimit: ptr[int64](10)})
+			require.NoError(t, err)
+			g, err := client.GrantFenced(ctx, quota.GrantRequest{Quota: name("q"), Member: "m", Amount: 3}, time.Minute)
+			require.NoError(t, err)
+			require.True(t, g.Granted)
+		}
 		closePool()
 
 		cl.Crash()
@@ -129,8 +136,10 @@ func TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 			row, err := client.FencedRow(ctx, l.Name, "k")
 			check(err == nil && row.Token == l.Token, "fenced write of %s with token %d (now: token %d, %v)", l.Name, l.Token, row.Token, err)
 		}
-		u, err := client.Usage(ctx, name("q"), "m")
-		check(err == nil && u.Used == 3, "fenced grant of 3 units on %s (now: %d used, %v)", name("q"), u.Used, err)
+		if granted {
+			u, err := client.Usage(ctx, name("q"), "m")
+			check(err == nil && u.Used == 3, "fenced grant of 3 units on %s (now: %d used, %v)", name("q"), u.Used, err)
+		}
 		got, err := client.Lease(ctx, rel.Name)
 		check(err == nil && !got.Held, "release of %s (now: held %t, %v)", rel.Name, got.Held, err)
 		got, err = client.Lease(ctx, ren.Name)
