@@ -270,7 +270,7 @@ func (c *Cluster) Start() {
 	deadline := time.Now().Add(startTimeout)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		conn, err := pgx.Connect(ctx, c.URL("postgres"))
+		conn, err := c.connect(ctx, "postgres")
 		if err == nil {
 			conn.Close(ctx)
 			cancel()
@@ -355,13 +355,26 @@ func (c *Cluster) URL(database string, user ...string) string {
 	return fmt.Sprintf("postgres://%s@127.0.0.1:%d/%s?sslmode=disable", u, c.Port, database)
 }
 
+// connect opens the helper's own connection to database as postgres. It
+// drops the options of $PGOPTIONS (CI runs a pass with
+// default_transaction_isolation=serializable, which a hot standby refuses):
+// the helper's statements need none of them. Pools from Pool keep them.
+func (c *Cluster) connect(ctx context.Context, database string) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(c.URL(database))
+	if err != nil {
+		return nil, err
+	}
+	delete(cfg.RuntimeParams, "options")
+	return pgx.ConnectConfig(ctx, cfg)
+}
+
 // Exec runs SQL statements (no parameters, several allowed) as postgres in
 // database.
 func (c *Cluster) Exec(database, statements string) {
 	c.tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, c.URL(database))
+	conn, err := c.connect(ctx, database)
 	if err != nil {
 		c.tb.Fatalf("pgcluster %s: connect: %v", c.Name, err)
 	}
@@ -377,7 +390,7 @@ func (c *Cluster) QueryValue(database, query string, dest any, args ...any) {
 	c.tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, c.URL(database))
+	conn, err := c.connect(ctx, database)
 	if err != nil {
 		c.tb.Fatalf("pgcluster %s: connect: %v", c.Name, err)
 	}
