@@ -107,39 +107,73 @@ END
 $$;
 -- +goose StatementEnd
 
+-- pgquota.system_identifier returns pg_control_system().system_identifier,
+-- the identity of the cluster (initdb; a standby shares its primary's).
+-- Reading it reads the control file, so the value is cached in the
+-- session's setting pgquota.system_identifier: a fact about the server the
+-- session is connected to, so also right behind a transaction pooler
+-- (DISCARD ALL or a rollback only clears the cache).
+-- +goose StatementBegin
+CREATE FUNCTION pgquota.system_identifier() RETURNS bigint
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+DECLARE
+    v text := current_setting('pgquota.system_identifier', true);
+BEGIN
+    IF v IS NULL OR v = '' THEN
+        v := (SELECT system_identifier FROM pg_control_system())::text;
+        PERFORM set_config('pgquota.system_identifier', v, false);
+    END IF;
+    RETURN v::bigint;
+END
+$$;
+-- +goose StatementEnd
+
+-- pgquota.lease_epoch_for returns the epoch the next token is issued in,
+-- given the recorded row (epoch, offset, cluster) and the server's cluster
+-- and timeline: the recorded epoch on a standby (timeline NULL); else
+-- timeline + offset, or, on another cluster than the row was recorded on
+-- (a restored dump, pg_upgrade) or when that would not exceed the recorded
+-- epoch, the recorded epoch plus the timeline. Always >= the recorded epoch;
+-- on one cluster it grows with the timeline, so a standby promoted after
+-- missing the row's last change still lands above the epoch it missed.
+-- +goose StatementBegin
+CREATE FUNCTION pgquota.lease_epoch_for(p_epoch bigint, p_offset bigint, p_row_system bigint, p_system bigint, p_timeline bigint)
+    RETURNS bigint
+    LANGUAGE sql IMMUTABLE
+    AS $$
+    SELECT CASE WHEN p_timeline IS NULL THEN p_epoch
+                WHEN p_row_system = p_system AND p_timeline + p_offset >= p_epoch THEN p_timeline + p_offset
+                ELSE p_epoch + p_timeline END
+$$;
+-- +goose StatementEnd
+
 -- pgquota.lease_epoch_now returns the epoch the next token is issued in,
--- without writing: the row's epoch on a standby; else timeline + offset,
--- or, on another cluster than the row was written on (a restored dump) or
--- when that would not exceed the recorded epoch, the recorded epoch plus
--- the timeline. Always >= the recorded epoch.
+-- without writing (pgquota.lease_epoch_for on the recorded row).
 -- +goose StatementBegin
 CREATE FUNCTION pgquota.lease_epoch_now() RETURNS bigint
     LANGUAGE plpgsql VOLATILE
     AS $$
 DECLARE
     v_row pgquota.lease_epoch;
-    v_tl  bigint := pgquota.wal_timeline();
 BEGIN
     SELECT * INTO v_row FROM pgquota.lease_epoch;
     IF NOT FOUND THEN
-        RAISE EXCEPTION 'pgquota.lease_epoch is empty: migrate pgquota again (down to 6, then up)';
+        RAISE EXCEPTION 'pgquota: pgquota.lease_epoch is empty: migrate down to version 6 and up again';
     END IF;
-    IF v_tl IS NULL THEN
-        RETURN v_row.epoch;
-    END IF;
-    IF v_row.system_identifier = (SELECT system_identifier FROM pg_control_system())
-       AND v_tl + v_row.timeline_offset >= v_row.epoch THEN
-        RETURN v_tl + v_row.timeline_offset;
-    END IF;
-    RETURN v_row.epoch + v_tl;
+    RETURN pgquota.lease_epoch_for(v_row.epoch, v_row.timeline_offset, v_row.system_identifier,
+                                   pgquota.system_identifier(), pgquota.wal_timeline());
 END
 $$;
 -- +goose StatementEnd
 
 -- pgquota.next_lease_token issues a new token: (epoch << 40) + nextval.
 -- The first token of a new epoch records it (and the cluster, and the
--- offset) in pgquota.lease_epoch in the same transaction. It makes the
--- transaction's commit durable (pgquota.durable_commit). Raises 2200H
+-- offset) in pgquota.lease_epoch in the same transaction, by a
+-- compare-and-set on the row as read (a concurrent first token makes it
+-- look again, with a fresh snapshot; under REPEATABLE READ or SERIALIZABLE
+-- it fails with 40001 instead). It makes the transaction's commit durable
+-- (pgquota.durable_commit). Raises 25006 on a standby, 2200H
 -- (sequence_generator_limit_exceeded) after 2^40 - 1 tokens in all, and
 -- 22003 past epoch 8388607: never a wrap.
 -- +goose StatementBegin
@@ -147,6 +181,7 @@ CREATE FUNCTION pgquota.next_lease_token() RETURNS bigint
     LANGUAGE plpgsql VOLATILE
     AS $$
 DECLARE
+    v_row   pgquota.lease_epoch;
     v_epoch bigint;
     v_sys   bigint;
     v_tl    bigint;
@@ -157,19 +192,19 @@ BEGIN
         IF v_tl IS NULL THEN
             RAISE EXCEPTION USING ERRCODE = '25006', MESSAGE = 'pgquota: cannot issue a lease token on a standby (recovery is in progress)';
         END IF;
-        v_epoch := pgquota.lease_epoch_now();
-        v_sys := (SELECT system_identifier FROM pg_control_system());
+        v_sys := pgquota.system_identifier();
+        SELECT * INTO v_row FROM pgquota.lease_epoch;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'pgquota: pgquota.lease_epoch is empty: migrate down to version 6 and up again';
+        END IF;
+        v_epoch := pgquota.lease_epoch_for(v_row.epoch, v_row.timeline_offset, v_row.system_identifier, v_sys, v_tl);
         IF v_epoch > 8388607 THEN
             RAISE EXCEPTION USING ERRCODE = '22003', MESSAGE = format('pgquota: lease token epoch %s is out of range', v_epoch);
         END IF;
-        EXIT WHEN EXISTS (
-            SELECT 1 FROM pgquota.lease_epoch
-            WHERE epoch = v_epoch AND system_identifier = v_sys AND timeline_offset = v_epoch - v_tl);
-        -- A new epoch: record it unless a concurrent first token did
-        -- (then look again, with a fresh snapshot).
+        EXIT WHEN v_row.epoch = v_epoch AND v_row.system_identifier = v_sys AND v_row.timeline_offset = v_epoch - v_tl;
         UPDATE pgquota.lease_epoch
         SET system_identifier = v_sys, timeline_offset = v_epoch - v_tl, epoch = v_epoch, updated_at = clock_timestamp()
-        WHERE epoch < v_epoch OR (epoch = v_epoch AND (system_identifier <> v_sys OR timeline_offset <> v_epoch - v_tl));
+        WHERE epoch = v_row.epoch AND system_identifier = v_row.system_identifier AND timeline_offset = v_row.timeline_offset;
     END LOOP;
     RETURN (v_epoch << 40) + nextval('pgquota.lease_token');
 END
@@ -213,7 +248,7 @@ BEGIN
         RAISE EXCEPTION USING ERRCODE = '22003', MESSAGE = format('pgquota: lease token epoch %s is out of range', v_epoch);
     END IF;
     UPDATE pgquota.lease_epoch
-    SET system_identifier = (SELECT system_identifier FROM pg_control_system()),
+    SET system_identifier = pgquota.system_identifier(),
         timeline_offset = v_epoch - v_tl, epoch = v_epoch, updated_at = clock_timestamp();
     RETURN v_epoch;
 END
@@ -237,6 +272,8 @@ DROP FUNCTION pgquota.lease_epoch_bump(bigint);
 DROP FUNCTION pgquota.lease_token_ceiling();
 DROP FUNCTION pgquota.next_lease_token();
 DROP FUNCTION pgquota.lease_epoch_now();
+DROP FUNCTION pgquota.lease_epoch_for(bigint, bigint, bigint, bigint, bigint);
+DROP FUNCTION pgquota.system_identifier();
 DROP TABLE pgquota.lease_epoch;
 DROP FUNCTION pgquota.wal_timeline();
 DROP FUNCTION pgquota.durable_commit();
