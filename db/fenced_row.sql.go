@@ -71,7 +71,7 @@ func (q *Queries) FencedRowList(ctx context.Context, db DBTX, resource string) (
 const fencedRowWrite = `-- name: FencedRowWrite :one
 INSERT INTO pgquota.fenced_row AS r (resource, key, value, fence_token, updated_at)
 SELECT $1::text, $2::text, $3::text, $4::bigint, pgquota.clock()
-WHERE pgquota.fence_admit($1::text, $4::bigint, $5::text) AND pgquota.durable_commit()
+WHERE pgquota.fence_admit($1::text, $4::bigint, $5::text)
 ON CONFLICT (resource, key) DO UPDATE
 SET value       = excluded.value,
     fence_token = excluded.fence_token,

@@ -74,7 +74,7 @@ func (q *Queries) UsageFencedRead(ctx context.Context, db DBTX, arg UsageFencedR
 const usageFencedWrite = `-- name: UsageFencedWrite :one
 INSERT INTO pgquota.usage AS u (quota_name, member, window_start, window_end, used, updated_at)
 SELECT $1::text, $2::text, $3::timestamptz, $4::timestamptz, $5::bigint, pgquota.clock()
-WHERE pgquota.fence_admit($6::text, $7::bigint, $6::text) AND pgquota.durable_commit()
+WHERE pgquota.fence_admit($6::text, $7::bigint, $6::text)
 ON CONFLICT (quota_name, member, window_start, window_end) DO UPDATE
 SET used = excluded.used,
     updated_at = excluded.updated_at

@@ -6,10 +6,13 @@
 --    Commit": an immediate shutdown or crash loses the last transactions
 --    reported committed). A lost acquire lets the sequence hand the same
 --    token to the next holder: two holders, one token. Each such statement
---    calls pgquota.durable_commit(), which raises the transaction's
---    synchronous_commit from off to on (set_config(..., true): this
---    transaction only; the setting is read at commit, so it also works
---    inside the caller's transaction and behind transaction poolers).
+--    calls pgquota.durable_commit() (LeaseAcquire, LeaseRenew and
+--    LeaseRelease directly, fenced writes and the guard trigger through
+--    pgquota.fence_admit, tokens through pgquota.next_lease_token), which
+--    raises the transaction's synchronous_commit from off to on
+--    (set_config(..., true): this transaction only; the setting is read at
+--    commit, so it also works inside the caller's transaction and behind
+--    transaction poolers).
 --    'local', 'remote_write', 'on' and 'remote_apply' all flush the commit
 --    to the local WAL before returning and are kept as they are: 'local'
 --    (and a role without synchronous standbys) survives a crash, but a
@@ -50,6 +53,67 @@ CREATE FUNCTION pgquota.durable_commit() RETURNS boolean
 BEGIN
     IF current_setting('synchronous_commit') = 'off' THEN
         PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
+    RETURN true;
+END
+$$;
+-- +goose StatementEnd
+
+-- pgquota.fence_admit as in 00003_lease.sql, and it makes the commit of
+-- the writing transaction durable first: every fenced write (FenceWrite,
+-- GrantFenced's counter write, the guard trigger on application tables)
+-- survives a crash once it reported success.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION pgquota.fence_admit(p_resource text, p_token bigint, p_lease text) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+DECLARE
+    v_lease_token bigint;
+    v_highest     bigint;
+BEGIN
+    PERFORM pgquota.durable_commit();
+    IF p_token IS NULL THEN
+        SELECT f.max_token INTO v_highest FROM pgquota.fence f WHERE f.resource = p_resource;
+        RAISE EXCEPTION USING
+            ERRCODE = 'PQ001',
+            MESSAGE = format('pgquota: stale fencing token: a write to resource %s carries no token', p_resource),
+            DETAIL  = json_build_object('resource', p_resource, 'token', NULL, 'highest', coalesce(v_highest, 0))::text;
+    END IF;
+    IF p_lease IS NOT NULL THEN
+        PERFORM 1 FROM pgquota.lease l
+        WHERE l.name = p_lease AND l.token = p_token AND l.expires_at > pgquota.clock()
+        FOR SHARE;
+        IF NOT FOUND THEN
+            SELECT l.token INTO v_lease_token FROM pgquota.lease l WHERE l.name = p_lease;
+            IF v_lease_token > p_token THEN
+                SELECT f.max_token INTO v_highest FROM pgquota.fence f WHERE f.resource = p_resource;
+                v_highest := greatest(v_lease_token, v_highest);
+                RAISE EXCEPTION USING
+                    ERRCODE = 'PQ001',
+                    MESSAGE = format('pgquota: stale fencing token %s for resource %s: lease %s was acquired since with token %s',
+                                     p_token, p_resource, p_lease, v_lease_token),
+                    DETAIL  = json_build_object('resource', p_resource, 'token', p_token, 'highest', v_highest)::text;
+            END IF;
+            RAISE EXCEPTION USING
+                ERRCODE = 'PQ002',
+                MESSAGE = format('pgquota: lease %s is not held with token %s (expired, released or never acquired with it)',
+                                 p_lease, p_token),
+                DETAIL  = json_build_object('lease', p_lease, 'token', p_token)::text;
+        END IF;
+    END IF;
+    INSERT INTO pgquota.fence AS f (resource, max_token, updated_at)
+    VALUES (p_resource, p_token, pgquota.clock())
+    ON CONFLICT (resource) DO UPDATE
+    SET max_token = excluded.max_token,
+        updated_at = excluded.updated_at
+    WHERE f.max_token <= excluded.max_token;
+    IF NOT FOUND THEN
+        SELECT f.max_token INTO v_highest FROM pgquota.fence f WHERE f.resource = p_resource;
+        RAISE EXCEPTION USING
+            ERRCODE = 'PQ001',
+            MESSAGE = format('pgquota: stale fencing token %s for resource %s: highest token seen is %s',
+                             p_token, p_resource, v_highest),
+            DETAIL  = json_build_object('resource', p_resource, 'token', p_token, 'highest', v_highest)::text;
     END IF;
     RETURN true;
 END
@@ -213,7 +277,8 @@ $$;
 
 -- pgquota.lease_token_ceiling returns a token at least as high as every
 -- token issued so far, also those issued by a former primary in an earlier
--- epoch that this server never received: a token above it was never
+-- epoch that this server never received, and those of acquires still in
+-- flight (nextval is not transactional): a token above it was never
 -- issued. It writes nothing.
 -- +goose StatementBegin
 CREATE FUNCTION pgquota.lease_token_ceiling() RETURNS bigint
@@ -265,6 +330,62 @@ DECLARE
 BEGIN
     ALTER SEQUENCE pgquota.lease_token NO MAXVALUE;
     PERFORM setval('pgquota.lease_token', greatest(v_ceiling, 1));
+END
+$$;
+-- +goose StatementEnd
+-- fence_admit as 00003_lease.sql created it.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION pgquota.fence_admit(p_resource text, p_token bigint, p_lease text) RETURNS boolean
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+DECLARE
+    v_lease_token bigint;
+    v_highest     bigint;
+BEGIN
+    IF p_token IS NULL THEN
+        SELECT f.max_token INTO v_highest FROM pgquota.fence f WHERE f.resource = p_resource;
+        RAISE EXCEPTION USING
+            ERRCODE = 'PQ001',
+            MESSAGE = format('pgquota: stale fencing token: a write to resource %s carries no token', p_resource),
+            DETAIL  = json_build_object('resource', p_resource, 'token', NULL, 'highest', coalesce(v_highest, 0))::text;
+    END IF;
+    IF p_lease IS NOT NULL THEN
+        PERFORM 1 FROM pgquota.lease l
+        WHERE l.name = p_lease AND l.token = p_token AND l.expires_at > pgquota.clock()
+        FOR SHARE;
+        IF NOT FOUND THEN
+            SELECT l.token INTO v_lease_token FROM pgquota.lease l WHERE l.name = p_lease;
+            IF v_lease_token > p_token THEN
+                SELECT f.max_token INTO v_highest FROM pgquota.fence f WHERE f.resource = p_resource;
+                v_highest := greatest(v_lease_token, v_highest);
+                RAISE EXCEPTION USING
+                    ERRCODE = 'PQ001',
+                    MESSAGE = format('pgquota: stale fencing token %s for resource %s: lease %s was acquired since with token %s',
+                                     p_token, p_resource, p_lease, v_lease_token),
+                    DETAIL  = json_build_object('resource', p_resource, 'token', p_token, 'highest', v_highest)::text;
+            END IF;
+            RAISE EXCEPTION USING
+                ERRCODE = 'PQ002',
+                MESSAGE = format('pgquota: lease %s is not held with token %s (expired, released or never acquired with it)',
+                                 p_lease, p_token),
+                DETAIL  = json_build_object('lease', p_lease, 'token', p_token)::text;
+        END IF;
+    END IF;
+    INSERT INTO pgquota.fence AS f (resource, max_token, updated_at)
+    VALUES (p_resource, p_token, pgquota.clock())
+    ON CONFLICT (resource) DO UPDATE
+    SET max_token = excluded.max_token,
+        updated_at = excluded.updated_at
+    WHERE f.max_token <= excluded.max_token;
+    IF NOT FOUND THEN
+        SELECT f.max_token INTO v_highest FROM pgquota.fence f WHERE f.resource = p_resource;
+        RAISE EXCEPTION USING
+            ERRCODE = 'PQ001',
+            MESSAGE = format('pgquota: stale fencing token %s for resource %s: highest token seen is %s',
+                             p_token, p_resource, v_highest),
+            DETAIL  = json_build_object('resource', p_resource, 'token', p_token, 'highest', v_highest)::text;
+    END IF;
+    RETURN true;
 END
 $$;
 -- +goose StatementEnd

@@ -8,7 +8,7 @@
 -- is a backstop.
 INSERT INTO pgquota.fenced_row AS r (resource, key, value, fence_token, updated_at)
 SELECT @resource::text, @key::text, @value::text, @token::bigint, pgquota.clock()
-WHERE pgquota.fence_admit(@resource::text, @token::bigint, sqlc.narg('lease')::text) AND pgquota.durable_commit()
+WHERE pgquota.fence_admit(@resource::text, @token::bigint, sqlc.narg('lease')::text)
 ON CONFLICT (resource, key) DO UPDATE
 SET value       = excluded.value,
     fence_token = excluded.fence_token,

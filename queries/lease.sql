@@ -21,8 +21,8 @@
 --     does not use: a gap, which is allowed.
 --   * pgquota.durable_commit() makes the commit wait for the WAL flush even
 --     under synchronous_commit = off, so a reported acquire survives a crash
---     and its token is never issued again. Renew, release and fenced writes
---     call it too.
+--     and its token is never issued again. Renew and release call it too,
+--     fenced writes through pgquota.fence_admit.
 --   * A proposed insert takes its token before the insert meets a conflict,
 --     so it first takes a transaction-level advisory lock on the name
 --     (released at commit: no session state). Without it, another

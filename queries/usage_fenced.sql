@@ -43,7 +43,7 @@ FROM def;
 -- counter, and the caller starts over.
 INSERT INTO pgquota.usage AS u (quota_name, member, window_start, window_end, used, updated_at)
 SELECT @quota_name::text, @member::text, @window_start::timestamptz, @window_end::timestamptz, @used::bigint, pgquota.clock()
-WHERE pgquota.fence_admit(@lease::text, @token::bigint, @lease::text) AND pgquota.durable_commit()
+WHERE pgquota.fence_admit(@lease::text, @token::bigint, @lease::text)
 ON CONFLICT (quota_name, member, window_start, window_end) DO UPDATE
 SET used = excluded.used,
     updated_at = excluded.updated_at

@@ -21,8 +21,9 @@ import (
 const envCrashRounds = "PGQUOTA_CRASH_ROUNDS"
 
 // TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit proves that an
-// acquire, renew, release, fenced write (also in the caller's transaction)
-// and fenced grant that reported success survive
+// acquire, renew, release, fenced write (also in the caller's transaction),
+// write of a table with the fence guard and fenced grant that reported
+// success survive
 // an immediate shutdown of the server, and that no token is issued twice,
 // when synchronous_commit = off is set for the database or for the role
 // (the PostgreSQL manual, 30.4: an asynchronous commit is reported before
@@ -48,6 +49,14 @@ func TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 	cl.Exec("async_role", `GRANT USAGE ON SCHEMA pgquota TO app_async;
 		GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA pgquota TO app_async;
 		GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA pgquota TO app_async`)
+	for _, database := range []string{"async_db", "async_role"} {
+		cl.Exec(database, `CREATE TABLE public.reports (id int PRIMARY KEY, val text NOT NULL, tok bigint);
+			GRANT SELECT, INSERT, UPDATE, DELETE ON public.reports TO app_async`)
+		admin, closeAdmin := crashClient(t, cl.URL(database))
+		_, err := admin.AttachFenceGuard(ctx, "public.reports", "tok")
+		require.NoError(t, err)
+		closeAdmin()
+	}
 	targets := []struct{ what, database, url string }{
 		{"ALTER DATABASE ... SET synchronous_commit = off", "async_db", cl.URL("async_db")},
 		{"ALTER ROLE ... SET synchronous_commit = off (a role without superuser)", "async_role", cl.URL("async_role", "app_async")},
@@ -96,6 +105,8 @@ func TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 		require.NoError(t, err)
 		_, err = client.FenceWrite(ctx, quota.FenceWriteRequest{Resource: held.Name, Key: "k", Value: name("v"), Token: held.Token, Lease: held.Name})
 		require.NoError(t, err)
+		// A write of the application's own table with the fence guard.
+		require.NoError(t, guardedWrite(ctx, client.Pool(), round, name("v"), held.Token))
 		// The Tx variants, in the caller's transaction.
 		tx, err := client.Pool().Begin(ctx)
 		require.NoError(t, err)
@@ -136,6 +147,9 @@ func TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 			row, err := client.FencedRow(ctx, l.Name, "k")
 			check(err == nil && row.Token == l.Token, "fenced write of %s with token %d (now: token %d, %v)", l.Name, l.Token, row.Token, err)
 		}
+		var guardedTok int64
+		err = client.Pool().QueryRow(ctx, "SELECT tok FROM public.reports WHERE id = $1", round).Scan(&guardedTok)
+		check(err == nil && guardedTok == held.Token, "guarded write of row %d with token %d (now: %d, %v)", round, held.Token, guardedTok, err)
 		if granted {
 			u, err := client.Usage(ctx, name("q"), "m")
 			check(err == nil && u.Used == 3, "fenced grant of 3 units on %s (now: %d used, %v)", name("q"), u.Used, err)

@@ -21,6 +21,10 @@ func TestLeaseCallsCommitDurablyUnderAsyncCommit(t *testing.T) {
 	b := setup(t, 0)
 	l, err := b.client.Acquire(b.ctx, quota.AcquireRequest{Name: "r", Holder: "A", TTL: time.Hour})
 	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `CREATE TABLE public.reports (id int PRIMARY KEY, val text NOT NULL, tok bigint)`)
+	require.NoError(t, err)
+	_, err = b.client.AttachFenceGuard(b.ctx, "public.reports", "tok")
+	require.NoError(t, err)
 
 	calls := []struct {
 		name string
@@ -45,6 +49,11 @@ func TestLeaseCallsCommitDurablyUnderAsyncCommit(t *testing.T) {
 		{"FenceWriteTx with an external token", func(tx pgx.Tx) error {
 			_, err := b.client.FenceWriteTx(b.ctx, tx, quota.FenceWriteRequest{Resource: "ext", Key: "k", Token: 5})
 			return err
+		}},
+		{"a write of a table with the fence guard", func(tx pgx.Tx) error {
+			_, err := tx.Exec(b.ctx, `INSERT INTO public.reports (id, val, tok) VALUES (1, 'v', $1)
+				ON CONFLICT (id) DO UPDATE SET val = excluded.val, tok = excluded.tok`, l.Token)
+			return quota.FenceError(err)
 		}},
 		{"ReleaseTx", func(tx pgx.Tx) error {
 			_, err := b.client.ReleaseTx(b.ctx, tx, "r", l.Token)
