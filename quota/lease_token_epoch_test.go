@@ -121,6 +121,12 @@ func TestLeaseTokensMigrateForward(t *testing.T) {
 	_, err = p.UpTo(ctx, 5)
 	require.NoError(t, err)
 
+	fenceAdmit := func() string {
+		var def string
+		require.NoError(t, pool.QueryRow(ctx, `SELECT pg_get_functiondef('pgquota.fence_admit'::regproc)`).Scan(&def))
+		return def
+	}
+	before := fenceAdmit()
 	client, err := quota.New(pool, nil)
 	require.NoError(t, err)
 	execAll(t, pool, []string{`SELECT setval('pgquota.lease_token', 3 * (1::bigint << 40) + 7)`}, nil)
@@ -142,6 +148,7 @@ func TestLeaseTokensMigrateForward(t *testing.T) {
 
 	_, err = p.DownTo(ctx, 5)
 	require.NoError(t, err)
+	require.Equal(t, before, fenceAdmit(), "migrating down restores fence_admit")
 	var afterDown int64
 	require.NoError(t, pool.QueryRow(ctx, `SELECT nextval('pgquota.lease_token')`).Scan(&afterDown))
 	require.Greater(t, afterDown, l.Token, "after migrating down, the old scheme's tokens continue above the epoch's")
