@@ -83,8 +83,8 @@ type LeaseAcquireRow struct {
 //     evaluates it on the newest committed version of the row, after
 //     waiting for a concurrent acquirer (a speculative insert) or for a
 //     fenced write that holds the row FOR SHARE. Only when it holds is a
-//     new token taken (nextval inside the SET), so concurrent acquirers of
-//     a free lease get exactly one winner.
+//     new token taken (next_lease_token inside the SET), so concurrent
+//     acquirers of a free lease get exactly one winner.
 //
 //   - Tokens come from pgquota.next_lease_token(): (epoch << 40) + a value
 //     of one sequence, the epoch growing with the WAL timeline, so tokens
