@@ -44,6 +44,14 @@ lint: ## gofmt, go vet, staticcheck, and go mod tidy leaving no diff
 test: ## Run every test with the race detector against PGQUOTA_TEST_DATABASE_URL (default: postgres@127.0.0.1:5432, trust auth)
 	go test -race -count=1 ./...
 
+.PHONY: crash-rounds
+crash-rounds: ## 20 immediate shutdowns (the test's default; PGQUOTA_CRASH_ROUNDS=N for more) of a throwaway server under synchronous_commit = off: prints how many tokens were issued twice (must be 0) and outcomes lost; about 40s
+	PGQUOTA_CRASH_ROUNDS=$(or $(PGQUOTA_CRASH_ROUNDS),20) go test -count=1 -v -run '^TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit$$' ./quota/
+
+.PHONY: failover-demo
+failover-demo: ## The failover sequence from the shell (.ci/failover-demo): primary, lagging standby, crash, pg_promote(); prints the old and new token and the stale write's exit status (3)
+	.ci/failover-demo
+
 .PHONY: clean-testdb
 clean-testdb: ## Drop the testdb_tpl_* databases tests leave on PGQUOTA_TEST_DATABASE_URL's server (templates, failed tests' databases); not while tests run there
 	psql '$(PGQUOTA_TEST_DATABASE_URL)' -Atc "SELECT format('ALTER DATABASE %I IS_TEMPLATE false; DROP DATABASE %I;', datname, datname) FROM pg_database WHERE datname LIKE 'testdb\_tpl\_%'" | \

@@ -38,6 +38,14 @@ type PgquotaLease struct {
 	ExpiresAt  pgtype.Timestamptz
 }
 
+type PgquotaLeaseEpoch struct {
+	ID               bool
+	SystemIdentifier int64
+	TimelineOffset   int64
+	Epoch            int64
+	UpdatedAt        pgtype.Timestamptz
+}
+
 type PgquotaLedger struct {
 	GrantID        int64
 	Scope          string

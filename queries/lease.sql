@@ -11,11 +11,18 @@
 --     evaluates it on the newest committed version of the row, after
 --     waiting for a concurrent acquirer (a speculative insert) or for a
 --     fenced write that holds the row FOR SHARE. Only when it holds is a
---     new token taken (nextval inside the SET), so concurrent acquirers of
---     a free lease get exactly one winner.
---   * Tokens come from one sequence: strictly increasing across all
---     acquisitions and deleted rows. A proposed insert that turns into the
---     conflict path takes a value it does not use: a gap, which is allowed.
+--     new token taken (next_lease_token inside the SET), so concurrent
+--     acquirers of a free lease get exactly one winner.
+--   * Tokens come from pgquota.next_lease_token(): (epoch << 40) + a value
+--     of one sequence, the epoch growing with the WAL timeline, so tokens
+--     strictly increase across all acquisitions, deleted rows, crashes and
+--     promotions of a standby (migrations/00007_token_epoch.sql). A
+--     proposed insert that turns into the conflict path takes a value it
+--     does not use: a gap, which is allowed.
+--   * pgquota.durable_commit() makes the commit wait for the WAL flush even
+--     under synchronous_commit = off, so a reported acquire survives a crash
+--     and its token is never issued again. Renew and release call it too,
+--     fenced writes through pgquota.fence_admit.
 --   * A proposed insert takes its token before the insert meets a conflict,
 --     so it first takes a transaction-level advisory lock on the name
 --     (released at commit: no session state). Without it, another
@@ -37,11 +44,11 @@
 -- current row read with a fresh snapshot (none when the row vanished
 -- meanwhile: try again).
 WITH c AS (
-    SELECT pgquota.clock() AS at, @ttl::interval AS ttl
+    SELECT pgquota.clock() AS at, @ttl::interval AS ttl, pgquota.durable_commit() AS durable
 ), acq AS (
     INSERT INTO pgquota.lease AS l (name, holder, attempt, token, acquired_at, renewed_at, expires_at)
     SELECT @name::text, @holder::text, @attempt::text,
-           (SELECT nextval('pgquota.lease_token')
+           (SELECT pgquota.next_lease_token()
             FROM pg_advisory_xact_lock(hashtextextended('pgquota.lease:' || @name::text, 0))),
            c.at, c.at, c.at + c.ttl
     FROM c
@@ -52,7 +59,7 @@ WITH c AS (
     ON CONFLICT (name) DO UPDATE
     SET holder      = excluded.holder,
         attempt     = excluded.attempt,
-        token       = CASE WHEN l.expires_at > pgquota.clock() THEN l.token ELSE nextval('pgquota.lease_token') END,
+        token       = CASE WHEN l.expires_at > pgquota.clock() THEN l.token ELSE pgquota.next_lease_token() END,
         acquired_at = CASE WHEN l.expires_at > pgquota.clock() THEN l.acquired_at ELSE excluded.acquired_at END,
         renewed_at  = CASE WHEN l.expires_at > pgquota.clock() THEN l.renewed_at ELSE excluded.renewed_at END,
         expires_at  = CASE WHEN l.expires_at > pgquota.clock() THEN l.expires_at ELSE excluded.expires_at END
@@ -89,6 +96,7 @@ FROM (SELECT pgquota.clock() AS at, @ttl::interval AS ttl) c
 WHERE l.name = @name::text
   AND l.token = @token::bigint
   AND l.expires_at > pgquota.clock()
+  AND pgquota.durable_commit()
 RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, c.at AS db_now;
 
 -- name: LeaseRelease :one
@@ -102,6 +110,7 @@ SET expires_at = least(l.expires_at, c.at)
 FROM (SELECT pgquota.clock() AS at) c
 WHERE l.name = @name::text
   AND l.token = @token::bigint
+  AND pgquota.durable_commit()
 RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, c.at AS db_now,
           pg_notify('pgquota_lease', l.name)::text AS notified;
 

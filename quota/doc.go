@@ -80,4 +80,14 @@
 // from writing; either the check and the write are one atomic step (this
 // package's conditional updates), or the storage must reject writes carrying
 // stale fencing tokens.
+//
+// Lease tokens survive crashes and failovers (migrations/00007_token_epoch.sql):
+// a token is (epoch << 40) + n with the epoch from the server's WAL
+// timeline, so tokens issued after the promotion of a standby exceed every
+// token issued before it, whatever the replication lag (see LeaseEpoch).
+// Acquire, Renew, Release, fenced writes and writes of guarded tables
+// raise their transaction's synchronous_commit from off to on (inside the
+// caller's transaction for the Tx twins), so none that reported success is
+// lost in a crash and no token is issued twice; 'local' and the remote
+// levels are kept, as they flush the local WAL already.
 package quota

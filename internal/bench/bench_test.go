@@ -46,7 +46,7 @@ func snapshot(t *testing.T, env Env) string {
 			-- of the sequence (tokens differ from run to run, so no value).
 			(SELECT string_agg(format('lease %s|%s|%s|held %s|ttl %s|newest token %s', name, holder, attempt,
 			        expires_at > clock_timestamp(), expires_at - acquired_at,
-			        token = (SELECT last_value FROM pgquota.lease_token)), E'\n' ORDER BY name)
+			        token = pgquota.lease_token_ceiling()), E'\n' ORDER BY name)
 			   FROM pgquota.lease WHERE holder = $1),
 			-- Fenced rows written since the seed (seeded with an empty value).
 			(SELECT string_agg(format('fenced %s|%s|%s|%s', f.resource, f.key, f.value, f.fence_token), E'\n' ORDER BY f.resource, f.key)

@@ -139,7 +139,7 @@ so that a holder that lost its lease cannot overwrite its successor's work.`,
 	show.Flags().StringVar(&name, "name", "", "lease name (required)")
 	_ = show.MarkFlagRequired("name")
 
-	cmd.AddCommand(acquire, renew, release, show)
+	cmd.AddCommand(acquire, renew, release, show, a.leaseEpochCommand())
 	return cmd
 }
 

@@ -1,0 +1,78 @@
+package quota_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgquota/pgquota/quota"
+)
+
+// TestLeaseCallsCommitDurablyUnderAsyncCommit proves that each call that
+// issues or admits a token raises its transaction's synchronous_commit from
+// off to on, inside the caller's transaction too, so its commit waits for
+// the WAL flush (see lease_crash_test.go for the crash itself), and that it
+// leaves every other value as it is: 'local' and the remote levels flush
+// the local WAL before the commit returns already.
+func TestLeaseCallsCommitDurablyUnderAsyncCommit(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 0)
+	l, err := b.client.Acquire(b.ctx, quota.AcquireRequest{Name: "r", Holder: "A", TTL: time.Hour})
+	require.NoError(t, err)
+	_, err = b.pool.Exec(b.ctx, `CREATE TABLE public.reports (id int PRIMARY KEY, val text NOT NULL, tok bigint)`)
+	require.NoError(t, err)
+	_, err = b.client.AttachFenceGuard(b.ctx, "public.reports", "tok")
+	require.NoError(t, err)
+
+	calls := []struct {
+		name string
+		call func(tx pgx.Tx) error
+	}{
+		{"AcquireTx", func(tx pgx.Tx) error {
+			_, err := b.client.AcquireTx(b.ctx, tx, quota.AcquireRequest{Name: "other", Holder: "A", TTL: time.Hour})
+			return err
+		}},
+		{"AcquireTx of a held lease by its own attempt", func(tx pgx.Tx) error {
+			_, err := b.client.AcquireTx(b.ctx, tx, quota.AcquireRequest{Name: "r", Holder: "A", Attempt: l.Attempt, TTL: time.Hour})
+			return err
+		}},
+		{"RenewTx", func(tx pgx.Tx) error {
+			_, err := b.client.RenewTx(b.ctx, tx, "r", l.Token, time.Hour)
+			return err
+		}},
+		{"FenceWriteTx with a lease", func(tx pgx.Tx) error {
+			_, err := b.client.FenceWriteTx(b.ctx, tx, quota.FenceWriteRequest{Resource: "r", Key: "k", Token: l.Token, Lease: "r"})
+			return err
+		}},
+		{"FenceWriteTx with an external token", func(tx pgx.Tx) error {
+			_, err := b.client.FenceWriteTx(b.ctx, tx, quota.FenceWriteRequest{Resource: "ext", Key: "k", Token: 5})
+			return err
+		}},
+		{"a write of a table with the fence guard", func(tx pgx.Tx) error {
+			_, err := tx.Exec(b.ctx, `INSERT INTO public.reports (id, val, tok) VALUES (1, 'v', $1)
+				ON CONFLICT (id) DO UPDATE SET val = excluded.val, tok = excluded.tok`, l.Token)
+			return quota.FenceError(err)
+		}},
+		{"ReleaseTx", func(tx pgx.Tx) error {
+			_, err := b.client.ReleaseTx(b.ctx, tx, "r", l.Token)
+			return err
+		}},
+	}
+	for _, level := range []struct{ set, after string }{
+		{"off", "on"}, {"local", "local"}, {"remote_write", "remote_write"}, {"on", "on"}, {"remote_apply", "remote_apply"},
+	} {
+		for _, c := range calls {
+			tx, err := b.pool.Begin(b.ctx)
+			require.NoError(t, err)
+			_, err = tx.Exec(b.ctx, "SELECT set_config('synchronous_commit', $1, true)", level.set)
+			require.NoError(t, err)
+			require.NoError(t, c.call(tx), c.name)
+			var got string
+			require.NoError(t, tx.QueryRow(b.ctx, "SHOW synchronous_commit").Scan(&got))
+			require.NoError(t, tx.Rollback(b.ctx))
+			require.Equal(t, level.after, got, "%s under synchronous_commit = %s", c.name, level.set)
+		}
+	}
+}
