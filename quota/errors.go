@@ -182,3 +182,7 @@ var (
 	// again.
 	ErrBatchContended = errors.New("pgquota: batch grant: the counter kept changing under the batch")
 )
+
+// ErrNoLeader is returned by Election.Leader when no campaigner holds the
+// election's lease (nobody ever won, or the last leader resigned or lost it).
+var ErrNoLeader = errors.New("pgquota: election has no leader")
