@@ -244,9 +244,9 @@ type LeaseReapRow struct {
 //   - Then the acquirers' transaction-level advisory lock on the name
 //     (queries/lease.sql, LeaseAcquire) is tried, not waited for: an
 //     acquirer holds it from before it takes a token until it commits, so
-//     a row is never deleted between an acquirer's nextval and its insert
-//     (which would let that insert land with a token older than a
-//     deleted acquisition's).
+//     a row is never deleted while an acquirer of its name is between its
+//     token and its commit, whatever order that statement's steps run in.
+//     The key must stay the one LeaseAcquire locks.
 //   - Deleting a lease row keeps every fence: a write checked against the
 //     lease (FenceWrite with Lease, GrantFenced) finds no row held with its
 //     token and is rejected (PQ002), and the fence row of the lease's name
