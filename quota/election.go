@@ -99,11 +99,11 @@ type Leadership struct {
 // ctx ends first, AcquireWait's error (wrapping ctx's cause);
 // ErrSchemaMissing; database errors.
 func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, error) {
-	k, err := e.c.holdLease(ctx, e.name, e.opts.Holder, e.opts.TTL, true, e.opts.WaitOptions, e.opts.Keepalive, value)
+	k, l, err := e.c.holdLease(ctx, e.name, e.opts.Holder, e.opts.TTL, true, e.opts.WaitOptions, e.opts.Keepalive, value)
 	if err != nil {
 		return nil, err
 	}
-	return &Leadership{e: e, k: k, ctx: context.WithValue(k.Context(), leaseContextKey{}, k)}, nil
+	return &Leadership{e: e, k: k, ctx: withLease(k.Context(), k, l)}, nil
 }
 
 // Context returns a context that ends when this term ends: the lease was

@@ -46,21 +46,36 @@ func DefaultHolder() string {
 }
 
 // leaseContextKey is the context key under which Do and Campaign store
-// the running lease.
+// the running lease (a *heldLease).
 type leaseContextKey struct{}
+
+// heldLease is what a work context carries: the keeper, for the lease as
+// last confirmed, and the payload stored at acquisition (renewals do not
+// return it).
+type heldLease struct {
+	k       *Keeper
+	payload string
+}
+
+// withLease returns ctx carrying the lease kept by k, acquired with l.
+func withLease(ctx context.Context, k *Keeper, l Lease) context.Context {
+	return context.WithValue(ctx, leaseContextKey{}, &heldLease{k: k, payload: l.Payload})
+}
 
 // LeaseFromContext returns the lease under which a function started by Do
 // (or a leader's Leadership.Context) runs, as last confirmed by the
-// database (its token never changes), and true; or false when ctx carries
-// none. Put its Token (and Name as FenceWriteRequest.Lease) on every write
-// the work makes, so that a write made after the lease was lost is
-// rejected where it lands.
+// database (its token never changes; its Payload is the one stored at
+// acquisition), and true; or false when ctx carries none. Put its Token
+// (and Name as FenceWriteRequest.Lease) on every write the work makes, so
+// that a write made after the lease was lost is rejected where it lands.
 func LeaseFromContext(ctx context.Context) (Lease, bool) {
-	k, ok := ctx.Value(leaseContextKey{}).(*Keeper)
+	h, ok := ctx.Value(leaseContextKey{}).(*heldLease)
 	if !ok {
 		return Lease{}, false
 	}
-	return k.Lease(), true
+	l := h.k.Lease()
+	l.Payload = h.payload
+	return l, true
 }
 
 // releaseTimeout bounds the release after fn, which runs even when the
@@ -101,7 +116,7 @@ func (c *Client) Do(ctx context.Context, req DoRequest, fn func(ctx context.Cont
 	if fn == nil {
 		return inputError("fn", "must not be nil")
 	}
-	k, err := c.holdLease(ctx, req.Name, req.Holder, req.TTL, req.Wait, req.WaitOptions, req.Keepalive, req.Payload)
+	k, l, err := c.holdLease(ctx, req.Name, req.Holder, req.TTL, req.Wait, req.WaitOptions, req.Keepalive, req.Payload)
 	if err != nil {
 		return err
 	}
@@ -112,7 +127,7 @@ func (c *Client) Do(ctx context.Context, req DoRequest, fn func(ctx context.Cont
 			req.OnReleaseError(l, err)
 		}
 	}()
-	return fn(context.WithValue(k.Context(), leaseContextKey{}, k))
+	return fn(withLease(k.Context(), k, l))
 }
 
 // releaseAfter releases l under ctx without its cancellation, bounded by
@@ -123,17 +138,18 @@ func (c *Client) releaseAfter(ctx context.Context, l Lease) (Lease, error) {
 	return c.Release(rctx, l.Name, l.Token)
 }
 
-// holdLease validates, acquires (waiting or not) and starts a keeper. On
-// an error after the acquire it releases the lease.
+// holdLease validates, acquires (waiting or not) and starts a keeper; it
+// returns the keeper and the lease as acquired. On an error after the
+// acquire it releases the lease.
 func (c *Client) holdLease(ctx context.Context, name, holder string, ttl time.Duration, wait bool,
 	wopts *WaitOptions, kopts *KeepaliveOptions, payload string,
-) (*Keeper, error) {
+) (*Keeper, Lease, error) {
 	if holder == "" {
 		holder = DefaultHolder()
 	}
 	req := AcquireRequest{Name: name, Holder: holder, TTL: ttl, Payload: payload}
 	if err := checkAcquire(&req); err != nil {
-		return nil, err
+		return nil, Lease{}, err
 	}
 	var o KeepaliveOptions
 	if kopts != nil {
@@ -143,7 +159,7 @@ func (c *Client) holdLease(ctx context.Context, name, holder string, ttl time.Du
 		o.TTL = ttl
 	}
 	if err := checkKeepaliveOptions(o); err != nil {
-		return nil, err
+		return nil, Lease{}, err
 	}
 	var l Lease
 	var err error
@@ -153,14 +169,14 @@ func (c *Client) holdLease(ctx context.Context, name, holder string, ttl time.Du
 		l, err = c.Acquire(ctx, req)
 	}
 	if err != nil {
-		return nil, err
+		return nil, Lease{}, err
 	}
 	k, err := c.Keepalive(ctx, l, &o)
 	if err != nil {
 		_, _ = c.releaseAfter(ctx, l)
-		return nil, err
+		return nil, Lease{}, err
 	}
-	return k, nil
+	return k, l, nil
 }
 
 // checkKeepaliveOptions checks o (TTL set) as Keepalive does, before

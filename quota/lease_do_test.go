@@ -172,6 +172,26 @@ func TestDoReturnsFnResultWhateverTheRelease(t *testing.T) {
 		require.False(t, l.Held, "released after a failed fn too")
 	})
 
+	t.Run("fn's context carries the lease", func(t *testing.T) {
+		_, ok := quota.LeaseFromContext(b.ctx)
+		require.False(t, ok)
+		var got quota.Lease
+		err := b.client.Do(b.ctx, quota.DoRequest{Name: "carried", TTL: time.Minute, Payload: "step 1"},
+			func(ctx context.Context) error {
+				got, ok = quota.LeaseFromContext(ctx)
+				return nil
+			})
+		require.NoError(t, err)
+		require.True(t, ok)
+		require.Equal(t, "carried", got.Name)
+		require.Equal(t, quota.DefaultHolder(), got.Holder)
+		require.Equal(t, "step 1", got.Payload)
+		require.True(t, got.Held)
+		l, err := b.client.Lease(b.ctx, "carried")
+		require.NoError(t, err)
+		require.Equal(t, got.Token, l.Token)
+	})
+
 	t.Run("release fails after fn succeeded", func(t *testing.T) {
 		var releaseErr error
 		var token int64

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,6 +44,17 @@ func start(ctx context.Context, dbURL string, args ...string) (stdout, stderr *s
 	done := make(chan int, 1)
 	go func() { done <- cli.Run(ctx, append([]string{"--database-url", dbURL}, args...), stdout, stderr) }()
 	return stdout, stderr, func() int { return <-done }
+}
+
+// processRuns reports whether process pid exists and is not a zombie.
+func processRuns(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command name in parentheses.
+	rest := string(stat[bytes.LastIndexByte(stat, ')')+1:])
+	return !strings.HasPrefix(strings.TrimSpace(rest), "Z")
 }
 
 func leaseClient(t *testing.T, dbURL string) *quota.Client {
@@ -88,7 +100,8 @@ func TestCLILeaseDo(t *testing.T) {
 
 	t.Run("lease lost stops the command", func(t *testing.T) {
 		began := time.Now()
-		_, stderr, wait := start(ctx, dbURL, "lease", "do", "--name", "lost", "--ttl", "1s", "--", "sh", "-c", "sleep 30")
+		// The command starts a child of its own, which must stop too.
+		stdout, stderr, wait := start(ctx, dbURL, "lease", "do", "--name", "lost", "--ttl", "1s", "--", "sh", "-c", "sleep 30 & echo $!; wait")
 		require.Eventually(t, func() bool {
 			l, err := c.Lease(ctx, "lost")
 			return err == nil && l.Held
@@ -102,6 +115,10 @@ func TestCLILeaseDo(t *testing.T) {
 		require.Less(t, time.Since(began), 10*time.Second, "the command was stopped, not waited for")
 		require.Contains(t, stderr.String(), "the command was stopped")
 		require.Contains(t, stderr.String(), "lease lost")
+		pid, err := strconv.Atoi(strings.TrimSpace(stdout.String()))
+		require.NoError(t, err, stdout.String())
+		require.Eventually(t, func() bool { return !processRuns(pid) }, 3*time.Second, 10*time.Millisecond,
+			"the command's own child (pid %d) was stopped with its process group", pid)
 	})
 
 	t.Run("bad input", func(t *testing.T) {
