@@ -1,0 +1,5 @@
+-- placeholder (local check only)
+-- +goose Up
+SELECT 1;
+-- +goose Down
+SELECT 1;
