@@ -184,7 +184,6 @@ WITH c AS (
     SELECT l.name, l.token
     FROM pgquota.lease l, c
     WHERE l.expires_at < c.cutoff
-    ORDER BY l.expires_at
     LIMIT $2::int
     FOR UPDATE OF l SKIP LOCKED
 ), locked AS MATERIALIZED (

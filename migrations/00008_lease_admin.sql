@@ -1,7 +1,11 @@
 -- Lease administration: a payload stored with a lease (as the DynamoDB lock
--- client stores data with a lock), an index for listing and reaping leases
--- by expiry, and pgquota.fence_guarded, which the reaper asks before it
--- deletes a fence row (queries/lease_admin.sql).
+-- client stores data with a lock), and pgquota.fence_guarded, which the
+-- reaper asks before it deletes a fence row (queries/lease_admin.sql).
+--
+-- No index on lease.expires_at for the reaper: every renewal moves
+-- expires_at, and an index on it would make each renewal a non-HOT update
+-- (a new index entry per renewal). The reaper scans instead; it runs
+-- rarely, renewals run all the time.
 
 -- +goose Up
 -- payload is data the holder stores with its lease (a leader's address, a
@@ -12,8 +16,6 @@ ALTER TABLE pgquota.lease
     ADD COLUMN payload       text,
     ADD COLUMN payload_token bigint,
     ADD CONSTRAINT lease_payload_length CHECK (octet_length(payload) <= 65536);
-
-CREATE INDEX lease_expires_at ON pgquota.lease (expires_at);
 
 -- pgquota.fence_guarded reports whether a trigger on any table runs a
 -- function of schema pgquota (the fence guard, whatever its version) with
@@ -38,7 +40,6 @@ $$;
 
 -- +goose Down
 DROP FUNCTION pgquota.fence_guarded(text);
-DROP INDEX pgquota.lease_expires_at;
 ALTER TABLE pgquota.lease
     DROP CONSTRAINT lease_payload_length,
     DROP COLUMN payload_token,

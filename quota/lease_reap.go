@@ -57,8 +57,8 @@ type ReapedLease struct {
 
 // ReapLeases deletes lease rows that expired (or were released) more than
 // req.OlderThan ago by the database clock, and with req.Fences the fence
-// rows that go with them, and returns what it deleted, oldest expiry first
-// within each batch. Both tables otherwise keep a row for every name ever
+// rows that go with them, and returns what it deleted, by name within
+// each batch. Both tables otherwise keep a row for every name ever
 // used. Run it periodically (`pgquota lease reap --older-than 24h` from
 // cron, say).
 //

@@ -1,5 +1,0 @@
--- placeholder (local check only)
--- +goose Up
-SELECT 1;
--- +goose Down
-SELECT 1;
