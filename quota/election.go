@@ -90,7 +90,11 @@ type Leadership struct {
 
 // Campaign blocks until this campaigner is the leader (it holds the
 // election's lease) or ctx ends, then keeps the lease alive in the
-// background and returns the term. value is stored as the lease's payload
+// background and returns the term, which lasts until Resign or until the
+// lease is lost: ctx bounds the wait only, so a timeout for getting
+// elected does not end the term (etcd's Campaign alike). Resign when
+// shutting down, so the next leader takes over at once. value is stored
+// as the lease's payload
 // (the leader's value for Leader and Observe; may be empty). Campaigners
 // wait in no particular order; a resigning leader hands over at once (its
 // release wakes the waiters), a crashed one within the TTL.
@@ -99,7 +103,10 @@ type Leadership struct {
 // ctx ends first, AcquireWait's error (wrapping ctx's cause);
 // ErrSchemaMissing; database errors.
 func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, error) {
-	k, l, err := e.c.holdLease(ctx, e.name, e.opts.Holder, e.opts.TTL, true, e.opts.WaitOptions, e.opts.Keepalive, value)
+	// The term outlives ctx, which bounds the wait only (as in etcd, where
+	// leadership lasts as long as the session, not the campaign's context).
+	k, l, err := e.c.holdLease(ctx, context.WithoutCancel(ctx), e.name, e.opts.Holder, e.opts.TTL, true,
+		e.opts.WaitOptions, e.opts.Keepalive, value)
 	if err != nil {
 		return nil, err
 	}
@@ -108,9 +115,9 @@ func (e *Election) Campaign(ctx context.Context, value string) (*Leadership, err
 
 // Context returns a context that ends when this term ends: the lease was
 // lost or is about to expire without a confirmed renewal (cause wrapping
-// ErrLeaseLost or ErrLeaseExpiring), Resign was called
-// (ErrKeepaliveStopped), or Campaign's ctx ended. It carries the lease
-// (LeaseFromContext). Act as leader only under it.
+// ErrLeaseLost or ErrLeaseExpiring), or Resign was called
+// (ErrKeepaliveStopped). It carries the lease (LeaseFromContext) and the
+// values of Campaign's ctx. Act as leader only under it.
 func (t *Leadership) Context() context.Context { return t.ctx }
 
 // Done is closed when the term has ended (Context is done and renewals have

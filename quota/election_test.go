@@ -238,3 +238,29 @@ func TestElectionRejectsBadInput(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pgquota.lease`).Scan(&rows))
 	require.Zero(t, rows, "nothing written")
 }
+
+func TestElectionTermOutlivesCampaignContext(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 0)
+	e, err := b.client.NewElection("term", quota.ElectionOptions{TTL: 600 * time.Millisecond})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
+	lead, err := e.Campaign(ctx, "")
+	require.NoError(t, err)
+	cancel() // the wait is over; the term goes on
+
+	time.Sleep(time.Second) // past the TTL: renewals keep the term
+	require.NoError(t, lead.Context().Err())
+	cur, err := e.Leader(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, lead.Token(), cur.Token)
+	l, ok := quota.LeaseFromContext(lead.Context())
+	require.True(t, ok)
+	require.Equal(t, lead.Token(), l.Token)
+
+	require.NoError(t, lead.Resign(b.ctx))
+	require.ErrorIs(t, context.Cause(lead.Context()), quota.ErrKeepaliveStopped)
+	<-lead.Done()
+	_, err = e.Leader(b.ctx)
+	require.ErrorIs(t, err, quota.ErrNoLeader)
+}

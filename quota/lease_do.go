@@ -116,7 +116,7 @@ func (c *Client) Do(ctx context.Context, req DoRequest, fn func(ctx context.Cont
 	if fn == nil {
 		return inputError("fn", "must not be nil")
 	}
-	k, l, err := c.holdLease(ctx, req.Name, req.Holder, req.TTL, req.Wait, req.WaitOptions, req.Keepalive, req.Payload)
+	k, l, err := c.holdLease(ctx, ctx, req.Name, req.Holder, req.TTL, req.Wait, req.WaitOptions, req.Keepalive, req.Payload)
 	if err != nil {
 		return err
 	}
@@ -138,10 +138,10 @@ func (c *Client) releaseAfter(ctx context.Context, l Lease) (Lease, error) {
 	return c.Release(rctx, l.Name, l.Token)
 }
 
-// holdLease validates, acquires (waiting or not) and starts a keeper; it
-// returns the keeper and the lease as acquired. On an error after the
-// acquire it releases the lease.
-func (c *Client) holdLease(ctx context.Context, name, holder string, ttl time.Duration, wait bool,
+// holdLease validates, acquires (waiting or not) under ctx and starts a
+// keeper whose context derives from keepCtx; it returns the keeper and the
+// lease as acquired. On an error after the acquire it releases the lease.
+func (c *Client) holdLease(ctx, keepCtx context.Context, name, holder string, ttl time.Duration, wait bool,
 	wopts *WaitOptions, kopts *KeepaliveOptions, payload string,
 ) (*Keeper, Lease, error) {
 	if holder == "" {
@@ -171,7 +171,7 @@ func (c *Client) holdLease(ctx context.Context, name, holder string, ttl time.Du
 	if err != nil {
 		return nil, Lease{}, err
 	}
-	k, err := c.Keepalive(ctx, l, &o)
+	k, err := c.Keepalive(keepCtx, l, &o)
 	if err != nil {
 		_, _ = c.releaseAfter(ctx, l)
 		return nil, Lease{}, err

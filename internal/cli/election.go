@@ -80,7 +80,10 @@ stopped); 2 usage error; 1 when the command failed or any other error.`,
 				_ = lead.Resign(context.WithoutCancel(cmd.Context()))
 				return err
 			}
-			<-lead.Context().Done()
+			select {
+			case <-lead.Context().Done():
+			case <-cmd.Context().Done(): // interrupted: resign
+			}
 			cause := context.Cause(lead.Context())
 			if err := lead.Resign(context.WithoutCancel(cmd.Context())); err != nil {
 				return err
