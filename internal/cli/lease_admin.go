@@ -126,6 +126,16 @@ func (a *app) leaseRunError(err error) error {
 	switch {
 	case errors.As(err, &held):
 		fmt.Fprintln(a.stderr, "pgquota: "+trimPrefix(held.Error()))
+		if err := a.output(map[string]any{
+			"acquired": false, "name": held.Name, "holder": held.Holder, "expires_at": held.ExpiresAt,
+		}, func(w *tabwriter.Writer) {
+			row(w, "acquired", "no")
+			row(w, "name", held.Name)
+			row(w, "holder", held.Holder)
+			row(w, "expires at", stamp(held.ExpiresAt))
+		}); err != nil {
+			return err
+		}
 		return errDenied
 	case errors.As(err, &ended) && (errors.Is(err, quota.ErrLeaseLost) || errors.Is(err, quota.ErrLeaseExpiring)):
 		fmt.Fprintln(a.stderr, "pgquota: "+oneLine(err.Error()))

@@ -96,6 +96,15 @@ func TestCLILeaseDo(t *testing.T) {
 		require.Equal(t, cli.ExitDenied, r.code, r.stderr)
 		require.NotContains(t, r.stdout, "ran")
 		require.Contains(t, r.stderr, `held by "other"`)
+		r = runDB(t, dbURL, "lease", "do", "--name", "busy", "--ttl", "10s", "--json", "--", "sh", "-c", "echo ran")
+		require.Equal(t, cli.ExitDenied, r.code, r.stderr)
+		var out struct {
+			Acquired *bool  `json:"acquired"`
+			Holder   string `json:"holder"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+		require.False(t, *out.Acquired)
+		require.Equal(t, "other", out.Holder)
 	})
 
 	t.Run("lease lost stops the command", func(t *testing.T) {
