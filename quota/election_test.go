@@ -94,6 +94,7 @@ func TestElectionOneLeaderAtATimeAndResignHandsOver(t *testing.T) {
 		SELECT coalesce(max(gap), interval '0') FROM (
 			SELECT started - lag(stopped) OVER (ORDER BY started) AS gap FROM run_log) g`).Scan(&maxGap))
 	require.Less(t, maxGap, ttl/2, "resign handed over")
+	t.Logf("%d terms, at most %d leader at a time, %d overlaps, longest handover %s (TTL %s)", runs, maxActive, overlaps, maxGap, ttl)
 
 	_, err = observer.Leader(ctx)
 	require.ErrorIs(t, err, quota.ErrNoLeader, "everybody resigned")

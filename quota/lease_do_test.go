@@ -121,6 +121,7 @@ func TestDoRunsOneReplicaAtATime(t *testing.T) {
 	require.Equal(t, 1, maxActive, "never two fn bodies at once")
 	require.Zero(t, overlaps, "no two fn intervals overlap by the database clock")
 	require.Equal(t, 2*rounds, tokens, "each run had a lease (and token) of its own")
+	t.Logf("%d runs, at most %d at a time, %d overlapping intervals, %d distinct tokens", runs, maxActive, overlaps, tokens)
 
 	// Every Do released its lease: it is free, not left to expire.
 	l, err := clients[0].Lease(ctx, "nightly")
