@@ -29,13 +29,15 @@ type PgquotaFencedRow struct {
 }
 
 type PgquotaLease struct {
-	Name       string
-	Holder     string
-	Attempt    string
-	Token      int64
-	AcquiredAt pgtype.Timestamptz
-	RenewedAt  pgtype.Timestamptz
-	ExpiresAt  pgtype.Timestamptz
+	Name         string
+	Holder       string
+	Attempt      string
+	Token        int64
+	AcquiredAt   pgtype.Timestamptz
+	RenewedAt    pgtype.Timestamptz
+	ExpiresAt    pgtype.Timestamptz
+	Payload      pgtype.Text
+	PayloadToken pgtype.Int8
 }
 
 type PgquotaLeaseEpoch struct {

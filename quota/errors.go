@@ -161,24 +161,26 @@ func (e *SchemaVersionError) Unwrap() []error {
 
 // Sentinel errors of the fenced lock (lease.go, fence.go, keepalive.go).
 var (
-	// ErrLeaseHeld is returned by Acquire and AcquireTx when another
-	// acquisition attempt holds the lease, wrapped in a *LeaseHeldError that
-	// names the holder and the expiry. AcquireWait returns it only when its
-	// context ends first.
+	// ErrLeaseHeld is returned by Acquire, AcquireTx and Do (without
+	// DoRequest.Wait) when another acquisition attempt holds the lease,
+	// wrapped in a *LeaseHeldError that names the holder and the expiry.
+	// AcquireWait, Do with Wait and Election.Campaign return it only when
+	// their context ends first.
 	ErrLeaseHeld = errors.New("pgquota: lease is held")
 
-	// ErrLeaseLost is returned by Renew, RenewTx, Release and ReleaseTx
-	// when the lease is no longer held with the given token (it expired by
+	// ErrLeaseLost is returned by Renew, RenewTx, Release, ReleaseTx,
+	// SetLeasePayload, SetLeasePayloadTx and Leadership.Proclaim when the
+	// lease is no longer held with the given token (it expired by
 	// the database clock, was released, or another holder took it over), by
 	// FenceWrite, FenceWriteTx, GrantFenced and PresentTokenTx when the
 	// lease the write is checked against is not held with the token
-	// (SQLSTATE PQ002), and by
-	// Keeper.Context's cause when a renewal found the lease lost. A deposed
+	// (SQLSTATE PQ002), and is the cause of Keeper.Context (and so of the
+	// contexts Do and Campaign give) when a renewal found the lease lost. A deposed
 	// holder can neither extend, end, nor write under its successor's lease.
 	ErrLeaseLost = errors.New("pgquota: lease lost")
 
 	// ErrLeaseNotFound is returned by Lease when no lease of that name was
-	// ever acquired.
+	// ever acquired, or its row was deleted by ReapLeases.
 	ErrLeaseNotFound = errors.New("pgquota: lease not found")
 
 	// ErrFencedRowNotFound is returned by FencedRow when the resource has no
@@ -233,3 +235,7 @@ var (
 	// again.
 	ErrBatchContended = errors.New("pgquota: batch grant: the counter kept changing under the batch")
 )
+
+// ErrNoLeader is returned by Election.Leader when no campaigner holds the
+// election's lease (nobody ever won, or the last leader resigned or lost it).
+var ErrNoLeader = errors.New("pgquota: election has no leader")

@@ -66,6 +66,12 @@ type AcquireRequest struct {
 	// larger token. Empty means a fresh random attempt per call: set it
 	// (NewAttempt) when the call may be retried. 1 to MaxNameBytes bytes.
 	Attempt string
+	// Payload is data stored with the lease for this acquisition (see
+	// SetLeasePayload), read back by Lease and Leases: valid UTF-8 without
+	// NUL, at most MaxLeasePayloadBytes bytes. A new acquisition starts
+	// without the previous holder's payload. Empty means none; with one,
+	// the acquire statement and the payload's are one transaction.
+	Payload string
 }
 
 // NewAttempt returns a random acquisition attempt id for
@@ -97,6 +103,10 @@ type Lease struct {
 	// Held reports whether the lease was held at DBNow (ExpiresAt after
 	// DBNow).
 	Held bool `json:"held"`
+	// Payload is the data stored with this acquisition (AcquireRequest.
+	// Payload, SetLeasePayload); empty when none. Acquire, Lease, Leases
+	// and SetLeasePayload fill it; Renew and Release leave it empty.
+	Payload string `json:"payload,omitempty"`
 
 	// sent is the local time, with its monotonic reading, at which the
 	// statement that returned this lease was sent. The database read its
@@ -182,6 +192,9 @@ func checkAcquire(req *AcquireRequest) error {
 	if req.Attempt == "" {
 		req.Attempt = NewAttempt()
 	}
+	if err := checkPayload(req.Payload); err != nil {
+		return err
+	}
 	return checkName("attempt", req.Attempt)
 }
 
@@ -201,8 +214,8 @@ func checkAcquire(req *AcquireRequest) error {
 // holder writes anything: the storage half of Kleppmann's fencing (2016)
 // learns of the new holder when the lock half does.
 //
-// Errors: *InputError (ErrInvalidInput) for a bad name, holder, TTL or
-// attempt; *LeaseHeldError (ErrLeaseHeld) when another attempt holds it;
+// Errors: *InputError (ErrInvalidInput) for a bad name, holder, TTL,
+// attempt or payload; *LeaseHeldError (ErrLeaseHeld) when another attempt holds it;
 // ErrSchemaMissing; database errors. Nothing is written on an error.
 func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (Lease, error) {
 	if err := checkAcquire(&req); err != nil {
@@ -222,6 +235,9 @@ func (c *Client) AcquireTx(ctx context.Context, tx pgx.Tx, req AcquireRequest) (
 }
 
 func (c *Client) acquire(ctx context.Context, x db.DBTX, req AcquireRequest) (Lease, error) {
+	if req.Payload != "" {
+		return c.acquireWithPayload(ctx, x, req) // lease_payload.go
+	}
 	// A lease released or expired between the statement's snapshot and its
 	// fresh read shows up as "not taken, but free": try again, a few times.
 	for range 3 {
@@ -371,7 +387,7 @@ func (c *Client) release(ctx context.Context, x db.DBTX, name string, token int6
 }
 
 // Lease returns the lease name as the database has it now, held or not
-// (Lease.Held, judged by the database clock).
+// (Lease.Held, judged by the database clock), with its payload.
 //
 // Errors: *InputError for a bad name; ErrLeaseNotFound when it was never
 // acquired; ErrSchemaMissing; database errors.
@@ -380,17 +396,19 @@ func (c *Client) Lease(ctx context.Context, name string) (Lease, error) {
 		return Lease{}, err
 	}
 	sent := time.Now()
-	r, err := c.queries.LeaseGet(ctx, c.db, name)
+	r, err := c.queries.LeaseRead(ctx, c.db, name)
 	if isNoRows(err) {
 		return Lease{}, fmt.Errorf("%w: %q", ErrLeaseNotFound, name)
 	}
 	if err != nil {
 		return Lease{}, dbError("get lease", err)
 	}
-	return leaseFrom(db.PgquotaLease{
+	l := leaseFrom(db.PgquotaLease{
 		Name: r.Name, Holder: r.Holder, Attempt: r.Attempt, Token: r.Token,
 		AcquiredAt: r.AcquiredAt, RenewedAt: r.RenewedAt, ExpiresAt: r.ExpiresAt,
-	}, r.DbNow, sent), nil
+	}, r.DbNow, sent)
+	l.Payload = r.Payload
+	return l, nil
 }
 
 // WaitOptions tunes AcquireWait. The zero value (or nil) is ready to use.

@@ -1,6 +1,7 @@
 package cli_test
 
 import (
+	"io/fs"
 	"net/url"
 	"strings"
 	"testing"
@@ -32,7 +33,7 @@ func TestErrorsNameTheDatabase(t *testing.T) {
 	require.Regexp(t, `(?m)^database\s+"`+name+`" on `+u.Host+` as user `, out)
 	require.Regexp(t, `(?m)^version\s+0$`, out)
 	out = ok(t, dbURL, "migrate", "status")
-	files, err := migrations.FS.ReadDir(".")
+	files, err := fs.Glob(migrations.FS, "*.sql")
 	require.NoError(t, err)
 	require.Equal(t, len(files), strings.Count(out, "pending"), out)
 	requireError(t, runDB(t, dbURL, "quota", "list"), cli.ExitError, "schema is missing in database \""+name+"\"")

@@ -15,13 +15,13 @@ import (
 func (a *app) leaseCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "lease",
-		Short: "Leases that issue fencing tokens: acquire, renew, release, show",
+		Short: "Leases that issue fencing tokens: acquire, renew, release, show, do, list, reap",
 		Long: `A lease is held by one holder at a time until it expires by the database
 clock. Each acquisition gets a fencing token, larger than every token issued
 before it; pass it to 'pgquota fence write' (or store it in a guarded table)
 so that a holder that lost its lease cannot overwrite its successor's work.`,
 	}
-	var name, holder string
+	var name, holder, payload string
 	var ttl time.Duration
 	var token int64
 	var wait bool
@@ -40,7 +40,7 @@ so that a holder that lost its lease cannot overwrite its successor's work.`,
 			if holder == "" {
 				holder = defaultHolder()
 			}
-			req := quota.AcquireRequest{Name: name, Holder: holder, TTL: ttl}
+			req := quota.AcquireRequest{Name: name, Holder: holder, TTL: ttl, Payload: payload}
 			var l quota.Lease
 			if wait {
 				l, err = c.AcquireWait(cmd.Context(), req, nil)
@@ -72,6 +72,7 @@ so that a holder that lost its lease cannot overwrite its successor's work.`,
 	acquire.Flags().DurationVar(&ttl, "ttl", 30*time.Second, "how long the lease lasts unless renewed")
 	acquire.Flags().StringVar(&holder, "holder", "", "holder name shown to others (default: hostname:pid of the running command)")
 	acquire.Flags().BoolVar(&wait, "wait", false, "when another holds the lease, wait until it is free (until interrupted) instead of exiting 3")
+	acquire.Flags().StringVar(&payload, "payload", "", "data stored with this acquisition, shown by show and list")
 	_ = acquire.MarkFlagRequired("name")
 
 	renew := &cobra.Command{
@@ -139,7 +140,8 @@ so that a holder that lost its lease cannot overwrite its successor's work.`,
 	show.Flags().StringVar(&name, "name", "", "lease name (required)")
 	_ = show.MarkFlagRequired("name")
 
-	cmd.AddCommand(acquire, renew, release, show, a.leaseEpochCommand())
+	cmd.AddCommand(acquire, renew, release, show, a.leaseEpochCommand(),
+		a.leaseDoCommand(), a.leaseListCommand(), a.leaseReapCommand(), a.leasePayloadCommand()) // lease_admin.go
 	return cmd
 }
 
@@ -170,6 +172,9 @@ func (a *app) printLease(l quota.Lease, acquired bool) error {
 		row(w, "acquired at", stamp(l.AcquiredAt))
 		row(w, "expires at", stamp(l.ExpiresAt))
 		row(w, "remaining", l.Remaining().Round(time.Millisecond))
+		if l.Payload != "" {
+			row(w, "payload", l.Payload)
+		}
 	})
 }
 
