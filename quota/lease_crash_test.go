@@ -53,7 +53,7 @@ func TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 		cl.Exec(database, `CREATE TABLE public.reports (id int PRIMARY KEY, val text NOT NULL, tok bigint);
 			GRANT SELECT, INSERT, UPDATE, DELETE ON public.reports TO app_async`)
 		admin, closeAdmin := crashClient(t, cl.URL(database))
-		_, err := admin.AttachFenceGuard(ctx, "public.reports", "tok")
+		_, err := admin.AttachFenceGuard(ctx, quota.FenceGuardRequest{Table: "public.reports", Column: "tok"})
 		require.NoError(t, err)
 		closeAdmin()
 	}
@@ -106,7 +106,7 @@ func TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 		_, err = client.FenceWrite(ctx, quota.FenceWriteRequest{Resource: held.Name, Key: "k", Value: name("v"), Token: held.Token, Lease: held.Name})
 		require.NoError(t, err)
 		// A write of the application's own table with the fence guard.
-		require.NoError(t, guardedWrite(ctx, client.Pool(), round, name("v"), held.Token))
+		require.NoError(t, guardedWrite(ctx, client.Pool(), round, name("v"), held.Token, held.Name))
 		// The Tx variants, in the caller's transaction.
 		tx, err := client.Pool().Begin(ctx)
 		require.NoError(t, err)

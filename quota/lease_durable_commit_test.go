@@ -21,9 +21,8 @@ func TestLeaseCallsCommitDurablyUnderAsyncCommit(t *testing.T) {
 	b := setup(t, 0)
 	l, err := b.client.Acquire(b.ctx, quota.AcquireRequest{Name: "r", Holder: "A", TTL: time.Hour})
 	require.NoError(t, err)
-	_, err = b.pool.Exec(b.ctx, `CREATE TABLE public.reports (id int PRIMARY KEY, val text NOT NULL, tok bigint)`)
-	require.NoError(t, err)
-	_, err = b.client.AttachFenceGuard(b.ctx, "public.reports", "tok")
+	b.appDDL(t, `CREATE TABLE public.reports (id int PRIMARY KEY, val text NOT NULL, tok bigint)`, nil, "public.reports")
+	_, err = b.ownerClient(t).AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "public.reports", Column: "tok"})
 	require.NoError(t, err)
 
 	calls := []struct {
@@ -51,8 +50,11 @@ func TestLeaseCallsCommitDurablyUnderAsyncCommit(t *testing.T) {
 			return err
 		}},
 		{"a write of a table with the fence guard", func(tx pgx.Tx) error {
-			_, err := tx.Exec(b.ctx, `INSERT INTO public.reports (id, val, tok) VALUES (1, 'v', $1)
-				ON CONFLICT (id) DO UPDATE SET val = excluded.val, tok = excluded.tok`, l.Token)
+			if _, err := tx.Exec(b.ctx, `SELECT pgquota.present_token('public.reports', $1, 'r')`, l.Token); err != nil {
+				return quota.FenceError(err)
+			}
+			_, err := tx.Exec(b.ctx, `INSERT INTO public.reports (id, val, tok) VALUES (1, 'v', NULL)
+				ON CONFLICT (id) DO UPDATE SET val = excluded.val`)
 			return quota.FenceError(err)
 		}},
 		{"ReleaseTx", func(tx pgx.Tx) error {

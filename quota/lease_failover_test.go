@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
@@ -43,7 +44,7 @@ func TestLeaseTokensIncreaseAcrossFailoverToLaggingStandby(t *testing.T) {
 		GRANT SELECT, INSERT, UPDATE, DELETE ON public.reports TO app`)
 	admin, err := quota.New(pgcluster.Pool(t, primary.URL("app")), nil)
 	require.NoError(t, err)
-	_, err = admin.AttachFenceGuard(ctx, "public.reports", "tok")
+	_, err = admin.AttachFenceGuard(ctx, quota.FenceGuardRequest{Table: "public.reports", Column: "tok"})
 	require.NoError(t, err)
 	admin.Pool().Close()
 
@@ -52,7 +53,7 @@ func TestLeaseTokensIncreaseAcrossFailoverToLaggingStandby(t *testing.T) {
 	a0, err := old.Acquire(ctx, quota.AcquireRequest{Name: lease, Holder: "A0", TTL: time.Hour})
 	require.NoError(t, err)
 	issued = append(issued, a0.Token)
-	require.NoError(t, guardedWrite(ctx, old.Pool(), 1, "A0", a0.Token))
+	require.NoError(t, guardedWrite(ctx, old.Pool(), 1, "A0", a0.Token, lease))
 	_, err = old.Release(ctx, lease, a0.Token)
 	require.NoError(t, err)
 
@@ -74,7 +75,7 @@ func TestLeaseTokensIncreaseAcrossFailoverToLaggingStandby(t *testing.T) {
 	require.NoError(t, err)
 	_, err = old.FenceWrite(ctx, quota.FenceWriteRequest{Resource: ext, Key: "k", Value: "A", Token: a.Token})
 	require.NoError(t, err)
-	require.NoError(t, guardedWrite(ctx, old.Pool(), 1, "A", a.Token))
+	require.NoError(t, guardedWrite(ctx, old.Pool(), 1, "A", a.Token, lease))
 	var oldTimeline int64
 	primary.QueryValue("app", walTimeline, &oldTimeline)
 	old.Pool().Close()
@@ -101,7 +102,7 @@ func TestLeaseTokensIncreaseAcrossFailoverToLaggingStandby(t *testing.T) {
 
 	_, err = cur.FenceWrite(ctx, quota.FenceWriteRequest{Resource: ext, Key: "k", Value: "B", Token: b.Token})
 	require.NoError(t, err, "B's external-style write")
-	require.NoError(t, guardedWrite(ctx, cur.Pool(), 1, "B", b.Token), "B's guarded write")
+	require.NoError(t, guardedWrite(ctx, cur.Pool(), 1, "B", b.Token, lease), "B's guarded write")
 
 	// A still believes it holds the lease and writes with its old token.
 	_, err = cur.FenceWrite(ctx, quota.FenceWriteRequest{Resource: lease, Key: "k", Value: "A stale", Token: a.Token, Lease: lease})
@@ -137,10 +138,18 @@ func failoverClient(t *testing.T, cl *pgcluster.Cluster) *quota.Client {
 
 // guardedWrite and assertGuardRejects are the only places that write the
 // guarded table public.reports (guard attached with AttachFenceGuard on
-// column tok): a write carries the writer's token in the token column.
-func guardedWrite(ctx context.Context, pool *pgxpool.Pool, id int, val string, token int64) error {
-	_, err := pool.Exec(ctx, `INSERT INTO public.reports (id, val, tok) VALUES ($1, $2, $3)
-		ON CONFLICT (id) DO UPDATE SET val = excluded.val, tok = excluded.tok`, id, val, token)
+// column tok): the writer presents its token in the transaction
+// (pgquota.present_token, checked against the lease named lease), and the
+// guard stamps it into the row.
+func guardedWrite(ctx context.Context, pool *pgxpool.Pool, id int, val string, token int64, lease string) error {
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pgquota.present_token('public.reports', $1, $2)`, token, lease); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO public.reports (id, val, tok) VALUES ($1, $2, NULL)
+			ON CONFLICT (id) DO UPDATE SET val = excluded.val`, id, val)
+		return err
+	})
 	return quota.FenceError(err)
 }
 
@@ -148,7 +157,7 @@ func guardedWrite(ctx context.Context, pool *pgxpool.Pool, id int, val string, t
 // rejected by the guard with SQLSTATE PQ001 and changes nothing.
 func assertGuardRejects(ctx context.Context, t *testing.T, pool *pgxpool.Pool, id int, stale int64) {
 	t.Helper()
-	err := guardedWrite(ctx, pool, id, "stale", stale)
+	err := guardedWrite(ctx, pool, id, "stale", stale, "public.reports")
 	var pgErr *pgconn.PgError
 	if assert.True(t, errors.As(err, &pgErr), "the guard rejects the stale write with a database error, got %v", err) {
 		assert.Equal(t, quota.SQLStateStaleToken, pgErr.Code)

@@ -55,9 +55,8 @@ func newReapScene(t *testing.T) *reapScene {
 	t.Helper()
 	s := &reapScene{testBundle: setup(t, 0)}
 	s.stale, s.last = s.depose(t, "r-lease")
-	_, err := s.pool.Exec(s.ctx, `CREATE TABLE public.reports (id int PRIMARY KEY, val text, tok bigint)`)
-	require.NoError(t, err)
-	_, err = s.client.AttachFenceGuard(s.ctx, "public.reports", "tok")
+	s.appDDL(t, `CREATE TABLE public.reports (id int PRIMARY KEY, val text, tok bigint)`, nil, "public.reports")
+	_, err := s.ownerClient(t).AttachFenceGuard(s.ctx, quota.FenceGuardRequest{Table: "public.reports", Column: "tok"})
 	require.NoError(t, err)
 	s.staleGuard, _ = s.depose(t, "public.reports")
 	s.acquire(t, "held", "h", time.Minute)
