@@ -671,8 +671,16 @@ WITH g AS (
       AND o.compensated_at IS NULL
     RETURNING o.compensated, o.compensated_used, o.compensated_at
 ), upd AS (
+    -- least(): PostgreSQL computes the new row, and checks it against
+    -- usage_used_nonnegative, from the version in the statement's snapshot
+    -- BEFORE it finds that version superseded and re-evaluates SET on the
+    -- newest one (the one cur locked). The snapshot's version can hold
+    -- fewer units than cur read (a grant that committed while cur waited
+    -- for its lock): u.used - mark.compensated would fail the check there
+    -- although the row actually written holds them. On the locked version
+    -- least() is mark.compensated itself (cur.used >= compensated).
     UPDATE pgquota.usage u
-    SET used = u.used - mark.compensated,
+    SET used = u.used - least(u.used, mark.compensated),
         updated_at = mark.compensated_at
     FROM cur, mark
     WHERE u.quota_name = cur.quota_name
@@ -688,7 +696,8 @@ SELECT g.grant_id, g.target, g.member, g.amount, g.granted,
        (mark.compensated IS NOT NULL)::boolean AS revoked_now,
        coalesce(mark.compensated, 0)::bigint AS compensated,
        coalesce(mark.compensated_used, 0)::bigint AS compensated_used,
-       mark.compensated_at::timestamptz AS compensated_at
+       mark.compensated_at::timestamptz AS compensated_at,
+       coalesce((SELECT upd.used FROM upd), -1)::bigint AS written_used
 FROM g
 LEFT JOIN mark ON true
 `
@@ -705,6 +714,7 @@ type LedgerRevokeGrantRow struct {
 	Compensated     int64
 	CompensatedUsed int64
 	CompensatedAt   pgtype.Timestamptz
+	WrittenUsed     int64
 }
 
 // Compensates one keyed grant: gives its units back to the counter row of
@@ -723,8 +733,9 @@ type LedgerRevokeGrantRow struct {
 // then the counter row, and never waits for an outcome row, so there is no
 // cycle.
 //
-// A denied grant is marked with 0 units. No row comes back when grant_id is
-// not a keyed grant. revoked_now is false when an earlier revoke marked the
+// A denied grant is marked with 0 units. written_used is the counter upd
+// wrote (-1 when it wrote nothing): it equals compensated_used, which the
+// caller checks. No row comes back when grant_id is not a keyed grant. revoked_now is false when an earlier revoke marked the
 // grant; the caller then reads the stored compensation.
 func (q *Queries) LedgerRevokeGrant(ctx context.Context, db DBTX, grantID int64) (LedgerRevokeGrantRow, error) {
 	row := db.QueryRow(ctx, ledgerRevokeGrant, grantID)
@@ -741,6 +752,7 @@ func (q *Queries) LedgerRevokeGrant(ctx context.Context, db DBTX, grantID int64)
 		&i.Compensated,
 		&i.CompensatedUsed,
 		&i.CompensatedAt,
+		&i.WrittenUsed,
 	)
 	return i, err
 }
