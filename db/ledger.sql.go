@@ -27,19 +27,19 @@ WITH camp AS (
       )
     LIMIT 1
     FOR UPDATE OF v SKIP LOCKED
-), held AS (
-    SELECT f.code
-    FROM pgquota.voucher_claim_fresh($3::text, $4::text) f
+), state AS (
+    -- The member's code and whether any code is left, from one fresh
+    -- snapshot (see VoucherCodeClaim in voucher_code.sql for why one).
+    SELECT f.held_code AS code, f.codes_left
+    FROM pgquota.voucher_code_state_fresh($3::text, $4::text) AS f (held_code, held_since, codes_left)
     WHERE NOT EXISTS (SELECT 1 FROM pick)
-      AND f.member IS NOT NULL
 ), led AS (
     INSERT INTO pgquota.ledger (scope, idempotency_key, operation, target, member, amount, created_at)
     SELECT $1::text, $2::text, 'claim', camp.campaign, $4::text, 1, camp.at
     FROM camp
     WHERE camp.kind = 'codes'
       AND (EXISTS (SELECT 1 FROM pick)
-           OR EXISTS (SELECT 1 FROM held)
-           OR NOT pgquota.voucher_codes_left_fresh($3::text))
+           OR EXISTS (SELECT 1 FROM state WHERE state.code IS NOT NULL OR NOT state.codes_left))
     ON CONFLICT (scope, idempotency_key) DO NOTHING
     RETURNING grant_id
 ), ins AS (
@@ -117,7 +117,7 @@ type LedgerClaimCodeRow struct {
 // lock-order cycle); then the ledger key is inserted, and the claim selects
 // FROM both. The ledger row is written only when the outcome is final: a
 // code was picked, the member already holds one, or no unclaimed code is
-// left (read with fresh snapshots). When unclaimed codes exist but all are
+// left (both read with one fresh snapshot). When unclaimed codes exist but all are
 // locked by claims in progress, nothing is written and codes_left tells
 // the caller to try again, as for the keyless claim.
 func (q *Queries) LedgerClaimCode(ctx context.Context, db DBTX, arg LedgerClaimCodeParams) (LedgerClaimCodeRow, error) {

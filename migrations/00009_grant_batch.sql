@@ -180,7 +180,7 @@ $$;
 -- unclaimed: codes_left, try again). Never a guard.
 -- +goose StatementBegin
 CREATE FUNCTION pgquota.voucher_code_state_fresh(p_campaign text, p_member text)
-    RETURNS TABLE (code text, claimed_at timestamptz, codes_left boolean)
+    RETURNS TABLE (held_code text, held_since timestamptz, codes_left boolean)
     LANGUAGE plpgsql VOLATILE
     AS $$
 #variable_conflict use_column
