@@ -246,7 +246,8 @@ type Summary struct {
 	Interrupted bool `json:"interrupted"`
 	// Batches is the number of batch statements (each one commit).
 	Batches int64 `json:"batches"`
-	// Seconds is the run's wall time; RowsPerSec is Rows / Seconds.
+	// Seconds is the run's wall time; RowsPerSec is the rows run (neither
+	// not run nor skipped) per second.
 	Seconds    float64 `json:"seconds"`
 	RowsPerSec float64 `json:"rows_per_sec"`
 }
@@ -476,7 +477,7 @@ func Run(ctx context.Context, client *quota.Client, next func() (Row, error), op
 	batches.Range(func(_, v any) bool { sum.Batches += v.(int64); return true })
 	sum.Seconds = time.Since(start).Seconds()
 	if sum.Seconds > 0 {
-		sum.RowsPerSec = float64(sum.Rows) / sum.Seconds
+		sum.RowsPerSec = float64(sum.Rows-sum.NotRun-sum.Skipped) / sum.Seconds
 	}
 	sum.Interrupted = ctx.Err() != nil
 	if emitErr != nil {
