@@ -42,6 +42,7 @@ func sharedCounterCases(perCaller func(callers int) int) []sharedCounterCase {
 // checkSharedCounter checks the answers of one run on counter (q, member).
 func checkSharedCounter(t *testing.T, b *testBundle, member string, limit int64, results []quota.GrantResult, errs []error) {
 	t.Helper()
+	t.Logf("%s: %d of %d requests failed", t.Name(), len(errs), len(errs)+len(results))
 	if len(errs) > 0 {
 		t.Fatalf("%d of %d requests failed instead of getting an answer, first: %v", len(errs), len(errs)+len(results), errs[0])
 	}
