@@ -25,7 +25,6 @@ func TestDownHotrowKeepsUnitNumbersDistinct(t *testing.T) {
 	db := openDB(t, dbURL, 2)
 	_, err := migrations.Up(ctx, db)
 	require.NoError(t, err)
-	require.Equal(t, int64(5), migrations.Latest(), "this test down-migrates 00005_hotrow")
 
 	pool := pgtest.Connect(t, dbURL, 4)
 	client, err := quota.New(pool, nil)
@@ -67,7 +66,7 @@ func TestDownHotrowKeepsUnitNumbersDistinct(t *testing.T) {
 
 	p, err := migrations.NewProvider(db)
 	require.NoError(t, err)
-	_, err = p.Down(ctx)
+	_, err = p.DownTo(ctx, 4) // the migrations after 00005 too, then 00005_hotrow
 	require.NoError(t, err)
 
 	// The pool is a counted pool now, with 2 units left. (A client of the

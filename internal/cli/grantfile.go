@@ -214,9 +214,20 @@ func (a *app) grantFile(cmd *cobra.Command, opts fileOptions) error {
 	res := fileSummary{Summary: sum, File: opts.path, Out: opts.out}
 	if opts.out == "-" {
 		// stdout carries the outcomes: the summary goes to stderr.
-		fmt.Fprintf(a.stderr, "pgquota: %s: %d rows: %d granted, %d denied, %d errors, %d unknown, %d not run, %d skipped (%d replayed); %d batches in %.2fs (%.0f rows/s)%s\n",
-			fileName(opts.path), sum.Rows, sum.Granted, sum.Denied, sum.Errors, sum.Unknown, sum.NotRun, sum.Skipped, sum.Replayed,
-			sum.Batches, sum.Seconds, sum.RowsPerSec, map[bool]string{true: "; interrupted", false: ""}[sum.Interrupted])
+		extra := ""
+		for _, c := range []struct {
+			n    int64
+			what string
+		}{{sum.Unknown, "unknown"}, {sum.NotRun, "not run"}, {sum.Skipped, "skipped"}, {sum.Replayed, "replayed"}} {
+			if c.n > 0 {
+				extra += fmt.Sprintf(", %d %s", c.n, c.what)
+			}
+		}
+		if sum.Interrupted {
+			extra += ", interrupted"
+		}
+		fmt.Fprintf(a.stderr, "pgquota: %s: %d rows: %d granted, %d denied, %d errors%s; %d batches in %.2fs (%.0f rows/s)\n",
+			fileName(opts.path), sum.Rows, sum.Granted, sum.Denied, sum.Errors, extra, sum.Batches, sum.Seconds, sum.RowsPerSec)
 	} else {
 		if err := a.output(res, func(w *tabwriter.Writer) {
 			row(w, "file", res.File)
