@@ -27,19 +27,19 @@ WITH camp AS (
       )
     LIMIT 1
     FOR UPDATE OF v SKIP LOCKED
-), held AS (
-    SELECT f.code
-    FROM pgquota.voucher_claim_fresh($3::text, $4::text) f
+), state AS (
+    -- The member's code and whether any code is left, from one fresh
+    -- snapshot (see VoucherCodeClaim in voucher_code.sql for why one).
+    SELECT f.held_code AS code, f.codes_left
+    FROM pgquota.voucher_code_state_fresh($3::text, $4::text) AS f (held_code, held_since, codes_left)
     WHERE NOT EXISTS (SELECT 1 FROM pick)
-      AND f.member IS NOT NULL
 ), led AS (
     INSERT INTO pgquota.ledger (scope, idempotency_key, operation, target, member, amount, created_at)
     SELECT $1::text, $2::text, 'claim', camp.campaign, $4::text, 1, camp.at
     FROM camp
     WHERE camp.kind = 'codes'
       AND (EXISTS (SELECT 1 FROM pick)
-           OR EXISTS (SELECT 1 FROM held)
-           OR NOT pgquota.voucher_codes_left_fresh($3::text))
+           OR EXISTS (SELECT 1 FROM state WHERE state.code IS NOT NULL OR NOT state.codes_left))
     ON CONFLICT (scope, idempotency_key) DO NOTHING
     RETURNING grant_id
 ), ins AS (
@@ -117,7 +117,7 @@ type LedgerClaimCodeRow struct {
 // lock-order cycle); then the ledger key is inserted, and the claim selects
 // FROM both. The ledger row is written only when the outcome is final: a
 // code was picked, the member already holds one, or no unclaimed code is
-// left (read with fresh snapshots). When unclaimed codes exist but all are
+// left (both read with one fresh snapshot). When unclaimed codes exist but all are
 // locked by claims in progress, nothing is written and codes_left tells
 // the caller to try again, as for the keyless claim.
 func (q *Queries) LedgerClaimCode(ctx context.Context, db DBTX, arg LedgerClaimCodeParams) (LedgerClaimCodeRow, error) {
@@ -671,8 +671,16 @@ WITH g AS (
       AND o.compensated_at IS NULL
     RETURNING o.compensated, o.compensated_used, o.compensated_at
 ), upd AS (
+    -- least(): PostgreSQL computes the new row, and checks it against
+    -- usage_used_nonnegative, from the version in the statement's snapshot
+    -- BEFORE it finds that version superseded and re-evaluates SET on the
+    -- newest one (the one cur locked). The snapshot's version can hold
+    -- fewer units than cur read (a grant that committed while cur waited
+    -- for its lock): u.used - mark.compensated would fail the check there
+    -- although the row actually written holds them. On the locked version
+    -- least() is mark.compensated itself (cur.used >= compensated).
     UPDATE pgquota.usage u
-    SET used = u.used - mark.compensated,
+    SET used = u.used - least(u.used, mark.compensated),
         updated_at = mark.compensated_at
     FROM cur, mark
     WHERE u.quota_name = cur.quota_name
@@ -688,7 +696,8 @@ SELECT g.grant_id, g.target, g.member, g.amount, g.granted,
        (mark.compensated IS NOT NULL)::boolean AS revoked_now,
        coalesce(mark.compensated, 0)::bigint AS compensated,
        coalesce(mark.compensated_used, 0)::bigint AS compensated_used,
-       mark.compensated_at::timestamptz AS compensated_at
+       mark.compensated_at::timestamptz AS compensated_at,
+       coalesce((SELECT upd.used FROM upd), -1)::bigint AS written_used
 FROM g
 LEFT JOIN mark ON true
 `
@@ -705,6 +714,7 @@ type LedgerRevokeGrantRow struct {
 	Compensated     int64
 	CompensatedUsed int64
 	CompensatedAt   pgtype.Timestamptz
+	WrittenUsed     int64
 }
 
 // Compensates one keyed grant: gives its units back to the counter row of
@@ -723,8 +733,9 @@ type LedgerRevokeGrantRow struct {
 // then the counter row, and never waits for an outcome row, so there is no
 // cycle.
 //
-// A denied grant is marked with 0 units. No row comes back when grant_id is
-// not a keyed grant. revoked_now is false when an earlier revoke marked the
+// A denied grant is marked with 0 units. written_used is the counter upd
+// wrote (-1 when it wrote nothing): it equals compensated_used, which the
+// caller checks. No row comes back when grant_id is not a keyed grant. revoked_now is false when an earlier revoke marked the
 // grant; the caller then reads the stored compensation.
 func (q *Queries) LedgerRevokeGrant(ctx context.Context, db DBTX, grantID int64) (LedgerRevokeGrantRow, error) {
 	row := db.QueryRow(ctx, ledgerRevokeGrant, grantID)
@@ -741,6 +752,7 @@ func (q *Queries) LedgerRevokeGrant(ctx context.Context, db DBTX, grantID int64)
 		&i.Compensated,
 		&i.CompensatedUsed,
 		&i.CompensatedAt,
+		&i.WrittenUsed,
 	)
 	return i, err
 }

@@ -37,8 +37,8 @@ WITH pick AS (
     WHERE v.campaign = $1::text AND v.code = ins.code
     RETURNING v.code
 ), prior AS (
-    SELECT f.seq, f.code, f.member, f.claimed_at
-    FROM pgquota.voucher_claim_fresh($1::text, $2::text) f
+    SELECT f.held_code AS code, f.held_since AS claimed_at, f.codes_left
+    FROM pgquota.voucher_code_state_fresh($1::text, $2::text) AS f (held_code, held_since, codes_left)
     WHERE NOT EXISTS (SELECT 1 FROM ins)
 )
 SELECT p.kind,
@@ -46,9 +46,7 @@ SELECT p.kind,
        EXISTS (SELECT 1 FROM upd)::boolean AS claimed_now,
        coalesce((SELECT ins.code FROM ins), (SELECT prior.code FROM prior), '')::text AS code,
        coalesce((SELECT ins.claimed_at FROM ins), (SELECT prior.claimed_at FROM prior))::timestamptz AS claimed_at,
-       (NOT EXISTS (SELECT 1 FROM ins)
-        AND NOT EXISTS (SELECT 1 FROM prior WHERE prior.member IS NOT NULL)
-        AND pgquota.voucher_codes_left_fresh($1::text))::boolean AS codes_left
+       coalesce((SELECT prior.code IS NULL AND prior.codes_left FROM prior), false)::boolean AS codes_left
 FROM pgquota.voucher_pool p
 WHERE p.campaign = $1::text
 `
@@ -74,11 +72,17 @@ type VoucherCodeClaimRow struct {
 // claim row is inserted next; its primary key (campaign, member) makes a
 // member's second claim a no-op, and only an inserted claim marks the code.
 //
-// When nothing was handed out, the member's earlier claim is read with a
-// fresh snapshot, and so is whether any unclaimed code is left: codes that
-// SKIP LOCKED passed over are held by claimers that may still roll back, so
-// the campaign is sold out only when no unclaimed code is left at all
-// (codes_left false). The caller retries while codes_left is true.
+// When nothing was handed out, the member's claim and whether any
+// unclaimed code is left are read together, with ONE fresh snapshot
+// (pgquota.voucher_code_state_fresh): codes that SKIP LOCKED passed over
+// are held by claimers that may still roll back, so the campaign is sold
+// out only when no unclaimed code is left at all (codes_left false). One
+// snapshot for both matters when the claimer holding the last code is a
+// copy of this very claim (same member): it committed before that
+// snapshot (its code is the member's) or not (the code is unclaimed).
+// Read one after the other, its commit could fall between the two reads
+// and the member be told the campaign is sold out. The caller retries
+// while codes_left is true.
 func (q *Queries) VoucherCodeClaim(ctx context.Context, db DBTX, arg VoucherCodeClaimParams) (VoucherCodeClaimRow, error) {
 	row := db.QueryRow(ctx, voucherCodeClaim, arg.Campaign, arg.Member)
 	var i VoucherCodeClaimRow

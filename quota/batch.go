@@ -19,9 +19,8 @@ type BatchOutcome struct {
 	// GrantResult is the request's outcome when Err is nil.
 	GrantResult
 	// Err is *InputError (ErrInvalidInput) for a bad request,
-	// ErrQuotaNotFound, ErrNoLimit, ErrIdempotencyKeyReused, or
-	// ErrBatchContended; nil otherwise. Nothing was granted for a request
-	// with an error.
+	// ErrQuotaNotFound, ErrNoLimit, or ErrIdempotencyKeyReused; nil
+	// otherwise. Nothing was granted for a request with an error.
 	Err error `json:"-"`
 
 	// window is the counter's window as the database reported it
@@ -29,10 +28,10 @@ type BatchOutcome struct {
 	windowStart, windowEnd pgtype.Timestamptz
 }
 
-// maxBatchRounds bounds the statements a batch runs for requests whose
-// counter changed under it. Each round re-runs only those requests, and
-// the next round's snapshot sees the change, so one extra round is the rule.
-const maxBatchRounds = 10
+// maxKeyedRuns bounds the runs of a keyed batch whose limit or quota
+// changed between its statements (errKeyedUndecided): each run sees the
+// change before it records its keys, so one extra run is the rule.
+const maxKeyedRuns = 10
 
 // GrantBatch grants many requests in ONE SQL statement (one round trip and,
 // outside a transaction, one commit). Requests on the same counter (quota
@@ -43,24 +42,27 @@ const maxBatchRounds = 10
 // different counters are independent. The limit holds under any
 // concurrency, as for Grant: the statement locks each counter with room,
 // re-read at its newest version, and writes it from that value (see
-// queries/usage_batch.sql; the PostgreSQL manual, section 13.2.1).
+// pgquota.usage_grant_batch in migrations/00009_grant_batch.sql; the
+// PostgreSQL manual, section 13.2.1). So any number of batches, coalesced
+// calls and single grants, from any number of Clients and processes, may
+// share counters: every request gets a granted or denied answer, the one
+// it would have got had the requests run one after another in some order.
 //
 // The outcomes are in request order, one per request. A bad request (an
 // *InputError), an undefined quota (ErrQuotaNotFound) or a request with no
 // limit (ErrNoLimit) is reported in its outcome and does not stop the
-// others. In the rare case that a counter was created or filled by another
-// transaction after the statement's snapshot was taken, its requests are
-// decided by a second statement (and the call is not one commit).
+// others.
 //
 // Counters are locked in key order, so concurrent batches do not deadlock
-// on each other; a batch waits for a counter locked by another
-// transaction. The batch statement carries arrays: a few thousand requests
-// per call keep its locks and its reply short.
+// on each other's counters (but see below); a batch waits for a counter
+// locked by another transaction. The batch statement carries arrays: a few
+// thousand requests per call keep its locks and its reply short.
 //
 // A serialization failure or deadlock of the batch statement (possible
 // when the database's default_transaction_isolation is REPEATABLE READ or
-// SERIALIZABLE) rolled it back as a whole; it is run again, with backoff,
-// for up to Config.RetryMaxElapsed (see IsRetryable).
+// SERIALIZABLE, or when batches race to create the same counters) rolled
+// it back as a whole; it is run again, with backoff, for up to
+// Config.RetryMaxElapsed (see IsRetryable).
 //
 // Requests may carry idempotency keys (GrantRequest.Idempotency). A batch
 // with keys runs in one transaction: the keys are recorded in the grant
@@ -75,8 +77,9 @@ const maxBatchRounds = 10
 //
 // Errors (for the whole batch, with nil outcomes): the context's error;
 // ErrSchemaMissing; database errors (SQLSTATE kept). Nothing was granted
-// then, except when ctx ended while a statement ran: as for Grant, the
-// outcome of that statement is then unknown.
+// then, except when ctx ended while a statement ran or the connection was
+// lost after a statement was sent: as for Grant, the outcome of that
+// statement is then unknown (with keys, repeat the batch to learn it).
 func (c *Client) GrantBatch(ctx context.Context, reqs []GrantRequest) ([]BatchOutcome, error) {
 	return c.grantBatchOwn(ctx, reqs)
 }
@@ -94,7 +97,7 @@ func (c *Client) grantBatchOwn(ctx context.Context, reqs []GrantRequest) ([]Batc
 				return c.grantBatch(ctx, tx, reqs)
 			})
 		})
-		if !errors.Is(err, errKeyedUndecided) || run == maxBatchRounds {
+		if !errors.Is(err, errKeyedUndecided) || run == maxKeyedRuns {
 			return outs, err
 		}
 	}
@@ -111,17 +114,12 @@ func (c *Client) GrantBatchTx(ctx context.Context, tx pgx.Tx, reqs []GrantReques
 	return c.grantBatch(ctx, tx, reqs)
 }
 
-// counterKey names a counter of the batch statement.
-type counterKey struct{ quota, member string }
-
-// batchCounter is what the batch statement reported for one counter.
+// batchCounter is one counter of the batch statement: its requests, and
+// what the statement reported for it.
 type batchCounter struct {
-	row           db.UsageGrantBatchRow // the 'counter' row
-	written       bool                  // an 'updated' or 'inserted' row came back
-	before, after int64                 // the counter before and after the write
-	implicit      *int64                // the limit of requests that give none
-	reqs          []int                 // indexes of its requests, in order
-	hasCounter    bool
+	row   db.UsageGrantBatchRow
+	found bool  // a row came back: the quota exists
+	reqs  []int // indexes of its requests, in order
 }
 
 func (c *Client) grantBatch(ctx context.Context, x db.DBTX, reqs []GrantRequest) ([]BatchOutcome, error) {
@@ -138,28 +136,18 @@ func (c *Client) grantBatch(ctx context.Context, x db.DBTX, reqs []GrantRequest)
 		todo = append(todo, i)
 	}
 	if !keyed {
-		return out, c.grantBatchRounds(ctx, x, reqs, todo, out)
+		return out, c.grantBatchDecide(ctx, x, reqs, todo, out)
 	}
 	return out, c.grantBatchKeyed(ctx, x, reqs, todo, out)
 }
 
-// grantBatchRounds runs the batch statement for the requests todo until
-// every one is decided, for up to maxBatchRounds statements.
-func (c *Client) grantBatchRounds(ctx context.Context, x db.DBTX, reqs []GrantRequest, todo []int, out []BatchOutcome) error {
-	for round := 0; len(todo) > 0; round++ {
-		if round == maxBatchRounds {
-			for _, i := range todo {
-				out[i].Err = fmt.Errorf("%w (quota %q, member %q)", ErrBatchContended, reqs[i].Quota, reqs[i].Member)
-			}
-			break
-		}
-		again, err := c.grantBatchRound(ctx, x, reqs, todo, out)
-		if err != nil {
-			return err
-		}
-		todo = again
+// grantBatchDecide runs the batch statement for the requests todo
+// (indexes into reqs, in order) and fills their outcomes.
+func (c *Client) grantBatchDecide(ctx context.Context, x db.DBTX, reqs []GrantRequest, todo []int, out []BatchOutcome) error {
+	if len(todo) == 0 {
+		return nil
 	}
-	return nil
+	return c.grantBatchStatement(ctx, x, reqs, todo, out)
 }
 
 // checkGrantRequest validates a grant request as Grant does.
@@ -186,21 +174,25 @@ func checkGrantRequest(req GrantRequest) error {
 	return nil
 }
 
-// grantBatchRound runs the batch statement for the requests todo (indexes
-// into reqs, in order), fills their outcomes, and returns the requests to
-// run again because their counter changed under the statement.
-func (c *Client) grantBatchRound(ctx context.Context, x db.DBTX, reqs []GrantRequest, todo []int, out []BatchOutcome) ([]int, error) {
-	counters := make(map[counterKey]*batchCounter)
+// grantBatchStatement runs the batch statement for the requests todo
+// (indexes into reqs, in order) and fills their outcomes. The statement
+// decides every counter it is given (see pgquota.usage_grant_batch): it
+// reports, per counter, the value it wrote from (or the fresh value of a
+// counter no request fitted), and each request's outcome is replayed from
+// there.
+func (c *Client) grantBatchStatement(ctx context.Context, x db.DBTX, reqs []GrantRequest, todo []int, out []BatchOutcome) error {
+	type counterKey struct{ quota, member string }
+	index := make(map[counterKey]int)
 	var order []*batchCounter
 	for _, i := range todo {
 		k := counterKey{reqs[i].Quota, reqs[i].Member}
-		bc := counters[k]
-		if bc == nil {
-			bc = &batchCounter{}
-			counters[k] = bc
-			order = append(order, bc)
+		n, ok := index[k]
+		if !ok {
+			n = len(order)
+			index[k] = n
+			order = append(order, &batchCounter{})
 		}
-		bc.reqs = append(bc.reqs, i)
+		order[n].reqs = append(order[n].reqs, i)
 	}
 	p := db.UsageGrantBatchParams{
 		QuotaNames:  make([]string, 0, len(order)),
@@ -230,87 +222,56 @@ func (c *Client) grantBatchRound(ctx context.Context, x db.DBTX, reqs []GrantReq
 	var err error
 	if _, own := x.(ownTx); own {
 		// The statement is its own transaction: after a serialization
-		// failure or deadlock (possible when the database's default
-		// isolation is REPEATABLE READ or SERIALIZABLE) it rolled back as a
-		// whole and runs again.
+		// failure or deadlock it rolled back as a whole and runs again.
 		rows, err = retry(ctx, c.cfg.RetryMaxElapsed, run)
 	} else {
 		rows, err = run()
 	}
 	if err != nil {
-		return nil, dbError("grant batch", err)
+		return dbError("grant batch", err)
 	}
 	for _, r := range rows {
-		bc := counters[counterKey{r.QuotaName, r.Member}]
-		if bc == nil {
-			return nil, fmt.Errorf("pgquota: grant batch: the database reported a counter (%q, %q) that was not asked for", r.QuotaName, r.Member)
+		n := int(r.CounterIndex) - 1
+		if n < 0 || n >= len(order) || order[n].found {
+			return fmt.Errorf("pgquota: grant batch: the database reported counter %d of %d twice or out of range", r.CounterIndex, len(order))
 		}
-		switch r.Kind {
-		case "counter":
-			bc.row, bc.hasCounter = r, true
-			if r.HasImplicitLimit {
-				bc.implicit = &r.ImplicitLimit
-			}
-		case "updated":
-			bc.written, bc.before, bc.after = true, r.UsedBefore, r.UsedAfter
-		case "inserted":
-			bc.written, bc.before, bc.after = true, 0, r.UsedAfter
-		default:
-			return nil, fmt.Errorf("pgquota: grant batch: unknown row kind %q", r.Kind)
-		}
+		order[n].row, order[n].found = r, true
 	}
-	var again []int
 	for _, bc := range order {
-		if !bc.hasCounter {
+		if !bc.found {
 			for _, i := range bc.reqs {
 				out[i].Err = fmt.Errorf("%w: %q", ErrQuotaNotFound, reqs[i].Quota)
 			}
 			continue
 		}
-		limits := make([]*int64, len(bc.reqs))
-		for j, i := range bc.reqs {
-			limits[j] = reqs[i].Limit
-			if limits[j] == nil {
-				limits[j] = bc.implicit
-			}
+		var implicit *int64
+		if bc.row.HasImplicitLimit {
+			implicit = &bc.row.ImplicitLimit
 		}
-		switch {
-		case bc.written:
-			used := bc.before
-			for j, i := range bc.reqs {
-				granted := false
-				if limits[j] != nil {
-					granted, used = take(used, reqs[i].Amount, *limits[j])
-				}
-				out[i].GrantResult = batchResult(reqs[i], bc.row, limits[j], granted, used)
-				out[i].windowStart, out[i].windowEnd = bc.row.WindowStart, bc.row.WindowEnd
+		used := bc.row.UsedBefore
+		for _, i := range bc.reqs {
+			limit := reqs[i].Limit
+			if limit == nil {
+				limit = implicit
 			}
-			if used != bc.after {
-				return nil, fmt.Errorf("pgquota: grant batch: counter (%q, %q) went from %d to %d, the requests replay to %d",
-					bc.row.QuotaName, bc.row.Member, bc.before, bc.after, used)
-			}
-		case greedy(bc.row.SnapshotUsed, bc.reqs, reqs, limits) > 0:
-			// The snapshot had room but nothing was written: a concurrent
-			// transaction created or changed the counter meanwhile.
-			for j, i := range bc.reqs {
-				if limits[j] != nil {
-					again = append(again, i)
-				}
-			}
-		default:
-			for j, i := range bc.reqs {
-				out[i].GrantResult = batchResult(reqs[i], bc.row, limits[j], false, bc.row.UsedAfter)
-				out[i].windowStart, out[i].windowEnd = bc.row.WindowStart, bc.row.WindowEnd
-			}
-		}
-		for j, i := range bc.reqs {
-			if limits[j] == nil {
+			if limit == nil {
 				out[i].GrantResult = GrantResult{Quota: reqs[i].Quota, Member: reqs[i].Member, Amount: reqs[i].Amount}
 				out[i].Err = fmt.Errorf("%w (quota %q, member %q)", ErrNoLimit, reqs[i].Quota, reqs[i].Member)
+				continue
 			}
+			granted := false
+			if bc.row.Written {
+				granted, used = take(used, reqs[i].Amount, *limit)
+			}
+			out[i].GrantResult = batchResult(reqs[i], bc.row, limit, granted, used)
+			out[i].windowStart, out[i].windowEnd = bc.row.WindowStart, bc.row.WindowEnd
+		}
+		if used != bc.row.UsedAfter {
+			return fmt.Errorf("pgquota: grant batch: counter (%q, %q) went from %d to %d, the requests replay to %d",
+				reqs[bc.reqs[0]].Quota, reqs[bc.reqs[0]].Member, bc.row.UsedBefore, bc.row.UsedAfter, used)
 		}
 	}
-	return again, nil
+	return nil
 }
 
 // take decides one request on a counter at used, as pgquota.greedy_take
@@ -321,18 +282,6 @@ func take(used, amount, limit int64) (granted bool, after int64) {
 		return true, used + amount
 	}
 	return false, used
-}
-
-// greedy returns the units pgquota.greedy_take grants to the requests idx
-// (with their limits) on a counter at used.
-func greedy(used int64, idx []int, reqs []GrantRequest, limits []*int64) int64 {
-	start := used
-	for j, i := range idx {
-		if limits[j] != nil {
-			_, used = take(used, reqs[i].Amount, *limits[j])
-		}
-	}
-	return used - start
 }
 
 // batchResult is the GrantResult of one request of a batch.

@@ -172,7 +172,7 @@ func (c *Client) grantBatchKeyed(ctx context.Context, x db.DBTX, reqs []GrantReq
 		}
 		alone = append(alone, i)
 	}
-	if err := c.grantBatchRounds(ctx, x, reqs, part, out); err != nil {
+	if err := c.grantBatchDecide(ctx, x, reqs, part, out); err != nil {
 		return err
 	}
 	for _, i := range part {
@@ -182,9 +182,8 @@ func (c *Client) grantBatchKeyed(ctx context.Context, x db.DBTX, reqs []GrantReq
 		}
 		if out[i].Err != nil {
 			// A recorded key must get an outcome: the quota or the
-			// member's limit changed since the key was recorded, or the
-			// counter stayed contended. The whole batch fails (and its
-			// transaction must roll back).
+			// member's limit changed since the key was recorded. The
+			// whole batch fails (and its transaction must roll back).
 			return fmt.Errorf("pgquota: grant batch: keyed request (key %q) could not be decided: %w: %w", fps[i].key.Key, errKeyedUndecided, out[i].Err)
 		}
 		out[i].Keyed = Keyed{GrantID: id, IdempotencyScope: fps[i].key.Scope, IdempotencyKey: fps[i].key.Key}

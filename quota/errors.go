@@ -225,15 +225,6 @@ var (
 	// is removed from its queue and returns the context's error alone:
 	// nothing was granted for it.
 	ErrGrantAbandoned = errors.New("pgquota: coalesced grant abandoned after it was sent; its outcome goes to Config.OnAbandonedGrant")
-
-	// ErrBatchContended is the error of a GrantBatch or GrantBatchTx request
-	// (in its BatchOutcome), and of a coalesced Grant, whose counter was
-	// changed by concurrent transactions between the batch statement's
-	// snapshot and its write, every time, in 10 statements in a row (see
-	// queries/usage_batch.sql): nothing was granted for it. It takes other
-	// writers creating or filling the very same counter that often; try
-	// again.
-	ErrBatchContended = errors.New("pgquota: batch grant: the counter kept changing under the batch")
 )
 
 // ErrNoLeader is returned by Election.Leader when no campaigner holds the

@@ -484,6 +484,12 @@ func (c *Client) revokeGrant(ctx context.Context, x db.DBTX, grantID int64) (Rev
 		res.Amount = row.Amount
 	}
 	if row.RevokedNow {
+		if row.Compensated > 0 && row.WrittenUsed != row.CompensatedUsed {
+			// Cannot happen: the counter row stays locked from the read
+			// the compensation was computed from to the write.
+			return RevokeGrantResult{}, fmt.Errorf("pgquota: revoke grant %d: the counter was written as %d, the compensation recorded %d",
+				grantID, row.WrittenUsed, row.CompensatedUsed)
+		}
 		res.Revoked, res.Used, res.RevokedAt = row.Compensated, row.CompensatedUsed, timeFromPG(row.CompensatedAt)
 		return res, nil
 	}

@@ -32,6 +32,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -170,11 +171,27 @@ func (r *Reader) Next() (Row, error) {
 	return row, nil
 }
 
-// Status of a row's outcome.
+// Status of a row's outcome. Every row of a run gets exactly one.
 const (
+	// StatusGranted and StatusDenied are decided rows.
 	StatusGranted = "granted"
 	StatusDenied  = "denied"
-	StatusError   = "error"
+	// StatusError is a bad row (malformed, a bad value, an undefined
+	// quota, no limit): nothing was written for it, and running it again
+	// fails the same way until the row or the quota is fixed.
+	StatusError = "error"
+	// StatusUnknown is a row whose batch was sent but whose reply was lost
+	// (the connection broke, or the run's drain time ran out): the batch
+	// may have committed. A keyed row's outcome is learnt by running it
+	// again (it replays); an unkeyed row's only from its counter.
+	StatusUnknown = "unknown"
+	// StatusNotRun is a row that was never sent (the run stopped first),
+	// or whose batch failed with nothing written: running it again is
+	// safe.
+	StatusNotRun = "not_run"
+	// StatusSkipped is a row decided by an earlier run (Options.Decided):
+	// not sent again.
+	StatusSkipped = "skipped"
 )
 
 // Outcome is what became of one row.
@@ -185,10 +202,10 @@ type Outcome struct {
 	Member         string `json:"member"`
 	Amount         int64  `json:"amount"`
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
-	// Status is granted, denied or error.
+	// Status is one of the Status constants.
 	Status string `json:"status"`
-	// Used, Limit and Remaining are as in quota.GrantResult (zero for an
-	// error).
+	// Used, Limit and Remaining are as in quota.GrantResult (zero unless
+	// the row was decided).
 	Used      int64 `json:"used"`
 	Limit     int64 `json:"limit"`
 	Remaining int64 `json:"remaining"`
@@ -198,23 +215,50 @@ type Outcome struct {
 	// and nothing was granted again.
 	GrantID  int64 `json:"grant_id,omitempty"`
 	Replayed bool  `json:"replayed,omitempty"`
-	// Error says why the row was not decided (Status error).
+	// Error says why the row was not decided (statuses error, unknown and
+	// not_run).
 	Error string `json:"error,omitempty"`
 
 	seq int64
 }
 
-// Summary counts what a run did.
+// Summary counts what a run did: Rows is the sum of the per-status counts.
 type Summary struct {
 	Rows    int64 `json:"rows"`
 	Granted int64 `json:"granted"`
 	Denied  int64 `json:"denied"`
+	// Errors counts bad rows (StatusError).
 	Errors  int64 `json:"errors"`
+	Unknown int64 `json:"unknown"`
+	NotRun  int64 `json:"not_run"`
+	Skipped int64 `json:"skipped"`
+	// Replayed counts the granted or denied rows whose outcome was
+	// replayed from the ledger (their key was used before): nothing was
+	// granted for them by this run.
+	Replayed int64 `json:"replayed"`
+	// Unkeyed counts the rows without an idempotency key that were
+	// granted, denied or have an unknown outcome: running them again would
+	// grant them again.
+	Unkeyed int64 `json:"unkeyed_decided"`
+	// Interrupted reports that the run's context ended before every row
+	// was run (Ctrl-C): the rows in flight were still decided (see
+	// Options.DrainTimeout), the rest are StatusNotRun.
+	Interrupted bool `json:"interrupted"`
 	// Batches is the number of batch statements (each one commit).
 	Batches int64 `json:"batches"`
-	// Seconds is the run's wall time; RowsPerSec is Rows / Seconds.
+	// Seconds is the run's wall time; RowsPerSec is the rows run (neither
+	// not run nor skipped) per second.
 	Seconds    float64 `json:"seconds"`
 	RowsPerSec float64 `json:"rows_per_sec"`
+}
+
+// Decided is a row an earlier run decided, as its outcome file records
+// it; Options.Decided skips such rows.
+type Decided struct {
+	Line   int
+	Quota  string
+	Member string
+	Amount int64
 }
 
 // Options tune a run.
@@ -225,18 +269,35 @@ type Options struct {
 	// connection (the client's pool should hold at least as many).
 	// Defaults to 4.
 	Workers int
+	// DrainTimeout is how long the batches already sent when the run's
+	// context ends may still take to commit and report: their rows are
+	// then decided, not unknown. Defaults to 30 seconds.
+	DrainTimeout time.Duration
+	// Decided holds, by line, the rows an earlier run decided: they are
+	// reported StatusSkipped and not sent. A row whose quota, member or
+	// amount differs from its Decided entry stops the run with an error
+	// (the file is not the one the earlier run read).
+	Decided map[int]Decided
 }
 
 // batchRetries bounds the attempts of a batch that failed with a
 // serialization failure or deadlock (rolled back, so safe to run again).
 const batchRetries = 5
 
+// errStopped is the cause of rows not run after the run stopped.
+var errStopped = errors.New("the run stopped before this row's batch was sent")
+
 // Run grants every row next returns, until io.EOF, and passes each row's
-// outcome to emit in file order. It stops at the first error of next or
-// emit, or of a batch statement that failed for another reason than a bad
-// row (the database is unreachable, say): the rows of that batch are
-// emitted with status error, the ones after it are not processed, and the
-// error is returned with the summary so far.
+// outcome to emit in file order: every row gets exactly one outcome (see
+// the Status constants). When ctx ends (an interrupt), no new batch is
+// sent; the batches in flight run on for up to Options.DrainTimeout so
+// that their rows are decided, and the rows read after that are reported
+// StatusNotRun (next is still called until io.EOF). A batch that fails for
+// another reason than a serialization failure or deadlock (the database
+// is unreachable, say) stops the run the same way. Run returns the
+// summary and, for a stopped run, ctx's error or the batch's error; the
+// first error of next or emit also stops it (nothing is emitted after a
+// failed emit, and next is not called after a failed read).
 func Run(ctx context.Context, client *quota.Client, next func() (Row, error), opts Options, emit func(Outcome) error) (Summary, error) {
 	if opts.BatchSize <= 0 {
 		opts.BatchSize = 2000
@@ -244,12 +305,35 @@ func Run(ctx context.Context, client *quota.Client, next func() (Row, error), op
 	if opts.Workers <= 0 {
 		opts.Workers = 4
 	}
+	if opts.DrainTimeout <= 0 {
+		opts.DrainTimeout = 30 * time.Second
+	}
 	start := time.Now()
-	// stop ends the run early (a failed batch, a failed read or emit). It
-	// only keeps new batches from starting: a statement already sent runs
-	// under ctx alone, so that its outcome is known and reported.
+	// stop ends the run early (ctx, a failed batch, read or emit): no
+	// batch is sent after it.
 	stop, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	// Statements run under send: ctx's values, but not its cancellation,
+	// until DrainTimeout after ctx ended, so that a batch in flight at an
+	// interrupt still commits and reports (its outcome is known).
+	send, cancelSend := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelSend()
+	finished := make(chan struct{})
+	defer close(finished)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-finished:
+			return
+		}
+		t := time.NewTimer(opts.DrainTimeout)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancelSend()
+		case <-finished:
+		}
+	}()
 
 	outcomes := make(chan Outcome, opts.BatchSize*opts.Workers)
 	inputs := make([]chan Row, opts.Workers)
@@ -260,15 +344,16 @@ func Run(ctx context.Context, client *quota.Client, next func() (Row, error), op
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			n := worker(ctx, stop, client, inputs[w], opts.BatchSize, outcomes, cancel)
+			n := worker(send, stop, client, inputs[w], opts.BatchSize, outcomes, cancel)
 			batches.Store(w, n)
 		}()
 	}
 
-	// The reader: parse errors go straight out, the rest to the worker of
-	// their counter.
+	// The reader: parse errors, skipped rows and, after a stop, rows not
+	// run go straight out, the rest to the worker of their counter.
+	var emitFailed atomic.Bool
 	readErr := make(chan error, 1)
-	wg.Add(1) // outcomes closes after the reader too: it sends parse errors
+	wg.Add(1) // outcomes closes after the reader too
 	go func() {
 		defer wg.Done()
 		defer func() {
@@ -285,6 +370,10 @@ func Run(ctx context.Context, client *quota.Client, next func() (Row, error), op
 		// which is why taking it out of its own counter's worker is safe).
 		keyWorker := map[string]uint64{}
 		for {
+			if emitFailed.Load() {
+				readErr <- nil
+				return
+			}
 			row, err := next()
 			if err == io.EOF {
 				readErr <- nil
@@ -295,12 +384,23 @@ func Run(ctx context.Context, client *quota.Client, next func() (Row, error), op
 				readErr <- err
 				return
 			}
-			if stop.Err() != nil {
-				readErr <- nil
-				return
-			}
 			if row.Err != nil {
-				outcomes <- errorOutcome(row, row.Err) // the emitter drains until the end
+				outcomes <- errorOutcome(row, StatusError, row.Err) // the emitter drains until the end
+				continue
+			}
+			if d, ok := opts.Decided[row.Line]; ok {
+				if d.Quota != row.Request.Quota || d.Member != row.Request.Member || d.Amount != row.Request.Amount {
+					err := fmt.Errorf("line %d is %s,%s,%d here but %s,%s,%d in the outcomes of the earlier run: not the same file",
+						row.Line, row.Request.Quota, row.Request.Member, row.Request.Amount, d.Quota, d.Member, d.Amount)
+					cancel(err)
+					readErr <- err
+					return
+				}
+				outcomes <- errorOutcome(row, StatusSkipped, nil)
+				continue
+			}
+			if stop.Err() != nil {
+				outcomes <- errorOutcome(row, StatusNotRun, errStopped)
 				continue
 			}
 			w := maphash.String(seed, row.Request.Quota+"\x00"+row.Request.Member) % uint64(len(inputs))
@@ -319,8 +419,7 @@ func Run(ctx context.Context, client *quota.Client, next func() (Row, error), op
 			select {
 			case inputs[w] <- row:
 			case <-stop.Done():
-				readErr <- nil
-				return
+				outcomes <- errorOutcome(row, StatusNotRun, errStopped)
 			}
 		}
 	}()
@@ -349,13 +448,15 @@ func Run(ctx context.Context, client *quota.Client, next func() (Row, error), op
 			sum.count(o)
 			if err := emit(o); err != nil {
 				emitErr = err
+				emitFailed.Store(true)
 				cancel(err)
 				break
 			}
 		}
 	}
-	// After a stop, rows are missing from the sequence: the outcomes of the
-	// rows that were decided all the same are emitted too, in file order.
+	// After a failed read, rows may be missing from the sequence: the
+	// outcomes of the rows that were decided all the same are emitted
+	// too, in file order.
 	rest := make([]int64, 0, len(pending))
 	for seq := range pending {
 		rest = append(rest, seq)
@@ -376,8 +477,9 @@ func Run(ctx context.Context, client *quota.Client, next func() (Row, error), op
 	batches.Range(func(_, v any) bool { sum.Batches += v.(int64); return true })
 	sum.Seconds = time.Since(start).Seconds()
 	if sum.Seconds > 0 {
-		sum.RowsPerSec = float64(sum.Rows) / sum.Seconds
+		sum.RowsPerSec = float64(sum.Rows-sum.NotRun-sum.Skipped) / sum.Seconds
 	}
+	sum.Interrupted = ctx.Err() != nil
 	if emitErr != nil {
 		return sum, emitErr
 	}
@@ -395,22 +497,46 @@ func (s *Summary) count(o Outcome) {
 		s.Granted++
 	case StatusDenied:
 		s.Denied++
+	case StatusUnknown:
+		s.Unknown++
+	case StatusNotRun:
+		s.NotRun++
+	case StatusSkipped:
+		s.Skipped++
 	default:
 		s.Errors++
 	}
+	if o.Replayed {
+		s.Replayed++
+	}
+	switch o.Status {
+	case StatusGranted, StatusDenied, StatusUnknown:
+		if o.IdempotencyKey == "" {
+			s.Unkeyed++
+		}
+	}
 }
 
-// worker grants the rows of in, batch by batch, and returns the number of
-// statements it sent. Statements run under ctx; stop ends the loop between
-// batches. A batch stops the run (cancel) when its statement failed for
-// another reason than a serialization failure or a deadlock.
-func worker(ctx, stop context.Context, client *quota.Client, in <-chan Row, size int, out chan<- Outcome, cancel context.CancelCauseFunc) int64 {
+// worker grants the rows of in, batch by batch, until in is closed, and
+// returns the number of statements it sent. Every row it receives gets an
+// outcome. Statements run under send; after stop, the rows it still
+// receives (and a batch not sent yet) are reported not run. A batch stops
+// the run (cancel) when its statement failed for another reason than a
+// serialization failure or a deadlock.
+func worker(send, stop context.Context, client *quota.Client, in <-chan Row, size int, out chan<- Outcome, cancel context.CancelCauseFunc) int64 {
 	var n int64
 	batch := make([]Row, 0, size)
 	reqs := make([]quota.GrantRequest, 0, size)
-	flush := func() bool {
+	flush := func() {
 		if len(batch) == 0 {
-			return true
+			return
+		}
+		defer func() { batch = batch[:0] }()
+		if stop.Err() != nil {
+			for _, r := range batch {
+				out <- errorOutcome(r, StatusNotRun, errStopped)
+			}
+			return
 		}
 		reqs = reqs[:0]
 		for _, r := range batch {
@@ -420,47 +546,41 @@ func worker(ctx, stop context.Context, client *quota.Client, in <-chan Row, size
 		var err error
 		for attempt := 1; ; attempt++ {
 			n++
-			res, err = client.GrantBatch(ctx, reqs)
+			res, err = client.GrantBatch(send, reqs)
 			if err == nil || attempt == batchRetries || !retryable(err) {
 				break
 			}
 			select {
 			case <-time.After(time.Duration(attempt) * 10 * time.Millisecond):
-			case <-ctx.Done():
+				continue
+			case <-stop.Done():
 			}
+			break // rolled back: nothing was written
 		}
+		// The emitter drains outcomes until the end: a decided row is
+		// always reported.
 		for i, r := range batch {
-			// The emitter drains outcomes until the end: a decided row is
-			// always reported.
-			if err != nil {
-				out <- errorOutcome(r, batchError(err))
-			} else {
+			switch {
+			case err == nil:
 				out <- outcome(r, res[i])
+			case outcomeUnknown(err):
+				out <- errorOutcome(r, StatusUnknown, fmt.Errorf("outcome unknown (the batch may have committed): %w", err))
+			default:
+				out <- errorOutcome(r, StatusNotRun, fmt.Errorf("batch failed, nothing granted: %w", err))
 			}
 		}
 		if err != nil {
 			cancel(fmt.Errorf("batch from line %d: %w", batch[0].Line, err))
 		}
-		batch = batch[:0]
-		return err == nil
 	}
-	for {
-		select {
-		case r, open := <-in:
-			if !open {
-				if stop.Err() == nil {
-					flush()
-				}
-				return n
-			}
-			batch = append(batch, r)
-			if len(batch) == size && (stop.Err() != nil || !flush()) {
-				return n
-			}
-		case <-stop.Done():
-			return n
+	for r := range in {
+		batch = append(batch, r)
+		if len(batch) == size || stop.Err() != nil {
+			flush()
 		}
 	}
+	flush()
+	return n
 }
 
 // retryable reports a serialization failure or a deadlock: the statement
@@ -470,30 +590,33 @@ func retryable(err error) bool {
 	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
 }
 
-// batchError is a row's error when its whole batch failed: the outcome is
-// unknown when the statement may have reached the server.
-func batchError(err error) error {
-	if pgconn.SafeToRetry(err) {
-		return fmt.Errorf("not sent: %w", err)
-	}
+// outcomeUnknown reports whether a failed batch may have committed: its
+// statement may have reached the server (pgconn.SafeToRetry is false) and
+// no reply from PostgreSQL says it failed (no *pgconn.PgError): a lost
+// connection, a context that ended while it ran. (When quota grows a
+// sentinel for lost replies, this is errors.Is(err, quota.ErrOutcomeUnknown).)
+func outcomeUnknown(err error) bool {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return fmt.Errorf("batch failed, nothing granted: %w", err)
-	}
-	return fmt.Errorf("outcome unknown (the batch may have committed): %w", err)
+	return !pgconn.SafeToRetry(err) && !errors.As(err, &pgErr)
 }
 
-func errorOutcome(r Row, err error) Outcome {
-	return Outcome{
+// errorOutcome is the outcome of a row that was not decided: status
+// error, unknown, not_run or skipped, with err's message (none for nil).
+func errorOutcome(r Row, status string, err error) Outcome {
+	o := Outcome{
 		seq: r.Seq, Line: r.Line, Quota: r.Request.Quota, Member: r.Request.Member,
 		Amount: r.Request.Amount, IdempotencyKey: r.IdempotencyKey,
-		Status: StatusError, Error: strings.TrimPrefix(err.Error(), "pgquota: "),
+		Status: status,
 	}
+	if err != nil {
+		o.Error = strings.TrimPrefix(err.Error(), "pgquota: ")
+	}
+	return o
 }
 
 func outcome(r Row, b quota.BatchOutcome) Outcome {
 	if b.Err != nil {
-		return errorOutcome(r, b.Err)
+		return errorOutcome(r, StatusError, b.Err)
 	}
 	o := Outcome{
 		seq: r.Seq, Line: r.Line, Quota: r.Request.Quota, Member: r.Request.Member,

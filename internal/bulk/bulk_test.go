@@ -185,7 +185,7 @@ func TestRun100kRows(t *testing.T) {
 			require.NotEmpty(t, o.Error)
 		}
 	}
-	require.Equal(t, bulk.Summary{Rows: rows, Granted: granted, Denied: denied, Errors: bad,
+	require.Equal(t, bulk.Summary{Rows: rows, Granted: granted, Denied: denied, Errors: bad, Unkeyed: granted + denied,
 		Batches: sum.Batches, Seconds: sum.Seconds, RowsPerSec: sum.RowsPerSec}, sum)
 	require.Equal(t, int64(5*rows/1000), bad)
 
@@ -213,8 +213,9 @@ func qGranted(seen map[string]int) int64 {
 
 func TestRunStopsWhenTheDatabaseFails(t *testing.T) {
 	t.Parallel()
-	// A database without pgquota's schema: the first batch fails, its rows
-	// are reported as errors, and the run stops with the error.
+	// A database without pgquota's schema: the first batch fails with
+	// nothing written, the run stops with the error, and every row is
+	// reported not run (the failed batches' rows say why).
 	pool := pgtest.Connect(t, pgtest.NewEmptyURL(t), 2)
 	c, err := quota.New(pool, nil)
 	require.NoError(t, err)
@@ -231,13 +232,20 @@ func TestRunStopsWhenTheDatabaseFails(t *testing.T) {
 		return nil
 	})
 	require.ErrorIs(t, err, quota.ErrSchemaMissing)
-	require.NotEmpty(t, got)
-	require.Less(t, len(got), 5000, "the run stopped")
-	require.Equal(t, int64(len(got)), sum.Errors)
+	require.Len(t, got, 5000, "every row has an outcome")
+	require.Equal(t, int64(5000), sum.NotRun)
+	require.False(t, sum.Interrupted)
+	failed := 0
 	for _, o := range got {
-		require.Equal(t, bulk.StatusError, o.Status)
-		require.Contains(t, o.Error, "nothing granted")
+		require.Equal(t, bulk.StatusNotRun, o.Status)
+		if strings.Contains(o.Error, "nothing granted") {
+			failed++
+		} else {
+			require.Contains(t, o.Error, "the run stopped")
+		}
 	}
+	require.GreaterOrEqual(t, failed, 100, "the failed batch's rows say it failed")
+	require.Less(t, failed, 5000, "the run stopped")
 }
 
 func TestRunEmitErrorStops(t *testing.T) {

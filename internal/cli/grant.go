@@ -38,23 +38,35 @@ A row with an idempotency_key is recorded in the ledger under a grant id
 (scope: its quota), so running the same file again replays those rows and
 grants them nothing more.
 
---out writes every row's outcome (line, status granted/denied/error, used,
-limit, remaining, grant id and replayed for keyed rows, error) as CSV, or as
-JSON lines when the name ends in .jsonl or .ndjson, or with --out - and
---json (or with --out-format);
-in CSV an error row leaves used, limit and remaining empty. A progress bar
-runs on stderr when it is a terminal (not with --json). The summary counts granted, denied
-and errors; it goes to stdout, or to stderr with --out - (stdout then holds
-the outcomes).
+--out writes every line's outcome (line, status, used, limit, remaining,
+grant id and replayed for keyed rows, error) as CSV, or as JSON lines when
+the name ends in .jsonl or .ndjson, or with --out - and --json (or with
+--out-format). Every line of the file gets one status: granted, denied,
+error (a bad row), unknown (its batch was sent but the reply was lost: it
+may have committed), not_run (never sent, or its batch failed with nothing
+written: safe to run again) or skipped (see --skip-decided). In CSV, used,
+limit and remaining are empty unless the row was decided. A progress bar
+counting rows runs on stderr when it is a terminal (not with --json). The
+summary counts each status and the replayed rows; it goes to stdout, or to
+stderr with --out - (stdout then holds the outcomes).
+
+Interrupted (Ctrl-C), the run sends no new batch, lets the batches in
+flight commit and report (up to 30s), marks the rest not_run, says it was
+interrupted and how to resume: rows with an idempotency_key replay when the
+same command runs again; rows without one would be granted again, so give
+the interrupted run's --out file to --skip-decided, which skips the lines it
+records as granted, denied or skipped.
 
 Exit status with --file: 0 when every row was decided, granted or denied (a
 denied row is an outcome, as for a single grant, but the run is not denied
 as a whole: read the summary or --out); 2 when some rows had errors (the
-others still ran); 1 when the run stopped (the database failed).`,
+others still ran); 1 when the run stopped (interrupted, or the database
+failed).`,
 		Example: `  pgquota grant --quota api-calls --member acme
   pgquota grant --quota vouchers --member alice --limit 1 --json
   pgquota grant --quota points --member alice --amount 50 --idempotency-key order-1234
-  pgquota grant --file requests.csv --out results.csv`,
+  pgquota grant --file requests.csv --out results.csv
+  pgquota grant --file requests.csv --skip-decided results.csv --out results-2.csv`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if file.path != "" {
@@ -74,7 +86,7 @@ others still ran); 1 when the run stopped (the database failed).`,
 			if len(missing) > 0 {
 				return usagef("required flag(s) %s not set (or give --file)", strings.Join(missing, ", "))
 			}
-			for _, f := range []string{"out", "out-format", "batch-size", "workers"} {
+			for _, f := range []string{"out", "out-format", "batch-size", "workers", "skip-decided"} {
 				if cmd.Flags().Changed(f) {
 					return usagef("--%s needs --file", f)
 				}
@@ -116,6 +128,7 @@ others still ran); 1 when the run stopped (the database failed).`,
 	cmd.Flags().StringVar(&file.path, "file", "", "grant every row of this CSV file (- for stdin) instead")
 	cmd.Flags().StringVar(&file.out, "out", "", "with --file: write each row's outcome to this file (- for stdout)")
 	cmd.Flags().StringVar(&file.format, "out-format", "", "with --out: csv or jsonl (default: from the file name, jsonl for --out - with --json, else csv)")
+	cmd.Flags().StringVar(&file.skipDecided, "skip-decided", "", "with --file: skip the lines this earlier --out file records as granted, denied or skipped (resume an interrupted run)")
 	cmd.Flags().IntVar(&file.batchSize, "batch-size", 2000, "with --file: rows per statement (and per commit)")
 	cmd.Flags().IntVar(&file.workers, "workers", 4, "with --file: batches in flight at once, each on its own connection")
 	keyFlags(cmd, &req.Idempotency, "the quota")

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
@@ -20,8 +21,8 @@ import (
 
 // fileOptions are grant --file's flags.
 type fileOptions struct {
-	path, out, format  string
-	batchSize, workers int
+	path, out, format, skipDecided string
+	batchSize, workers             int
 }
 
 // maxBadLines is how many bad rows grant --file lists on stderr; the rest
@@ -56,25 +57,40 @@ func (a *app) grantFile(cmd *cobra.Command, opts fileOptions) error {
 		return usagef("--out-format must be csv or jsonl, got %q", format)
 	}
 
+	var decided map[int]bulk.Decided
+	if opts.skipDecided != "" {
+		if opts.skipDecided == opts.out {
+			return usagef("--skip-decided and --out name the same file %s: --out would overwrite it; write the new outcomes elsewhere", opts.out)
+		}
+		var err error
+		if decided, err = readDecided(opts.skipDecided); err != nil {
+			return usagef("--skip-decided %s: %v", opts.skipDecided, err)
+		}
+	}
+
 	var in io.Reader = cmd.InOrStdin()
-	var size int64 = -1
+	total := int64(-1) // rows, when known
 	if opts.path != "-" {
 		f, err := os.Open(opts.path)
 		if err != nil {
 			return usagef("--file: %v", err)
 		}
 		defer f.Close()
-		if st, err := f.Stat(); err == nil && st.Mode().IsRegular() {
-			size = st.Size()
-		}
 		in = f
 	}
 	var bar *progressbar.ProgressBar
 	if w := a.progressWriter(false); w != nil {
-		bar = progressbar.NewOptions64(size,
+		if opts.path != "-" {
+			if n, err := countLines(opts.path); err == nil {
+				total = max(n-1, 0) // the header; a quoted field spanning lines makes this an upper bound
+			}
+		}
+		bar = progressbar.NewOptions64(total,
 			progressbar.OptionSetWriter(w),
 			progressbar.OptionSetWidth(30),
-			progressbar.OptionShowBytes(true),
+			progressbar.OptionSetItsString("rows"),
+			progressbar.OptionShowIts(),
+			progressbar.OptionShowCount(),
 			progressbar.OptionSetPredictTime(true),
 			progressbar.OptionThrottle(100*time.Millisecond),
 			progressbar.OptionClearOnFinish(),
@@ -82,7 +98,6 @@ func (a *app) grantFile(cmd *cobra.Command, opts fileOptions) error {
 			progressbar.OptionSetDescription("granting"),
 		)
 		defer func() { _ = bar.Clear(); fmt.Fprint(w, "\r") }()
-		in = io.TeeReader(in, bar)
 	}
 	reader, err := bulk.NewReader(bufio.NewReaderSize(in, 1<<16))
 	if err != nil {
@@ -124,7 +139,7 @@ func (a *app) grantFile(cmd *cobra.Command, opts fileOptions) error {
 				rec[6] = strconv.FormatInt(o.Used, 10)
 				rec[7] = strconv.FormatInt(o.Limit, 10)
 				rec[8] = strconv.FormatInt(o.Remaining, 10)
-				if o.Status == bulk.StatusError {
+				if o.Status != bulk.StatusGranted && o.Status != bulk.StatusDenied {
 					// Nothing was decided: no counter values. An amount
 					// of 0 is one that did not parse (the error names
 					// the file's value) or was 0 (invalid either way).
@@ -155,9 +170,19 @@ func (a *app) grantFile(cmd *cobra.Command, opts fileOptions) error {
 	if err != nil {
 		return err
 	}
+	next := reader.Next
+	unread := false // stdin after an interrupt: the rest is not read
+	if opts.path == "-" {
+		next = func() (bulk.Row, error) {
+			if ctx.Err() != nil {
+				unread = true
+				return bulk.Row{}, io.EOF
+			}
+			return reader.Next()
+		}
+	}
 	bad := 0
-	var done int64
-	sum, runErr := bulk.Run(ctx, c, reader.Next, bulk.Options{BatchSize: opts.batchSize, Workers: opts.workers}, func(o bulk.Outcome) error {
+	sum, runErr := bulk.Run(ctx, c, next, bulk.Options{BatchSize: opts.batchSize, Workers: opts.workers, Decided: decided}, func(o bulk.Outcome) error {
 		if o.Status == bulk.StatusError {
 			bad++
 			if bad <= maxBadLines {
@@ -167,8 +192,8 @@ func (a *app) grantFile(cmd *cobra.Command, opts fileOptions) error {
 				fmt.Fprintf(a.stderr, "pgquota: line %d: %s\n", o.Line, oneLine(o.Error))
 			}
 		}
-		if done++; bar != nil && done%1000 == 0 {
-			bar.Describe(fmt.Sprintf("granting: %d rows", done))
+		if bar != nil {
+			_ = bar.Add(1)
 		}
 		if write != nil {
 			return write(o)
@@ -189,15 +214,34 @@ func (a *app) grantFile(cmd *cobra.Command, opts fileOptions) error {
 	res := fileSummary{Summary: sum, File: opts.path, Out: opts.out}
 	if opts.out == "-" {
 		// stdout carries the outcomes: the summary goes to stderr.
-		fmt.Fprintf(a.stderr, "pgquota: %s: %d rows: %d granted, %d denied, %d errors; %d batches in %.2fs (%.0f rows/s)\n",
-			fileName(opts.path), sum.Rows, sum.Granted, sum.Denied, sum.Errors, sum.Batches, sum.Seconds, sum.RowsPerSec)
+		extra := ""
+		for _, c := range []struct {
+			n    int64
+			what string
+		}{{sum.Unknown, "unknown"}, {sum.NotRun, "not run"}, {sum.Skipped, "skipped"}, {sum.Replayed, "replayed"}} {
+			if c.n > 0 {
+				extra += fmt.Sprintf(", %d %s", c.n, c.what)
+			}
+		}
+		if sum.Interrupted {
+			extra += ", interrupted"
+		}
+		fmt.Fprintf(a.stderr, "pgquota: %s: %d rows: %d granted, %d denied, %d errors%s; %d batches in %.2fs (%.0f rows/s)\n",
+			fileName(opts.path), sum.Rows, sum.Granted, sum.Denied, sum.Errors, extra, sum.Batches, sum.Seconds, sum.RowsPerSec)
 	} else {
 		if err := a.output(res, func(w *tabwriter.Writer) {
 			row(w, "file", res.File)
+			if sum.Interrupted {
+				row(w, "interrupted", "yes")
+			}
 			row(w, "rows", sum.Rows)
 			row(w, "granted", sum.Granted)
 			row(w, "denied", sum.Denied)
 			row(w, "errors", sum.Errors)
+			row(w, "unknown", sum.Unknown)
+			row(w, "not run", sum.NotRun)
+			row(w, "skipped", sum.Skipped)
+			row(w, "replayed", sum.Replayed)
 			row(w, "batches", sum.Batches)
 			row(w, "seconds", fmt.Sprintf("%.2f", sum.Seconds))
 			row(w, "rows/s", fmt.Sprintf("%.0f", sum.RowsPerSec))
@@ -209,12 +253,125 @@ func (a *app) grantFile(cmd *cobra.Command, opts fileOptions) error {
 		}
 	}
 	if runErr != nil {
-		return fmt.Errorf("grant --file stopped after %d rows: %w", sum.Rows, runErr)
+		a.resumeHint(opts, sum, unread)
+		what := "stopped"
+		if sum.Interrupted {
+			what = "interrupted"
+		}
+		return fmt.Errorf("grant --file %s after %d rows had been decided: %w", what, sum.Granted+sum.Denied, runErr)
 	}
 	if sum.Errors > 0 {
 		return usagef("%d of %d rows had errors and were not granted (their lines are listed above%s)", sum.Errors, sum.Rows, seeOut(opts.out))
 	}
 	return nil
+}
+
+// resumeHint tells, on stderr, how to finish a run that stopped: what a
+// rerun of the same command does, and how to skip what was decided.
+func (a *app) resumeHint(opts fileOptions, sum bulk.Summary, unread bool) {
+	if unread {
+		fmt.Fprintf(a.stderr, "pgquota: the rest of stdin was not read: its rows are not in the outcomes\n")
+	}
+	if sum.Unknown > 0 {
+		fmt.Fprintf(a.stderr, "pgquota: %d rows have an unknown outcome (their batch may have committed): a keyed row replays when run again; check an unkeyed row's counter (pgquota usage) before granting it again\n", sum.Unknown)
+	}
+	if sum.Unkeyed == 0 {
+		fmt.Fprintf(a.stderr, "pgquota: to resume, run the same command again: rows with an idempotency key replay their outcome and grant nothing more\n")
+		return
+	}
+	if opts.out == "" || opts.out == "-" {
+		fmt.Fprintf(a.stderr, "pgquota: warning: %d rows without an idempotency key were decided, and running the same command again grants them again; "+
+			"this run wrote no --out file to skip them with: give the file idempotency keys, or pass --out next time\n", sum.Unkeyed)
+		return
+	}
+	fmt.Fprintf(a.stderr, "pgquota: warning: %d rows without an idempotency key were decided: running the same command again grants them again. To resume, skip what was decided:\n"+
+		"pgquota:   pgquota grant --file %s --skip-decided %s --out NEW-OUT\n", sum.Unkeyed, opts.path, opts.out)
+}
+
+// countLines counts the newlines of the file at path (a progress bar's
+// total).
+func countLines(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	var n int64
+	buf := make([]byte, 1<<16)
+	for {
+		k, err := f.Read(buf)
+		n += int64(bytes.Count(buf[:k], []byte{'\n'}))
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+	}
+}
+
+// readDecided reads an earlier run's --out file (CSV with its header, or
+// JSON lines) and returns, by line, the rows it records as granted,
+// denied or skipped.
+func readDecided(path string) (map[int]bulk.Decided, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	decided := map[int]bulk.Decided{}
+	isDecided := func(status string) bool {
+		return status == bulk.StatusGranted || status == bulk.StatusDenied || status == bulk.StatusSkipped
+	}
+	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) > 0 && t[0] == '{' {
+		dec := json.NewDecoder(bytes.NewReader(data))
+		for n := 1; ; n++ {
+			var o bulk.Outcome
+			if err := dec.Decode(&o); err == io.EOF {
+				break
+			} else if err != nil {
+				return nil, fmt.Errorf("JSON line %d: %w", n, err)
+			}
+			if isDecided(o.Status) {
+				decided[o.Line] = bulk.Decided{Line: o.Line, Quota: o.Quota, Member: o.Member, Amount: o.Amount}
+			}
+		}
+		return decided, nil
+	}
+	cr := csv.NewReader(bytes.NewReader(data))
+	head, err := cr.Read()
+	if err != nil {
+		return nil, fmt.Errorf("header: %w", err)
+	}
+	col := map[string]int{}
+	for i, h := range head {
+		col[h] = i
+	}
+	for _, need := range []string{"line", "quota", "member", "amount", "status"} {
+		if _, ok := col[need]; !ok {
+			return nil, fmt.Errorf("not a grant --out file: no %q column", need)
+		}
+	}
+	for {
+		rec, err := cr.Read()
+		if err == io.EOF {
+			return decided, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if !isDecided(rec[col["status"]]) {
+			continue
+		}
+		line, err := strconv.Atoi(rec[col["line"]])
+		if err != nil {
+			return nil, fmt.Errorf("line column: %q is not a number", rec[col["line"]])
+		}
+		amount, err := strconv.ParseInt(rec[col["amount"]], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("line %d: amount %q is not a number", line, rec[col["amount"]])
+		}
+		decided[line] = bulk.Decided{Line: line, Quota: rec[col["quota"]], Member: rec[col["member"]], Amount: amount}
+	}
 }
 
 // fileName names --file in messages.
