@@ -111,6 +111,10 @@ type Client struct {
 	// between the read and the fenced write.
 	testHookFencedGrantPause func(context.Context, Lease)
 
+	// testHookFencedGrantRelease, set by tests only, runs in GrantFenced
+	// just before it releases its lease.
+	testHookFencedGrantRelease func(context.Context, Lease)
+
 	// testHookCoalesceSend, set by tests only, runs before each coalesced
 	// statement with the number of calls it decides, after they were
 	// marked as sent.
