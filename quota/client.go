@@ -88,7 +88,9 @@ type Config struct {
 type Client struct {
 	pool *pgxpool.Pool
 	// db runs single statements on pool and retries serialization failures
-	// and deadlocks; the calls without a Tx suffix use it.
+	// and deadlocks; the calls without a Tx suffix use it. Its errors that
+	// leave the outcome unknown are marked ErrOutcomeUnknown (sentPool);
+	// read-only calls use db.reads(), whose errors are not.
 	db      retryPool
 	queries *db.Queries
 	cfg     Config
@@ -150,7 +152,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if c.cfg.RetryMaxElapsed == 0 {
 		c.cfg.RetryMaxElapsed = DefaultRetryMaxElapsed
 	}
-	c.db = retryPool{pool: pool, maxElapsed: c.cfg.RetryMaxElapsed}
+	c.db = retryPool{pool: sentPool{pool: pool}, maxElapsed: c.cfg.RetryMaxElapsed}
 	if c.cfg.Coalesce {
 		c.coalescer = newCoalescer(c)
 	}

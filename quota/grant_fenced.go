@@ -62,6 +62,10 @@ func FencedGrantLease(quota, member string) string {
 // on its own, ttl after it was taken, and until then other GrantFenced
 // calls for the same counter wait for it (AcquireWait).
 //
+// A fenced write whose reply was lost (ErrOutcomeUnknown) is not
+// retried: it may have committed. GrantFenced takes no idempotency key:
+// read the counter (Usage) to learn the outcome.
+//
 // Errors: those of Grant; the errors of AcquireWait; *StaleTokenError or
 // ErrLeaseLost when the write was fenced off 5 times in a row; an error
 // saying the counter changed when it did 50 times in a row.
@@ -154,7 +158,7 @@ const maxCounterMoves = 50
 
 // grantFencedDecide reads the counter, decides, and writes under lease l.
 func (c *Client) grantFencedDecide(ctx context.Context, req GrantRequest, limit pgtype.Int8, l Lease) (res GrantResult, err error) {
-	row, err := c.queries.UsageFencedRead(ctx, c.db, db.UsageFencedReadParams{
+	row, err := c.queries.UsageFencedRead(ctx, c.db.reads(), db.UsageFencedReadParams{
 		QuotaName: req.Quota, Member: req.Member, LimitValue: limit,
 	})
 	if isNoRows(err) {
