@@ -54,7 +54,7 @@ type Keeper struct {
 	margin time.Duration
 	// attempt bounds each renewal attempt.
 	attempt time.Duration
-	opts   KeepaliveOptions
+	opts    KeepaliveOptions
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
