@@ -278,7 +278,11 @@ func leaseFrom(r db.PgquotaLease, dbNow pgtype.Timestamptz, sent time.Time) Leas
 // clock's current instant, in one statement. The token stays the same. A
 // lease that has expired by the database clock cannot be renewed, even when
 // nobody took it over, and even from inside a long transaction (the clock
-// keeps moving inside one).
+// keeps moving inside one). The clock is read once the statement holds the
+// lease row's lock: a renew that waited for it (another session's FOR
+// UPDATE, a fenced write's FOR SHARE) extends the lease by ttl from the end
+// of the wait, or finds it expired, so a returned Lease with Held set is
+// held for its Remaining time by the database (see queries/lease.sql).
 //
 // Errors: *InputError for a bad name, token or TTL; ErrLeaseLost when the
 // lease is not held with token (expired, released, or taken over; the

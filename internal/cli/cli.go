@@ -96,23 +96,19 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // outcomeUnknownLine says, for the command cmd that failed with
 // quota.ErrOutcomeUnknown, what may have happened and how to learn it.
 func outcomeUnknownLine(cmd *cobra.Command) string {
-	keyed := false
-	if cmd != nil {
-		if f := cmd.Flags().Lookup("idempotency-key"); f != nil && f.Value.String() != "" {
-			keyed = true
-		}
-	}
-	path := ""
+	path, key := "", ""
 	if cmd != nil {
 		path = strings.TrimPrefix(cmd.CommandPath(), "pgquota ")
+		if f := cmd.Flags().Lookup("idempotency-key"); f != nil {
+			key = f.Value.String()
+		}
 	}
 	switch path {
 	case "grant", "revoke":
-		what := map[string]string{"grant": "grant", "revoke": "revoke"}[path]
-		if keyed {
-			return "outcome unknown: the " + what + " may have been applied; repeat the same command with the same --idempotency-key to learn its outcome"
+		if key != "" {
+			return "outcome unknown: the " + path + " may have been applied; repeat with --idempotency-key " + key + " (the same command) to learn its outcome"
 		}
-		return "outcome unknown: the " + what + " may have been applied; repeat with --idempotency-key next time to learn it safely (without a key a repeat may apply it twice; pgquota usage shows the counter)"
+		return "outcome unknown: the " + path + " may have been applied; a repeat without --idempotency-key may apply it twice: read the counter with pgquota usage (next time, give --idempotency-key so that a repeat tells)"
 	case "voucher claim":
 		return "outcome unknown: the claim may have been applied; repeat it for the same member to learn its voucher (a member holds at most one)"
 	case "lease acquire":

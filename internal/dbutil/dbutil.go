@@ -107,7 +107,7 @@ var ErrOutcomeUnknown = errors.New("pgquota: outcome unknown: the request may ha
 type outcomeUnknownError struct{ err error }
 
 func (e *outcomeUnknownError) Error() string {
-	return "outcome unknown, it may have been applied (no reply said how the statement ended): " + e.err.Error()
+	return "outcome unknown, no reply said how the statement ended: " + e.err.Error()
 }
 
 func (e *outcomeUnknownError) Is(target error) bool { return target == ErrOutcomeUnknown }
