@@ -144,3 +144,33 @@ func TestLeaseAcquireAfterLockWait(t *testing.T) {
 	_, err = b.client.Acquire(b.ctx, quota.AcquireRequest{Name: "job", Holder: "c", TTL: time.Minute})
 	require.ErrorIs(t, err, quota.ErrLeaseHeld)
 }
+
+// An Acquire of a free lease that waits behind another acquirer of the same
+// name (its transaction holds the name's advisory lock, then rolls back)
+// counts the lease it inserts from after the wait.
+func TestLeaseAcquireAfterAcquirerRolledBack(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	tx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = b.client.AcquireTx(b.ctx, tx, quota.AcquireRequest{Name: "job", Holder: "a", TTL: time.Minute})
+	require.NoError(t, err)
+
+	done := make(chan struct{})
+	var l quota.Lease
+	go func() {
+		defer close(done)
+		l, err = b.client.Acquire(b.ctx, quota.AcquireRequest{Name: "job", Holder: "b", TTL: time.Second})
+	}()
+	b.waitForLockWait(t)
+	time.Sleep(1500 * time.Millisecond)
+	require.NoError(t, tx.Rollback(b.ctx))
+	<-done
+	require.NoError(t, err)
+	require.True(t, l.Held)
+	require.Equal(t, time.Second, l.ExpiresAt.Sub(l.RenewedAt))
+	left := b.dbRemaining(t, "job")
+	require.Greater(t, left, 500*time.Millisecond,
+		"the inserted lease's expiry counts from after the wait (the database has %s left; the call reported %s)", left, l.Remaining())
+}
