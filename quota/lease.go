@@ -532,9 +532,15 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 const maxTransientFailures = 5
 
 // isTransient reports errors worth another attempt: those that did not come
-// from the server (a broken connection, a timeout, a lost reply), as
-// opposed to a *pgconn.PgError or bad input.
+// from the server (a broken connection, a timeout, a lost reply), and those
+// whose outcome is unknown (ErrOutcomeUnknown, a FATAL error included), as
+// opposed to an error the server reported for the statement or bad input.
+// Its callers only retry statements that are safe to repeat (an acquire
+// with the same attempt, a renew).
 func isTransient(err error) bool {
+	if errors.Is(err, ErrOutcomeUnknown) {
+		return true
+	}
 	var pgErr *pgconn.PgError
 	return !errors.As(err, &pgErr) && !errors.Is(err, ErrInvalidInput) && !errors.Is(err, ErrSchemaMissing)
 }

@@ -27,6 +27,8 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 		// dropTag is the command tag of the reply to lose ("" for the
 		// first reply that completes a statement).
 		dropTag string
+		// cfg configures the client that calls through the proxy.
+		cfg *quota.Config
 		// prepare runs on the direct client before the call.
 		prepare func(t *testing.T, b *testBundle) any
 		// call runs through the proxy, which loses its reply.
@@ -123,6 +125,45 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			},
 		},
 		{
+			name: "Grant coalesced",
+			cfg:  &quota.Config{Coalesce: true},
+			prepare: func(t *testing.T, b *testBundle) any {
+				b.define(t, quota.Definition{Name: "q", Window: quota.WindowDay, DefaultLimit: ptr[int64](10)})
+				return nil
+			},
+			call: func(ctx context.Context, c *quota.Client, _ any) error {
+				_, err := c.Grant(ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 2})
+				return err
+			},
+			landed: func(t *testing.T, b *testBundle, _ any) bool {
+				sum, _ := b.usageRows(t, "q", "m")
+				return sum == 2
+			},
+		},
+		{
+			name: "DefineQuota",
+			call: func(ctx context.Context, c *quota.Client, _ any) error {
+				_, err := c.DefineQuota(ctx, quota.Definition{Name: "new", Window: quota.WindowHour, DefaultLimit: ptr[int64](5)})
+				return err
+			},
+			landed: func(t *testing.T, b *testBundle, _ any) bool {
+				q, err := b.client.Quota(b.ctx, "new")
+				return err == nil && q.Name == "new"
+			},
+		},
+		{
+			name:    "CreateShardedPool (the COMMIT's reply)",
+			dropTag: "COMMIT",
+			call: func(ctx context.Context, c *quota.Client, _ any) error {
+				_, err := c.CreateShardedPool(ctx, "big", 100, 4)
+				return err
+			},
+			landed: func(t *testing.T, b *testBundle, _ any) bool {
+				p, err := b.client.VoucherStatus(b.ctx, "big")
+				return err == nil && p.Total == 100
+			},
+		},
+		{
 			name:    "GrantBatch with keys (the COMMIT's reply)",
 			dropTag: "COMMIT",
 			prepare: func(t *testing.T, b *testBundle) any {
@@ -158,7 +199,7 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			require.NoError(t, err)
 			proxy := newTagDropper(t, u.Host, tc.dropTag)
 			u.Host = proxy.ln.Addr().String()
-			viaProxy, err := quota.New(pgtest.Connect(t, u.String(), 1), nil)
+			viaProxy, err := quota.New(pgtest.Connect(t, u.String(), 1), tc.cfg)
 			require.NoError(t, err)
 
 			proxy.armed.Store(true)
