@@ -127,6 +127,14 @@ func TestGrantCancelledMidStatement(t *testing.T) {
 				require.ErrorIs(t, err, context.Canceled)
 				require.NotContains(t, err.Error(), "rollback", "a rollback on a closed connection is no error")
 			}
+			if tc.cancelRequest || tc.inTx {
+				// The server said the statement was cancelled; or the
+				// statement was in a transaction that cannot commit now.
+				require.NotErrorIs(t, err, quota.ErrOutcomeUnknown)
+			} else {
+				// The statement was sent and may still commit.
+				require.ErrorIs(t, err, quota.ErrOutcomeUnknown)
+			}
 
 			// The pool is healthy: the next calls succeed.
 			for i := range 10 {
