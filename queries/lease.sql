@@ -39,18 +39,36 @@
 --     writes anything (DESIGN.md guarantee 2). The lease row is locked
 --     before the fence row, the order pgquota.fence_admit uses too.
 --
+--   * Every time written (acquired_at, renewed_at, expires_at) and db_now
+--     are read from the database clock after the statement's last wait, so
+--     a lease taken after a wait (for a fenced write's FOR SHARE lock on
+--     the row, or for another acquirer's advisory lock) lasts @ttl from
+--     when it was taken, not from when the statement began, and is never
+--     reported held with an expiry already past. An insert reads its time
+--     (inserted_at) in its target list after the token, that is after the
+--     advisory lock; ON CONFLICT DO UPDATE reads its own (taken_at) in its
+--     WHERE and SET, which PostgreSQL evaluates after it has locked the
+--     conflicting row. Each is one reading (a CTE, read once) shared by the
+--     columns, so expires_at - renewed_at is exactly @ttl. db_now is read
+--     in RETURNING, after the write. (c.at, read at the start, only serves
+--     the NOT EXISTS pre-check and the fence row's updated_at.)
+--
 -- The first row (taken) is the lease after the call. When the lease was not
 -- taken, a second form of the answer comes back: taken = false and the
 -- current row read with a fresh snapshot (none when the row vanished
 -- meanwhile: try again).
 WITH c AS (
     SELECT pgquota.clock() AS at, @ttl::interval AS ttl, pgquota.durable_commit() AS durable
+), inserted_at AS (
+    SELECT pgquota.clock() AS at
+), taken_at AS (
+    SELECT pgquota.clock() AS at
 ), acq AS (
     INSERT INTO pgquota.lease AS l (name, holder, attempt, token, acquired_at, renewed_at, expires_at)
     SELECT @name::text, @holder::text, @attempt::text,
            (SELECT pgquota.next_lease_token()
             FROM pg_advisory_xact_lock(hashtextextended('pgquota.lease:' || @name::text, 0))),
-           c.at, c.at, c.at + c.ttl
+           (SELECT at FROM inserted_at), (SELECT at FROM inserted_at), (SELECT at FROM inserted_at) + c.ttl
     FROM c
     WHERE NOT EXISTS (
         SELECT 1 FROM pgquota.lease x
@@ -59,12 +77,12 @@ WITH c AS (
     ON CONFLICT (name) DO UPDATE
     SET holder      = excluded.holder,
         attempt     = excluded.attempt,
-        token       = CASE WHEN l.expires_at > pgquota.clock() THEN l.token ELSE pgquota.next_lease_token() END,
-        acquired_at = CASE WHEN l.expires_at > pgquota.clock() THEN l.acquired_at ELSE excluded.acquired_at END,
-        renewed_at  = CASE WHEN l.expires_at > pgquota.clock() THEN l.renewed_at ELSE excluded.renewed_at END,
-        expires_at  = CASE WHEN l.expires_at > pgquota.clock() THEN l.expires_at ELSE excluded.expires_at END
-    WHERE l.expires_at <= pgquota.clock() OR l.attempt = excluded.attempt
-    RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at
+        token       = CASE WHEN l.expires_at > (SELECT at FROM taken_at) THEN l.token ELSE pgquota.next_lease_token() END,
+        acquired_at = CASE WHEN l.expires_at > (SELECT at FROM taken_at) THEN l.acquired_at ELSE (SELECT at FROM taken_at) END,
+        renewed_at  = CASE WHEN l.expires_at > (SELECT at FROM taken_at) THEN l.renewed_at ELSE (SELECT at FROM taken_at) END,
+        expires_at  = CASE WHEN l.expires_at > (SELECT at FROM taken_at) THEN l.expires_at ELSE (SELECT at FROM taken_at) + @ttl::interval END
+    WHERE l.expires_at <= (SELECT at FROM taken_at) OR l.attempt = excluded.attempt
+    RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, pgquota.clock() AS db_now
 ), raised AS (
     INSERT INTO pgquota.fence AS f (resource, max_token, updated_at)
     SELECT acq.name, acq.token, c.at
@@ -74,28 +92,42 @@ WITH c AS (
         updated_at = excluded.updated_at
     WHERE f.max_token < excluded.max_token
 )
-SELECT true AS taken, acq.name, acq.holder, acq.attempt, acq.token, acq.acquired_at, acq.renewed_at, acq.expires_at, c.at AS db_now
-FROM acq, c
+SELECT true AS taken, acq.name, acq.holder, acq.attempt, acq.token, acq.acquired_at, acq.renewed_at, acq.expires_at, acq.db_now
+FROM acq
 UNION ALL
-SELECT false AS taken, f.name, f.holder, f.attempt, f.token, f.acquired_at, f.renewed_at, f.expires_at, c.at AS db_now
-FROM c, pgquota.lease_fresh(@name::text) f
+SELECT false AS taken, f.name, f.holder, f.attempt, f.token, f.acquired_at, f.renewed_at, f.expires_at, pgquota.clock() AS db_now
+FROM pgquota.lease_fresh(@name::text) f
 WHERE NOT EXISTS (SELECT 1 FROM acq);
 
 -- name: LeaseRenew :one
 -- Extends the lease to @ttl from the database clock, only
--- while it is held with @token: the WHERE clause of the row being updated
--- checks the token and the expiry (re-checked on the newest version), so a
--- deposed holder can never extend its successor's lease, and an expired
--- lease stays expired. The token is kept. The clock value c.at is read once
--- at the start of the statement: if the update waited for a lock, the new
--- expiry counts from before the wait, which errs on the short side.
+-- while it is held with @token: a deposed holder can never extend its
+-- successor's lease, and an expired lease stays expired. The token is kept.
+--
+-- The clock is read after the row lock is taken. The locked CTE locks the
+-- row first (FOR NO KEY UPDATE, the lock the UPDATE itself takes, waiting
+-- for a fenced write's FOR SHARE or any other lock), and c reads
+-- pgquota.clock() from locked's row, so only once the lock is held. A value
+-- read before the wait would be stale: PostgreSQL re-evaluates an UPDATE's
+-- WHERE and SET only when the row was changed meanwhile (EvalPlanQual, the
+-- manual, 13.2.1), not after a wait for a lock that changed nothing, and a
+-- FROM subquery read at the start is never re-read. The expiry check
+-- (l.expires_at > c.at) and the new expiry both use that one reading, which
+-- also comes back as db_now.
+WITH locked AS (
+    SELECT x.name FROM pgquota.lease x
+    WHERE x.name = @name::text AND x.token = @token::bigint
+    FOR NO KEY UPDATE
+), c AS (
+    SELECT pgquota.clock() AS at, @ttl::interval AS ttl FROM locked
+)
 UPDATE pgquota.lease l
 SET renewed_at = c.at,
     expires_at = c.at + c.ttl
-FROM (SELECT pgquota.clock() AS at, @ttl::interval AS ttl) c
+FROM c
 WHERE l.name = @name::text
   AND l.token = @token::bigint
-  AND l.expires_at > pgquota.clock()
+  AND l.expires_at > c.at
   AND pgquota.durable_commit()
 RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, c.at AS db_now;
 

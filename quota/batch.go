@@ -77,9 +77,11 @@ const maxKeyedRuns = 10
 //
 // Errors (for the whole batch, with nil outcomes): the context's error;
 // ErrSchemaMissing; database errors (SQLSTATE kept). Nothing was granted
-// then, except when ctx ended while a statement ran or the connection was
-// lost after a statement was sent: as for Grant, the outcome of that
-// statement is then unknown (with keys, repeat the batch to learn it).
+// then, except after ErrOutcomeUnknown: the batch statement (without keys)
+// or the COMMIT of its transaction (with keys) was sent and no reply said
+// how it ended, so the whole batch may have been granted. Repeat a keyed
+// batch with the same keys to learn each outcome; an unkeyed repeat may
+// grant twice (read the counters with Usage instead).
 func (c *Client) GrantBatch(ctx context.Context, reqs []GrantRequest) ([]BatchOutcome, error) {
 	return c.grantBatchOwn(ctx, reqs)
 }
@@ -89,7 +91,7 @@ func (c *Client) GrantBatch(ctx context.Context, reqs []GrantRequest) ([]BatchOu
 // the start after a serialization failure or deadlock.
 func (c *Client) grantBatchOwn(ctx context.Context, reqs []GrantRequest) ([]BatchOutcome, error) {
 	if !anyKeyed(reqs) {
-		return c.grantBatch(ctx, ownTx{c.pool}, reqs)
+		return c.grantBatch(ctx, ownTx{c.db.pool}, reqs)
 	}
 	for run := 1; ; run++ {
 		outs, err := retry(ctx, c.cfg.RetryMaxElapsed, func() ([]BatchOutcome, error) {

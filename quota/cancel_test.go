@@ -1,6 +1,7 @@
 package quota_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -126,6 +127,14 @@ func TestGrantCancelledMidStatement(t *testing.T) {
 				require.ErrorIs(t, err, context.Canceled)
 				require.NotContains(t, err.Error(), "rollback", "a rollback on a closed connection is no error")
 			}
+			if tc.cancelRequest || tc.inTx {
+				// The server said the statement was cancelled; or the
+				// statement was in a transaction that cannot commit now.
+				require.NotErrorIs(t, err, quota.ErrOutcomeUnknown)
+			} else {
+				// The statement was sent and may still commit.
+				require.ErrorIs(t, err, quota.ErrOutcomeUnknown)
+			}
 
 			// The pool is healthy: the next calls succeed.
 			for i := range 10 {
@@ -217,18 +226,29 @@ func TestGrantCancelledAtRandom(t *testing.T) {
 // include a CommandComplete, it discards them and cuts both connections,
 // so the client never learns the outcome. Replies without a
 // CommandComplete (a prepare, a ping) pass.
+//
+// With dropTag set, only a reply whose CommandComplete carries that command
+// tag ("COMMIT", "INSERT 0 1") is dropped; the others pass.
 type replyDropper struct {
 	ln      net.Listener
 	target  string
 	armed   atomic.Bool
+	dropTag string
 	dropped chan struct{}
 }
 
 func newReplyDropper(t *testing.T, target string) *replyDropper {
 	t.Helper()
+	return newTagDropper(t, target, "")
+}
+
+// newTagDropper returns a replyDropper that drops only a reply with the
+// command tag dropTag ("" for any).
+func newTagDropper(t *testing.T, target, dropTag string) *replyDropper {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	p := &replyDropper{ln: ln, target: target, dropped: make(chan struct{}, 1)}
+	p := &replyDropper{ln: ln, target: target, dropTag: dropTag, dropped: make(chan struct{}, 1)}
 	t.Cleanup(func() { ln.Close() })
 	go func() {
 		for {
@@ -276,7 +296,7 @@ func (p *replyDropper) serverToClient(server, client net.Conn) {
 			continue
 		}
 		held = append(held, msg...)
-		if msg[0] == 'C' {
+		if msg[0] == 'C' && (p.dropTag == "" || string(bytes.TrimRight(msg[5:], "\x00")) == p.dropTag) {
 			completed = true
 		}
 		if msg[0] != 'Z' {

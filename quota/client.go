@@ -89,7 +89,9 @@ type Config struct {
 type Client struct {
 	pool *pgxpool.Pool
 	// db runs single statements on pool and retries serialization failures
-	// and deadlocks; the calls without a Tx suffix use it.
+	// and deadlocks; the calls without a Tx suffix use it. Its errors that
+	// leave the outcome unknown are marked ErrOutcomeUnknown (sentPool);
+	// read-only calls use db.reads(), whose errors are not.
 	db      retryPool
 	queries *db.Queries
 	cfg     Config
@@ -111,6 +113,10 @@ type Client struct {
 	// testHookFencedGrantPause, set by tests only, runs in GrantFenced
 	// between the read and the fenced write.
 	testHookFencedGrantPause func(context.Context, Lease)
+
+	// testHookFencedGrantRelease, set by tests only, runs in GrantFenced
+	// just before it releases its lease.
+	testHookFencedGrantRelease func(context.Context, Lease)
 
 	// testHookCoalesceSend, set by tests only, runs before each coalesced
 	// statement with the number of calls it decides, after they were
@@ -148,7 +154,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if c.cfg.RetryMaxElapsed == 0 {
 		c.cfg.RetryMaxElapsed = DefaultRetryMaxElapsed
 	}
-	c.db = retryPool{pool: pool, maxElapsed: c.cfg.RetryMaxElapsed}
+	c.db = retryPool{pool: sentPool{pool: pool}, maxElapsed: c.cfg.RetryMaxElapsed}
 	if c.cfg.Coalesce {
 		c.coalescer = newCoalescer(c)
 	}

@@ -74,6 +74,10 @@
 //
 // Errors are sentinels (errors.Is) or typed errors (errors.As) listed in
 // errors.go; database failures keep their *pgconn.PgError and SQLSTATE.
+// Every error of a state-changing call is one of two kinds: nothing was
+// written, or errors.Is(err, ErrOutcomeUnknown): the request was sent and
+// no reply said how it ended, so it may have been applied (repeat with the
+// idempotency key, or read the state, to learn the outcome).
 //
 // The idea and its limits are laid out in Martin Kleppmann, "How to do
 // distributed locking" (2016): a lease alone cannot stop a paused client

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/pgquota/pgquota/migrations"
+	"github.com/pgquota/pgquota/internal/dbutil"
 )
 
 // Sentinel errors. Test for them with errors.Is; the typed errors below wrap
@@ -96,6 +97,39 @@ var (
 	// LedgerEntry and LedgerEntryByKey when no ledger entry matches.
 	ErrGrantNotFound = errors.New("pgquota: grant not found in the ledger")
 )
+
+// ErrOutcomeUnknown marks an error after which it is unknown whether a
+// state-changing call took effect: its statement, or the COMMIT of the
+// transaction it owns, may have reached the server, and no reply said how
+// it ended (the connection was lost or the server shut down after the
+// statement was sent, the context ended while it ran, a FATAL error ended
+// the session). Every other error of a state-changing call means nothing
+// was written (DESIGN.md guarantee 6). Test for it with errors.Is; the
+// original error stays in the chain (errors.As to *pgconn.PgError, a
+// net.Error, io.ErrUnexpectedEOF, context.Canceled, ...).
+//
+// The calls without a Tx suffix that change state can return it: Grant,
+// GrantBatch, Revoke, RevokeGrant, GrantFenced, ClaimVoucher,
+// ClaimVoucherWithKey, ClaimCode, ClaimCodeWithKey, CreateVoucherPool,
+// CreateShardedPool, ImportCodes, DefineQuota, SetMemberLimit,
+// ClearMemberLimit, Acquire, AcquireWait, Renew, Release, FenceWrite,
+// AttachFenceGuard, Enqueue, ReapLedger, ReapOutbox, and RunInTx (for its
+// COMMIT). pgquota never retries such an error blindly. Learn the outcome
+// by repeating the call with the same idempotency key where it takes one
+// (GrantRequest.Idempotency, RevokeRequest.Idempotency, the WithKey claims:
+// the repeat returns the first outcome and changes nothing more), by
+// repeating a call that is idempotent by itself (Acquire with the same
+// AcquireRequest.Attempt, Renew, Release, RevokeGrant, FenceWrite of the
+// same value, the creates and defines with the same arguments, a claim by
+// the same member), or by reading the state (Usage, LedgerEntryByKey,
+// Lease, FencedRow, OutboxEvents, VoucherStatus). An unkeyed Grant,
+// GrantBatch, Revoke or Enqueue repeated blindly may apply twice.
+//
+// The XTx calls never return it: their statements run in the caller's
+// transaction, which commits only when the caller commits it (a statement
+// whose reply was lost leaves the transaction unable to commit). The
+// caller's own COMMIT decides, and pgx reports its error.
+var ErrOutcomeUnknown = dbutil.ErrOutcomeUnknown
 
 // InputError describes a rejected argument. It wraps ErrInvalidInput.
 type InputError struct {

@@ -13,6 +13,12 @@ func SetFencedGrantPause(c *Client, pause func(ctx context.Context, l Lease)) {
 	c.testHookFencedGrantPause = pause
 }
 
+// SetFencedGrantRelease makes GrantFenced on c call hook just before it
+// releases its lease.
+func SetFencedGrantRelease(c *Client, hook func(ctx context.Context, l Lease)) {
+	c.testHookFencedGrantRelease = hook
+}
+
 // SetBeforeRenew makes a Keeper started with o call hook before each
 // renewal; an error it returns replaces the renewal's outcome.
 func SetBeforeRenew(o *KeepaliveOptions, hook func(ctx context.Context) error) {

@@ -237,7 +237,12 @@ func checkFenceWrite(req FenceWriteRequest) error {
 // below the highest seen for the resource, whichever key it was for, or
 // below the token of req.Lease; ErrLeaseLost when req.Lease is not held with
 // req.Token (expired or released); ErrSchemaMissing; database errors.
-// Nothing is written on an error.
+// Nothing is written on an error other than ErrOutcomeUnknown (below).
+//
+// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// COMMIT) was sent and no reply said how it ended, so it may have been
+// applied; to learn the outcome, read the row (FencedRow), or repeat the
+// write with the same token and value.
 func (c *Client) FenceWrite(ctx context.Context, req FenceWriteRequest) (FencedRow, error) {
 	return c.fenceWrite(ctx, c.db, req)
 }
@@ -299,7 +304,7 @@ func (c *Client) FencedRow(ctx context.Context, resource, key string) (FencedRow
 	if err := checkName("key", key); err != nil {
 		return FencedRow{}, err
 	}
-	r, err := c.queries.FencedRowGet(ctx, c.db, db.FencedRowGetParams{Resource: resource, Key: key})
+	r, err := c.queries.FencedRowGet(ctx, c.db.reads(), db.FencedRowGetParams{Resource: resource, Key: key})
 	if isNoRows(err) {
 		return FencedRow{}, fmt.Errorf("%w: resource %q, key %q", ErrFencedRowNotFound, resource, key)
 	}
@@ -337,7 +342,7 @@ func (c *Client) Fence(ctx context.Context, resource string) (FenceState, error)
 	if err := checkName("resource", resource); err != nil {
 		return FenceState{}, err
 	}
-	r, err := c.queries.FenceGet(ctx, c.db, resource)
+	r, err := c.queries.FenceGet(ctx, c.db.reads(), resource)
 	if isNoRows(err) {
 		return FenceState{Resource: resource}, nil
 	}
@@ -449,6 +454,11 @@ type FenceGuard struct {
 // the column is not a bigint; ErrSchemaMissing; database errors (for
 // example when the role does not own the table). Nothing is changed on an
 // error.
+//
+// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// COMMIT) was sent and no reply said how it ended, so it may have been
+// applied; to learn the outcome, repeat the call (attaching again replaces
+// the triggers).
 func (c *Client) AttachFenceGuard(ctx context.Context, req FenceGuardRequest) (FenceGuard, error) {
 	return retry(ctx, c.cfg.RetryMaxElapsed, func() (FenceGuard, error) {
 		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (FenceGuard, error) {

@@ -82,10 +82,12 @@ type GrantResult struct {
 // default_transaction_isolation is REPEATABLE READ or SERIALIZABLE) are
 // retried for up to Config.RetryMaxElapsed (see IsRetryable).
 //
-// When ctx ends while the statement runs, the error wraps ctx's error and
-// the outcome is unknown: pgx closes the connection, and PostgreSQL may
-// still finish and commit the statement. Repeat the call with the same
-// idempotency key to learn the outcome. (With pgx's
+// When the statement was sent and no reply said how it ended (ctx ended
+// while it ran, so pgx closed the connection; the connection was lost; the
+// server shut down), the error wraps ErrOutcomeUnknown and the original
+// error: PostgreSQL may have committed the statement. Repeat the call with
+// the same idempotency key to learn the outcome (an unkeyed repeat may
+// grant twice), or read the counter (Usage). (With pgx's
 // CancelRequestContextWatcherHandler in the pool's configuration, pgx asks
 // the server to cancel the statement instead, and the error is then
 // PostgreSQL's SQLSTATE 57014, query_canceled, when the cancel arrived in
@@ -103,8 +105,8 @@ type GrantResult struct {
 // Errors: *InputError (ErrInvalidInput) for a bad quota name, member,
 // amount, limit or idempotency key; ErrQuotaNotFound; ErrNoLimit when no
 // limit applies; ErrIdempotencyKeyReused; ErrSchemaMissing; the context's
-// error; database errors (SQLSTATE kept). On any error nothing was written
-// (except after the context ended, as above).
+// error; database errors (SQLSTATE kept); ErrOutcomeUnknown, as above. On
+// any other error nothing was written.
 func (c *Client) Grant(ctx context.Context, req GrantRequest) (GrantResult, error) {
 	if c.coalescer != nil {
 		if err := checkGrantRequest(req); err != nil {
@@ -215,7 +217,9 @@ type RevokeResult struct {
 //
 // Errors: *InputError for a bad quota name, member, amount or idempotency
 // key; ErrQuotaNotFound; ErrIdempotencyKeyReused; ErrSchemaMissing;
-// database errors. On any error nothing was written.
+// database errors; ErrOutcomeUnknown when the statement was sent and no reply said how it
+// ended (it may have committed: repeat with the same idempotency key, or
+// read the state, to learn the outcome). On any other error nothing was written.
 func (c *Client) Revoke(ctx context.Context, req RevokeRequest) (RevokeResult, error) {
 	return c.revoke(ctx, c.db, req)
 }
@@ -285,7 +289,7 @@ func (c *Client) Usage(ctx context.Context, quota, member string) (Usage, error)
 	if err := checkName("member", member); err != nil {
 		return Usage{}, err
 	}
-	row, err := c.queries.UsageGet(ctx, c.db, db.UsageGetParams{QuotaName: quota, Member: member})
+	row, err := c.queries.UsageGet(ctx, c.db.reads(), db.UsageGetParams{QuotaName: quota, Member: member})
 	if isNoRows(err) {
 		return Usage{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, quota)
 	}

@@ -55,6 +55,17 @@ func FencedGrantLease(quota, member string) string {
 // nothing and is a result, as with Grant. It costs at least four round
 // trips, where Grant costs one.
 //
+// The lease is released before the call returns. When that release fails
+// (the connection was lost, the backend terminated) after the outcome was
+// decided, the call still returns the outcome, with a nil error: a
+// committed grant always comes back as a success. The lease then expires
+// on its own, ttl after it was taken, and until then other GrantFenced
+// calls for the same counter wait for it (AcquireWait).
+//
+// A fenced write whose reply was lost (ErrOutcomeUnknown) is not
+// retried: it may have committed. GrantFenced takes no idempotency key:
+// read the counter (Usage) to learn the outcome.
+//
 // Errors: those of Grant; the errors of AcquireWait; *StaleTokenError or
 // ErrLeaseLost when the write was fenced off 5 times in a row; an error
 // saying the counter changed when it did 50 times in a row.
@@ -106,12 +117,20 @@ func (c *Client) grantFencedOnce(ctx context.Context, req GrantRequest, limit pg
 		return GrantResult{}, err
 	}
 	defer func() {
-		// A lease that lapsed or was taken over needs no release.
+		// The release is a courtesy to the next caller, not part of the
+		// outcome: once the fenced write committed (or the denial was
+		// decided), that outcome is the call's, and a failed release (a
+		// terminated backend, a lost connection) only leaves the lease to
+		// expire on its own, ttl after it was taken. Returning the release
+		// error instead would make a caller who checks the error first
+		// grant again. A lease that lapsed or was taken over needs no
+		// release either.
+		if c.testHookFencedGrantRelease != nil {
+			c.testHookFencedGrantRelease(ctx, l)
+		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		if _, rerr := c.Release(rctx, l.Name, l.Token); rerr != nil && !errors.Is(rerr, ErrLeaseLost) && err == nil {
-			err = rerr
-		}
+		_, _ = c.Release(rctx, l.Name, l.Token)
 	}()
 
 	// A counter changed by a call that takes no lease is read again, under
@@ -139,7 +158,7 @@ const maxCounterMoves = 50
 
 // grantFencedDecide reads the counter, decides, and writes under lease l.
 func (c *Client) grantFencedDecide(ctx context.Context, req GrantRequest, limit pgtype.Int8, l Lease) (res GrantResult, err error) {
-	row, err := c.queries.UsageFencedRead(ctx, c.db, db.UsageFencedReadParams{
+	row, err := c.queries.UsageFencedRead(ctx, c.db.reads(), db.UsageFencedReadParams{
 		QuotaName: req.Quota, Member: req.Member, LimitValue: limit,
 	})
 	if isNoRows(err) {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"github.com/jackc/pgx/v5"
 )
 
 // KeepaliveOptions tunes Keepalive. The zero value (or nil) is ready to
@@ -26,6 +27,12 @@ type KeepaliveOptions struct {
 	// work noticing, and any difference in the rates of the two clocks.
 	// Defaults to TTL/10.
 	Margin time.Duration
+	// AttemptTimeout bounds each renewal attempt (connecting included): an
+	// attempt that has no answer by then is abandoned, and the next one
+	// runs on a connection opened for it, so one connection that went
+	// silent (packets dropped, no reset) does not use up the window. It
+	// must be positive and below TTL - Margin. Defaults to Interval/2.
+	AttemptTimeout time.Duration
 	// OnRenew, when set, is called after every renewal attempt with the
 	// renewed lease or the error, from the keeper's goroutine. It must not
 	// block.
@@ -45,7 +52,9 @@ type Keeper struct {
 	ttl    time.Duration
 	every  time.Duration
 	margin time.Duration
-	opts   KeepaliveOptions
+	// attempt bounds each renewal attempt.
+	attempt time.Duration
+	opts    KeepaliveOptions
 
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -72,9 +81,16 @@ type Keeper struct {
 //
 // A failed renewal is retried with jittered backoff inside the window, so a
 // single transient failure (a killed connection, a failover) does not end
-// the work. Each renewal runs under a context bounded by the same deadline,
-// so a renewal that hangs cannot keep the work going past it. The work
-// context ends, with context.Cause telling why, when:
+// the work. Each renewal attempt is bounded by opts.AttemptTimeout and by
+// the deadline, so an attempt that hangs (a connection that went silent,
+// its packets dropped without a reset) is abandoned well before the
+// deadline, and cannot keep the work going past it either. pgx closes a
+// connection whose statement it abandoned; after a failure that the server
+// did not report (a timeout, a broken connection), the next attempt runs
+// on a connection opened for it with the pool's connection settings (and
+// closed after), since the pool's other idle connections may be as dead as
+// the last one. The work context ends, with context.Cause telling why,
+// when:
 //   - the deadline passes without a confirmed renewal: a cause wrapping
 //     ErrLeaseExpiring and the last renewal error;
 //   - a renewal finds the lease lost (expired, released or taken over): a
@@ -118,6 +134,13 @@ func (c *Client) Keepalive(ctx context.Context, l Lease, opts *KeepaliveOptions)
 	}
 	if k.every <= 0 || k.every >= k.ttl-k.margin {
 		return nil, inputError("interval", "must be positive and below TTL - margin (%s), got %s", k.ttl-k.margin, k.every)
+	}
+	k.attempt = k.opts.AttemptTimeout
+	if k.attempt == 0 {
+		k.attempt = k.every / 2
+	}
+	if k.attempt <= 0 || k.attempt >= k.ttl-k.margin {
+		return nil, inputError("attempt timeout", "must be positive and below TTL - margin (%s), got %s", k.ttl-k.margin, k.attempt)
 	}
 
 	if l.ValidUntil().Add(-k.margin).Before(time.Now()) {
@@ -195,6 +218,26 @@ func (k *Keeper) renew(ctx context.Context) (Lease, error) {
 	return k.c.Renew(ctx, k.name, k.token, k.ttl)
 }
 
+// renewOnNewConn renews on a connection opened for this attempt, with the
+// pool's connection settings, bounded by ctx.
+func (k *Keeper) renewOnNewConn(ctx context.Context) (Lease, error) {
+	if k.opts.beforeRenew != nil {
+		if err := k.opts.beforeRenew(ctx); err != nil {
+			return Lease{}, err
+		}
+	}
+	conn, err := pgx.ConnectConfig(ctx, k.c.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return Lease{}, fmt.Errorf("pgquota: renew lease %q: connect: %w", k.name, err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	return k.c.renew(ctx, conn, k.name, k.token, k.ttl)
+}
+
 func (k *Keeper) run() {
 	defer close(k.done)
 	retry := &backoff.ExponentialBackOff{
@@ -215,9 +258,21 @@ func (k *Keeper) run() {
 		}
 		k.mu.Lock()
 		deadline := k.deadline(k.lease)
+		lastErr := k.lastErr
 		k.mu.Unlock()
 		rctx, cancel := context.WithDeadline(k.ctx, deadline)
-		l, err := k.renew(rctx)
+		rctx, cancelAttempt := context.WithTimeout(rctx, k.attempt)
+		var l Lease
+		var err error
+		if lastErr != nil && isTransient(lastErr) {
+			// The last attempt failed without the server's word: it may
+			// have hung on a dead connection, and the pool's other idle
+			// ones may be dead too.
+			l, err = k.renewOnNewConn(rctx)
+		} else {
+			l, err = k.renew(rctx)
+		}
+		cancelAttempt()
 		cancel()
 		if k.opts.OnRenew != nil {
 			k.opts.OnRenew(l, err)

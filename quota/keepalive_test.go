@@ -186,6 +186,8 @@ func TestKeepaliveOptions(t *testing.T) {
 		{Margin: -1},
 		{Interval: 950 * time.Millisecond},
 		{TTL: 30},
+		{AttemptTimeout: -time.Millisecond},
+		{AttemptTimeout: 900 * time.Millisecond},
 	} {
 		_, err := b.client.Keepalive(b.ctx, l, &o)
 		require.ErrorIs(t, err, quota.ErrInvalidInput, "%+v", o)

@@ -216,12 +216,19 @@ func checkAcquire(req *AcquireRequest) error {
 //
 // Errors: *InputError (ErrInvalidInput) for a bad name, holder, TTL,
 // attempt or payload; *LeaseHeldError (ErrLeaseHeld) when another attempt holds it;
-// ErrSchemaMissing; database errors. Nothing is written on an error.
+// ErrSchemaMissing; database errors; ErrOutcomeUnknown (below). Nothing is
+// written on any other error.
+//
+// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// COMMIT) was sent and no reply said how it ended, so it may have been
+// applied; to learn the outcome, repeat the call with the same req.Attempt
+// (set it with NewAttempt before the first call): it returns the lease when
+// that attempt took it; with a random Attempt, read it with Lease.
 func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (Lease, error) {
 	if err := checkAcquire(&req); err != nil {
 		return Lease{}, err
 	}
-	return retry(ctx, c.cfg.RetryMaxElapsed, func() (Lease, error) { return c.acquire(ctx, c.pool, req) })
+	return retry(ctx, c.cfg.RetryMaxElapsed, func() (Lease, error) { return c.acquire(ctx, c.db.pool, req) })
 }
 
 // AcquireTx is Acquire inside the caller's transaction: the lease is taken
@@ -287,11 +294,20 @@ func leaseFrom(r db.PgquotaLease, dbNow pgtype.Timestamptz, sent time.Time) Leas
 // clock's current instant, in one statement. The token stays the same. A
 // lease that has expired by the database clock cannot be renewed, even when
 // nobody took it over, and even from inside a long transaction (the clock
-// keeps moving inside one).
+// keeps moving inside one). The clock is read once the statement holds the
+// lease row's lock: a renew that waited for it (another session's FOR
+// UPDATE, a fenced write's FOR SHARE) extends the lease by ttl from the end
+// of the wait, or finds it expired, so a returned Lease with Held set is
+// held for its Remaining time by the database (see queries/lease.sql).
 //
 // Errors: *InputError for a bad name, token or TTL; ErrLeaseLost when the
 // lease is not held with token (expired, released, or taken over; the
 // successor's lease is left as it is); ErrSchemaMissing; database errors.
+//
+// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// COMMIT) was sent and no reply said how it ended, so it may have been
+// applied; to learn the outcome, repeat the call (renewing again with the
+// token is harmless).
 func (c *Client) Renew(ctx context.Context, name string, token int64, ttl time.Duration) (Lease, error) {
 	return c.renew(ctx, c.db, name, token, ttl)
 }
@@ -328,7 +344,7 @@ func (c *Client) renew(ctx context.Context, x db.DBTX, name string, token int64,
 // leaseLost builds the ErrLeaseLost error for a renew or release that
 // matched no row, saying what became of the lease.
 func (c *Client) leaseLost(ctx context.Context, x db.DBTX, op, name string, token int64) error {
-	r, err := c.queries.LeaseGet(ctx, x, name)
+	r, err := c.queries.LeaseGet(ctx, readsOf(x), name)
 	switch {
 	case isNoRows(err):
 		return fmt.Errorf("%w: cannot %s lease %q with token %d: it does not exist", ErrLeaseLost, op, name, token)
@@ -355,6 +371,11 @@ func (c *Client) leaseLost(ctx context.Context, x db.DBTX, op, name string, toke
 // Errors: *InputError for a bad name or token; ErrLeaseLost when the lease
 // has been taken over since (the successor's lease is left as it is) or
 // never existed; ErrSchemaMissing; database errors.
+//
+// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// COMMIT) was sent and no reply said how it ended, so it may have been
+// applied; to learn the outcome, repeat the call (releasing again with the
+// token is harmless).
 func (c *Client) Release(ctx context.Context, name string, token int64) (Lease, error) {
 	return c.release(ctx, c.db, name, token)
 }
@@ -396,7 +417,7 @@ func (c *Client) Lease(ctx context.Context, name string) (Lease, error) {
 		return Lease{}, err
 	}
 	sent := time.Now()
-	r, err := c.queries.LeaseRead(ctx, c.db, name)
+	r, err := c.queries.LeaseRead(ctx, c.db.reads(), name)
 	if isNoRows(err) {
 		return Lease{}, fmt.Errorf("%w: %q", ErrLeaseNotFound, name)
 	}
@@ -439,8 +460,12 @@ type WaitOptions struct {
 // costs time, never safety. All attempts share one req.Attempt, so an
 // attempt whose reply was lost is picked up by the next one.
 //
-// Errors not reported by the server (a broken connection, a lost reply)
-// are retried too, up to 5 in a row.
+// Errors not reported by the server (a broken connection, a lost reply:
+// ErrOutcomeUnknown) are retried too, up to 5 in a row. That is not a
+// blind retry: every attempt has the same req.Attempt, so an attempt that
+// took the lease without its reply arriving is returned by the next. When
+// ctx ends after such an error, the error still wraps ErrOutcomeUnknown:
+// read the lease (Lease) to learn whether req.Attempt holds it.
 //
 // Errors: those of Acquire except ErrLeaseHeld; when ctx ends first, an
 // error wrapping both ctx's cause and the last *LeaseHeldError or error.
@@ -478,7 +503,7 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 		if notified != nil {
 			wakeup = notified()
 		}
-		l, err := retry(ctx, c.cfg.RetryMaxElapsed, func() (Lease, error) { return c.acquire(ctx, c.pool, req) })
+		l, err := retry(ctx, c.cfg.RetryMaxElapsed, func() (Lease, error) { return c.acquire(ctx, c.db.pool, req) })
 		var held *LeaseHeldError
 		pause := jitter(interval)
 		switch {
@@ -525,9 +550,15 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 const maxTransientFailures = 5
 
 // isTransient reports errors worth another attempt: those that did not come
-// from the server (a broken connection, a timeout, a lost reply), as
-// opposed to a *pgconn.PgError or bad input.
+// from the server (a broken connection, a timeout, a lost reply), and those
+// whose outcome is unknown (ErrOutcomeUnknown, a FATAL error included), as
+// opposed to an error the server reported for the statement or bad input.
+// Its callers only retry statements that are safe to repeat (an acquire
+// with the same attempt, a renew).
 func isTransient(err error) bool {
+	if errors.Is(err, ErrOutcomeUnknown) {
+		return true
+	}
 	var pgErr *pgconn.PgError
 	return !errors.As(err, &pgErr) && !errors.Is(err, ErrInvalidInput) && !errors.Is(err, ErrSchemaMissing)
 }

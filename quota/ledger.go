@@ -147,7 +147,7 @@ func runKeyed[T any](ctx context.Context, c *Client, x db.DBTX, req request,
 		if err != nil || prior == 0 {
 			return res, err
 		}
-		e, err := c.queries.LedgerGet(ctx, x, prior)
+		e, err := c.queries.LedgerGet(ctx, readsOf(x), prior)
 		if isNoRows(err) {
 			continue
 		}
@@ -263,6 +263,9 @@ func (c *Client) revokeKeyed(ctx context.Context, x db.DBTX, req RevokeRequest) 
 // takes two more statements, to learn its kind and number of shards.
 // Serialization failures and deadlocks are retried as for Grant.
 //
+// On ErrOutcomeUnknown, repeat the call with the same key to learn the
+// outcome.
+//
 // Errors: those of ClaimVoucher, an *InputError for a bad key, and
 // ErrIdempotencyKeyReused.
 func (c *Client) ClaimVoucherWithKey(ctx context.Context, campaign, member string, key IdempotencyKey) (Claim, error) {
@@ -338,6 +341,9 @@ func (c *Client) claimVoucherKeyed(ctx context.Context, x db.DBTX, campaign, mem
 // ClaimVoucherWithKey describes. While unclaimed codes exist but all are
 // locked by claims in progress, nothing is recorded and the claim is tried
 // again, as ClaimCode does.
+//
+// On ErrOutcomeUnknown, repeat the call with the same key to learn the
+// outcome.
 //
 // Errors: those of ClaimCode, an *InputError for a bad key, and
 // ErrIdempotencyKeyReused.
@@ -449,6 +455,11 @@ type RevokeGrantResult struct {
 // Errors: *InputError for a grant id below 1; ErrGrantNotFound when no
 // keyed grant has that id (including reaped ones); ErrSchemaMissing;
 // database errors.
+//
+// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// COMMIT) was sent and no reply said how it ended, so it may have been
+// applied; to learn the outcome, a RevokeGrant repeated with the same grant
+// id revokes at most once and reports the first outcome (Replayed).
 func (c *Client) RevokeGrant(ctx context.Context, grantID int64) (RevokeGrantResult, error) {
 	return c.revokeGrant(ctx, c.db, grantID)
 }
@@ -603,7 +614,7 @@ func (c *Client) LedgerEntry(ctx context.Context, grantID int64) (LedgerEntry, e
 	if grantID < 1 {
 		return LedgerEntry{}, inputError("grant id", "must be at least 1, got %d", grantID)
 	}
-	e, err := c.queries.LedgerGet(ctx, c.db, grantID)
+	e, err := c.queries.LedgerGet(ctx, c.db.reads(), grantID)
 	if isNoRows(err) {
 		return LedgerEntry{}, fmt.Errorf("%w: grant id %d", ErrGrantNotFound, grantID)
 	}
@@ -625,7 +636,7 @@ func (c *Client) LedgerEntryByKey(ctx context.Context, key IdempotencyKey) (Ledg
 	if err := checkName("idempotency key", key.Key); err != nil {
 		return LedgerEntry{}, err
 	}
-	e, err := c.queries.LedgerGetByKey(ctx, c.db, db.LedgerGetByKeyParams{Scope: key.Scope, IdempotencyKey: key.Key})
+	e, err := c.queries.LedgerGetByKey(ctx, c.db.reads(), db.LedgerGetByKeyParams{Scope: key.Scope, IdempotencyKey: key.Key})
 	if isNoRows(err) {
 		return LedgerEntry{}, fmt.Errorf("%w: key %q in scope %q", ErrGrantNotFound, key.Key, key.Scope)
 	}
@@ -654,6 +665,10 @@ const reapBatch = 5000
 // Errors: *InputError when olderThan is below one second; the context's
 // error; ErrSchemaMissing; database errors (rows deleted by earlier batches
 // stay deleted).
+//
+// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// COMMIT) was sent and no reply said how it ended, so it may have been
+// applied; to learn the outcome, repeat the call.
 func (c *Client) ReapLedger(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan < time.Second {
 		return 0, inputError("older than", "must be at least 1s, got %s", olderThan)

@@ -96,6 +96,12 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, topic string, payload
 // EnqueueTx to tie the event to other writes.
 //
 // Errors: as for EnqueueTx.
+//
+// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// COMMIT) was sent and no reply said how it ended, so it may have been
+// applied; to learn the outcome, read the outbox (OutboxEvents); a blind
+// repeat may enqueue the event twice (consumers dedupe by IdempotencyKey
+// when set).
 func (c *Client) Enqueue(ctx context.Context, topic string, payload []byte, opts *EnqueueOpts) (int64, error) {
 	return c.enqueue(ctx, c.db, topic, payload, opts)
 }
@@ -160,7 +166,7 @@ type OutboxStatus struct {
 //
 // Errors: ErrSchemaMissing; database errors.
 func (c *Client) OutboxStatus(ctx context.Context) (OutboxStatus, error) {
-	row, err := c.queries.OutboxStatus(ctx, c.db)
+	row, err := c.queries.OutboxStatus(ctx, c.db.reads())
 	if err != nil {
 		return OutboxStatus{}, dbError("outbox status", err)
 	}
@@ -180,6 +186,10 @@ func (c *Client) OutboxStatus(ctx context.Context) (OutboxStatus, error) {
 //
 // Errors: *InputError when olderThan is below one second; the context's
 // error; ErrSchemaMissing; database errors.
+//
+// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// COMMIT) was sent and no reply said how it ended, so it may have been
+// applied; to learn the outcome, repeat the call.
 func (c *Client) ReapOutbox(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan < time.Second {
 		return 0, inputError("older than", "must be at least 1s, got %s", olderThan)

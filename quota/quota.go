@@ -81,6 +81,10 @@ type MemberLimit struct {
 //
 // Errors: *InputError (ErrInvalidInput) for a bad name, window, time zone or
 // default limit; ErrSchemaMissing; database errors.
+//
+// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// COMMIT) was sent and no reply said how it ended, so it may have been
+// applied; to learn the outcome, repeat the call with the same definition.
 func (c *Client) DefineQuota(ctx context.Context, d Definition) (Quota, error) {
 	return c.defineQuota(ctx, c.db, d)
 }
@@ -138,7 +142,7 @@ func (c *Client) Quota(ctx context.Context, name string) (Quota, error) {
 	if err := checkName("quota name", name); err != nil {
 		return Quota{}, err
 	}
-	row, err := c.queries.QuotaGet(ctx, c.db, name)
+	row, err := c.queries.QuotaGet(ctx, c.db.reads(), name)
 	if isNoRows(err) {
 		return Quota{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, name)
 	}
@@ -184,6 +188,10 @@ func quotaFromRow(r db.QuotaRow) Quota {
 //
 // Errors: *InputError for a bad quota name, member or limit;
 // ErrQuotaNotFound; ErrSchemaMissing; database errors.
+//
+// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// COMMIT) was sent and no reply said how it ended, so it may have been
+// applied; to learn the outcome, repeat the call.
 func (c *Client) SetMemberLimit(ctx context.Context, quota, member string, limit int64) (MemberLimit, error) {
 	return c.setMemberLimit(ctx, c.db, quota, member, limit)
 }
@@ -225,6 +233,10 @@ func (c *Client) setMemberLimit(ctx context.Context, x db.DBTX, quota, member st
 //
 // Errors: *InputError for a bad quota name or member; ErrSchemaMissing;
 // database errors.
+//
+// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// COMMIT) was sent and no reply said how it ended, so it may have been
+// applied; to learn the outcome, repeat the call.
 func (c *Client) ClearMemberLimit(ctx context.Context, quota, member string) (bool, error) {
 	return c.clearMemberLimit(ctx, c.db, quota, member)
 }

@@ -201,7 +201,10 @@ func (r *Relay) Run(ctx context.Context) error {
 //
 // Errors: the context's error before the claim; ErrSchemaMissing; database
 // errors. After an error, nothing of the batch was recorded: its events
-// stay pending and are delivered again.
+// stay pending and are delivered again; except after ErrOutcomeUnknown
+// (the COMMIT that records the outcomes was sent and no reply came), when
+// the outcomes may have been recorded or not: delivery stays at least
+// once either way.
 func (r *Relay) RunOnce(ctx context.Context) (BatchResult, error) {
 	tx, err := r.c.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 	if err != nil {
@@ -303,7 +306,7 @@ func (r *Relay) batch(ctx context.Context, tx pgx.Tx) (BatchResult, error) {
 		}
 	}
 	if err := tx.Commit(rctx); err != nil {
-		return BatchResult{}, dbError("relay: commit", err)
+		return BatchResult{}, dbError("relay: commit", dbutil.MarkOutcome(err))
 	}
 	return res, nil
 }

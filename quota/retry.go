@@ -3,11 +3,13 @@ package quota
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgquota/pgquota/db"
 	"github.com/pgquota/pgquota/internal/dbutil"
@@ -63,6 +65,13 @@ type TxBeginner interface {
 // transaction (send an email, call a payment API); write them to the outbox
 // with EnqueueTx instead, which commits or rolls back with the transaction.
 //
+// When the COMMIT was sent and no reply said how it ended (the connection
+// was lost, ctx ended meanwhile), the error wraps ErrOutcomeUnknown: the
+// transaction may have committed, and it is not run again. Learn its
+// outcome by reading what it wrote, or make fn idempotent with keys
+// (GrantTx with GrantRequest.Idempotency) and run it again. Any other error
+// means nothing was committed.
+//
 // A failed or cancelled transaction is rolled back under
 // context.WithoutCancel with a short timeout, so a cancelled ctx never
 // leaves a transaction open on a pooled connection.
@@ -117,13 +126,23 @@ func retry[T any](ctx context.Context, maxElapsed time.Duration, op func() (T, e
 // transaction, and runs a statement again when it fails with a
 // serialization failure or deadlock: the statement's implicit transaction
 // was rolled back, so running it again is exactly a retry of the whole
-// transaction. The Client's calls without a Tx suffix use it.
+// transaction. The Client's calls without a Tx suffix use it. It never runs
+// a statement again after an error that leaves its outcome unknown
+// (ErrOutcomeUnknown, marked by sentPool): only IsRetryable errors, which
+// the server reported, are retried.
 //
 // Query is not retried: its errors arrive while rows are read, after the
-// caller has seen some of them. Only list reads use it.
+// caller has seen some of them.
 type retryPool struct {
-	pool       db.DBTX
+	pool       sentPool
 	maxElapsed time.Duration
+}
+
+// reads returns r for read-only statements: their errors are never marked
+// ErrOutcomeUnknown, since they change nothing.
+func (r retryPool) reads() retryPool {
+	r.pool.reads = true
+	return r
 }
 
 func (r retryPool) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
@@ -153,4 +172,105 @@ func (rr retryRow) Scan(dest ...any) error {
 		return struct{}{}, rr.r.pool.QueryRow(rr.ctx, rr.sql, rr.args...).Scan(dest...)
 	})
 	return err
+}
+
+// readsOf returns x for read-only statements: the pool's reads() for the
+// pool, x itself for a transaction.
+func readsOf(x db.DBTX) db.DBTX {
+	switch p := x.(type) {
+	case retryPool:
+		return p.reads()
+	case sentPool:
+		p.reads = true
+		return p
+	}
+	return x
+}
+
+// sentPool runs each statement on a connection acquired from the pool for
+// it, in the statement's implicit transaction, and decides whether an
+// error leaves the outcome unknown (DESIGN.md guarantee 6): a failure to
+// acquire a connection sent nothing; a statement's error is marked with
+// ErrOutcomeUnknown when the statement may have reached the server and no
+// reply said how it ended (dbutil.SentWithoutReply: not an error the server
+// reported, not one pgx knows happened before sending; a context that ended
+// after the statement was sent, a lost connection). With reads set, errors
+// are never marked: the statements change nothing.
+type sentPool struct {
+	pool  *pgxpool.Pool
+	reads bool
+}
+
+func (p sentPool) mark(err error) error {
+	if p.reads {
+		return err
+	}
+	return dbutil.MarkOutcome(err)
+}
+
+func (p sentPool) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	conn, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return pgconn.CommandTag{}, err // nothing was sent
+	}
+	defer conn.Release()
+	tag, err := conn.Exec(ctx, sql, args...)
+	return tag, p.mark(err)
+}
+
+func (p sentPool) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	conn, err := p.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := conn.Query(ctx, sql, args...)
+	if err != nil {
+		conn.Release()
+		return nil, p.mark(err)
+	}
+	return &sentRows{Rows: rows, p: p, release: sync.OnceFunc(conn.Release)}, nil
+}
+
+func (p sentPool) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return sentRow{p: p, ctx: ctx, sql: sql, args: args}
+}
+
+// sentRow runs its statement when scanned, as sentPool.Exec does.
+type sentRow struct {
+	p    sentPool
+	ctx  context.Context
+	sql  string
+	args []any
+}
+
+func (sr sentRow) Scan(dest ...any) error {
+	conn, err := sr.p.pool.Acquire(sr.ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	return sr.p.mark(conn.QueryRow(sr.ctx, sr.sql, sr.args...).Scan(dest...))
+}
+
+// sentRows releases its connection when closed, and marks its error as
+// sentPool does.
+type sentRows struct {
+	pgx.Rows
+	p       sentPool
+	release func()
+}
+
+func (r *sentRows) Close() {
+	r.Rows.Close()
+	r.release()
+}
+
+func (r *sentRows) Err() error { return r.p.mark(r.Rows.Err()) }
+
+func (r *sentRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.Close() // the rows were read to the end: the connection goes back
+	return false
 }

@@ -47,6 +47,11 @@ const MaxShards = 1024
 // shards out of range; ErrCampaignExists when the campaign exists with
 // another total, number of shards or kind; ErrSchemaMissing; database
 // errors. Serialization failures and deadlocks are retried as for Grant.
+//
+// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// COMMIT) was sent and no reply said how it ended, so it may have been
+// applied; to learn the outcome, repeat the call with the same total and
+// shards.
 func (c *Client) CreateShardedPool(ctx context.Context, campaign string, total int64, shards int) (Pool, error) {
 	if err := checkShardedPool(campaign, total, shards); err != nil {
 		return Pool{}, err

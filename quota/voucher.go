@@ -85,6 +85,11 @@ type ImportResult struct {
 // Errors: *InputError for a bad campaign or a total below 1;
 // ErrCampaignExists when it exists with another total or as a code
 // campaign; ErrSchemaMissing; database errors.
+//
+// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// COMMIT) was sent and no reply said how it ended, so it may have been
+// applied; to learn the outcome, repeat the call with the same total (a
+// create that exists with it returns the pool).
 func (c *Client) CreateVoucherPool(ctx context.Context, campaign string, total int64) (Pool, error) {
 	return c.createVoucherPool(ctx, c.db, campaign, total)
 }
@@ -142,7 +147,7 @@ func (c *Client) VoucherStatus(ctx context.Context, campaign string) (Pool, erro
 	if err := checkName("campaign", campaign); err != nil {
 		return Pool{}, err
 	}
-	row, err := c.queries.VoucherPoolStatus(ctx, c.db, campaign)
+	row, err := c.queries.VoucherPoolStatus(ctx, c.db.reads(), campaign)
 	if isNoRows(err) {
 		return Pool{}, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
 	}
@@ -167,6 +172,11 @@ func (c *Client) VoucherStatus(ctx context.Context, campaign string) (Pool, erro
 //
 // Errors: *InputError for a bad campaign or member; ErrCampaignNotFound;
 // ErrCampaignKind for a code campaign; ErrSchemaMissing; database errors.
+//
+// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// COMMIT) was sent and no reply said how it ended, so it may have been
+// applied; to learn the outcome, repeat the call: a member holds at most one
+// voucher, so the repeat returns the first claim (Repeat) or claims once.
 func (c *Client) ClaimVoucher(ctx context.Context, campaign, member string) (Claim, error) {
 	return c.claimVoucher(ctx, c.db, campaign, member)
 }
@@ -239,6 +249,11 @@ var ErrCodesBusy = errors.New("pgquota: every unclaimed code is locked by a clai
 // Errors: *InputError for a bad campaign or member; ErrCampaignNotFound;
 // ErrCampaignKind for a counted pool; ErrCodesBusy; the context's error;
 // ErrSchemaMissing; database errors.
+//
+// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// COMMIT) was sent and no reply said how it ended, so it may have been
+// applied; to learn the outcome, repeat the call: a member holds at most one
+// code, so the repeat returns the first code (Repeat) or claims once.
 func (c *Client) ClaimCode(ctx context.Context, campaign, member string) (Claim, error) {
 	return c.claimCode(ctx, c.db, campaign, member)
 }
@@ -315,6 +330,11 @@ func (c *Client) whileCodesLocked(ctx context.Context, campaign string, attempt 
 // Errors: *InputError for a bad campaign or code (naming its index), or an
 // empty list; ErrCampaignExists when the campaign is a counted pool;
 // ErrSchemaMissing; database errors.
+//
+// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// COMMIT) was sent and no reply said how it ended, so it may have been
+// applied; to learn the outcome, repeat the call with the same codes (codes
+// already in the campaign are skipped).
 func (c *Client) ImportCodes(ctx context.Context, campaign string, codes []string) (ImportResult, error) {
 	if err := checkImport(campaign, codes); err != nil {
 		return ImportResult{}, err

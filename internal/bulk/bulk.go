@@ -590,14 +590,12 @@ func retryable(err error) bool {
 	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
 }
 
-// outcomeUnknown reports whether a failed batch may have committed: its
-// statement may have reached the server (pgconn.SafeToRetry is false) and
-// no reply from PostgreSQL says it failed (no *pgconn.PgError): a lost
-// connection, a context that ended while it ran. (When quota grows a
-// sentinel for lost replies, this is errors.Is(err, quota.ErrOutcomeUnknown).)
+// outcomeUnknown reports whether a failed batch may have committed: the
+// batch's statement (or its COMMIT) was sent and no reply said how it
+// ended (quota.ErrOutcomeUnknown: a lost connection, a context that ended
+// while it ran).
 func outcomeUnknown(err error) bool {
-	var pgErr *pgconn.PgError
-	return !pgconn.SafeToRetry(err) && !errors.As(err, &pgErr)
+	return errors.Is(err, quota.ErrOutcomeUnknown)
 }
 
 // errorOutcome is the outcome of a row that was not decided: status

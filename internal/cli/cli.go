@@ -22,6 +22,10 @@ const (
 	ExitError  = 1 // any other error
 	ExitUsage  = 2 // usage error or bad input
 	ExitDenied = 3 // denied: limit reached, sold out, lease held, lease lost, stale token
+	// ExitOutcomeUnknown: the request was sent and no reply said how it
+	// ended (quota.ErrOutcomeUnknown): it may have been applied. Do not
+	// repeat it blindly; stderr says how to learn the outcome.
+	ExitOutcomeUnknown = 4
 )
 
 // app is the state shared by every command of one Run.
@@ -68,12 +72,16 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root.SetArgs(args)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := root.ExecuteContext(ctx)
+	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return ExitOK
 	}
 	if errors.Is(err, errDenied) {
 		return ExitDenied
+	}
+	if errors.Is(err, quota.ErrOutcomeUnknown) {
+		fmt.Fprintln(stderr, "pgquota: "+outcomeUnknownLine(cmd)+" ("+oneLine(strings.TrimPrefix(a.placeError(err).Error(), "pgquota: "))+")")
+		return ExitOutcomeUnknown
 	}
 	msg := a.placeError(err).Error() + hint(err)
 	fmt.Fprintln(stderr, "pgquota: "+oneLine(strings.TrimPrefix(msg, "pgquota: ")))
@@ -83,6 +91,36 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return ExitUsage
 	}
 	return ExitError
+}
+
+// outcomeUnknownLine says, for the command cmd that failed with
+// quota.ErrOutcomeUnknown, what may have happened and how to learn it.
+func outcomeUnknownLine(cmd *cobra.Command) string {
+	path, key := "", ""
+	if cmd != nil {
+		path = strings.TrimPrefix(cmd.CommandPath(), "pgquota ")
+		if f := cmd.Flags().Lookup("idempotency-key"); f != nil {
+			key = f.Value.String()
+		}
+	}
+	switch path {
+	case "grant", "revoke":
+		if key != "" {
+			return "outcome unknown: the " + path + " may have been applied; repeat with --idempotency-key " + key + " (the same command) to learn its outcome"
+		}
+		return "outcome unknown: the " + path + " may have been applied; a repeat without --idempotency-key may apply it twice: read the counter with pgquota usage (next time, give --idempotency-key so that a repeat tells)"
+	case "voucher claim":
+		return "outcome unknown: the claim may have been applied; repeat it for the same member to learn its voucher (a member holds at most one)"
+	case "lease acquire":
+		return "outcome unknown: the lease may have been acquired; pgquota lease show tells who holds it"
+	case "lease renew", "lease release":
+		return "outcome unknown: the " + strings.TrimPrefix(path, "lease ") + " may have been applied; repeating it with the same token is harmless"
+	case "fence write":
+		return "outcome unknown: the write may have landed; pgquota fence show shows the row"
+	case "outbox enqueue":
+		return "outcome unknown: the event may have been enqueued; pgquota outbox list shows it (a repeat may enqueue it twice)"
+	}
+	return "outcome unknown: the command's change may have been applied; check the state before repeating it"
 }
 
 // hint returns what to do about an error that names something the
@@ -147,8 +185,9 @@ socket, your OS user, the database named like it). Errors that depend on
 where pgquota connected name the database, host and user it used.
 
 Exit status: 0 success or granted; 3 denied (limit reached, sold out, lease
-held, lease lost, stale token); 2 usage error or bad input; 1 any other
-error.`,
+held, lease lost, stale token); 2 usage error or bad input; 4 outcome unknown
+(the request was sent and no reply said how it ended: it may have been
+applied); 1 any other error.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		Version:       buildVersion(),

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Beginner is what WithTx needs: a *pgxpool.Pool, a *pgx.Conn, or a pgx.Tx
@@ -23,7 +24,9 @@ const rollbackTimeout = 5 * time.Second
 // WithTx begins a transaction, runs fn in it and commits. When fn fails, the
 // context ends or the commit fails, the transaction is rolled back under
 // context.WithoutCancel with a short timeout, so a cancelled context never
-// leaves a transaction open on a pooled connection.
+// leaves a transaction open on a pooled connection. A COMMIT whose outcome
+// is unknown (SentWithoutReply) fails with an error marked
+// ErrOutcomeUnknown; every other error means nothing was committed.
 func WithTx(ctx context.Context, b Beginner, fn func(tx pgx.Tx) error) error {
 	tx, err := b.Begin(ctx)
 	if err != nil {
@@ -58,7 +61,11 @@ func run(ctx context.Context, tx pgx.Tx, fn func(tx pgx.Tx) error) (err error) {
 	if err := fn(tx); err != nil {
 		return err
 	}
-	return tx.Commit(ctx)
+	// A statement of fn that failed without a reply left nothing behind:
+	// pgx closed the connection, and PostgreSQL rolls back a transaction
+	// whose connection is gone. Only the COMMIT's own lost reply leaves the
+	// outcome unknown.
+	return MarkOutcome(tx.Commit(ctx))
 }
 
 // Rollback rolls tx back under context.WithoutCancel(ctx) with a short
@@ -86,4 +93,75 @@ func WithTxResult[T any](ctx context.Context, b Beginner, fn func(tx pgx.Tx) (T,
 		return err
 	})
 	return out, err
+}
+
+// ErrOutcomeUnknown marks an error after which it is unknown whether the
+// statement or COMMIT that failed took effect: it may have reached the
+// server, and no reply said how it ended. Package quota exports it as
+// quota.ErrOutcomeUnknown.
+var ErrOutcomeUnknown = errors.New("pgquota: outcome unknown: the request may have been applied")
+
+// outcomeUnknownError wraps an error after which the outcome is unknown.
+// errors.Is(err, ErrOutcomeUnknown) holds for it, and the original error
+// stays in the chain (errors.As, errors.Unwrap).
+type outcomeUnknownError struct{ err error }
+
+func (e *outcomeUnknownError) Error() string {
+	return "outcome unknown, no reply said how the statement ended: " + e.err.Error()
+}
+
+func (e *outcomeUnknownError) Is(target error) bool { return target == ErrOutcomeUnknown }
+
+func (e *outcomeUnknownError) Unwrap() error { return e.err }
+
+// SentWithoutReply reports whether err, returned by a statement that runs
+// in its own implicit transaction or by a COMMIT, leaves its outcome
+// unknown: the request may have reached the server and no reply said how
+// it ended. That is every error except
+//   - an error the server reported for the statement (a *pgconn.PgError of
+//     severity ERROR: PostgreSQL rolled the statement back). A FATAL or
+//     PANIC one ended the session instead, possibly after the commit (a
+//     backend terminated or shut down while it sent the reply), so it
+//     counts as unknown;
+//   - one that pgconn guarantees happened before anything was sent
+//     (pgconn.SafeToRetry: a context that had already ended, a busy
+//     connection), except pgconn.ErrConnClosed: pgx v5.12 also returns
+//     that one, marked safe to retry, for a simple-protocol statement (a
+//     COMMIT, any statement in simple_protocol exec mode) whose reply was
+//     lost after it was sent, so it counts as unknown;
+//   - a failed connection attempt (*pgconn.ConnectError);
+//   - pgx.ErrNoRows (a reply: no row matched), and pgx.ErrTxClosed and
+//     pgx.ErrTxCommitRollback (the transaction had already ended, or
+//     COMMIT answered that it rolled back).
+//
+// A context that ended after the request was sent (context.Canceled,
+// context.DeadlineExceeded: pgx then closes the connection) and a
+// connection lost mid-request (unexpected EOF, a reset) are unknown.
+func SentWithoutReply(err error) bool {
+	if err == nil || errors.Is(err, ErrOutcomeUnknown) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.SeverityUnlocalized == "FATAL" || pgErr.SeverityUnlocalized == "PANIC" ||
+			(pgErr.SeverityUnlocalized == "" && (pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC"))
+	}
+	var connectErr *pgconn.ConnectError
+	switch {
+	case errors.Is(err, pgconn.ErrConnClosed):
+		return true
+	case pgconn.SafeToRetry(err), errors.As(err, &connectErr),
+		errors.Is(err, pgx.ErrNoRows), errors.Is(err, pgx.ErrTxClosed), errors.Is(err, pgx.ErrTxCommitRollback):
+		return false
+	}
+	return true
+}
+
+// MarkOutcome returns err marked with ErrOutcomeUnknown when
+// SentWithoutReply(err), and err unchanged otherwise.
+func MarkOutcome(err error) error {
+	if SentWithoutReply(err) {
+		return &outcomeUnknownError{err: err}
+	}
+	return err
 }
