@@ -4,8 +4,8 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/pgquota/pgquota/migrations"
 	"github.com/pgquota/pgquota/internal/dbutil"
+	"github.com/pgquota/pgquota/migrations"
 )
 
 // Sentinel errors. Test for them with errors.Is; the typed errors below wrap
