@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/jackc/pgx/v5"
 	"sort"
 	"sync"
 	"testing"
@@ -126,10 +127,31 @@ func (s *reapScene) staleWritesRejected(t *testing.T, leaseErr error) {
 	t.Helper()
 	_, err := s.client.FenceWrite(s.ctx, quota.FenceWriteRequest{Resource: "r-lease", Key: "k", Value: "stale", Token: s.stale, Lease: "r-lease"})
 	require.ErrorIs(t, err, leaseErr, "a stale write naming the lease")
-	_, err = s.pool.Exec(s.ctx, `INSERT INTO public.reports VALUES (1, 'stale', $1)`, s.staleGuard)
+	// The guarded table: presenting the stale token is refused (its lease is
+	// not held with it, or was taken over), and so is a statement whose
+	// transaction set the token by hand, against the kept highest token.
+	err = pgx.BeginFunc(s.ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(s.ctx, `SELECT pgquota.present_token('public.reports', $1)`, s.staleGuard); err != nil {
+			return quota.FenceError(err)
+		}
+		_, err := tx.Exec(s.ctx, `INSERT INTO public.reports VALUES (1, 'stale', NULL)`)
+		return quota.FenceError(err)
+	})
+	require.True(t, errors.Is(err, quota.ErrStaleToken) || errors.Is(err, quota.ErrLeaseLost),
+		"presenting the stale token to the guarded table is refused, got %v", err)
+	err = pgx.BeginFunc(s.ctx, s.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(s.ctx, `SELECT set_config('pgquota.fence_tokens', json_build_object('public.reports', $1::bigint)::text, true)`, s.staleGuard); err != nil {
+			return err
+		}
+		_, err := tx.Exec(s.ctx, `INSERT INTO public.reports VALUES (1, 'stale', NULL)`)
+		return err
+	})
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr, "a stale write to the guarded table")
 	require.Equal(t, quota.SQLStateStaleToken, pgErr.Code)
+	var n int
+	require.NoError(t, s.pool.QueryRow(s.ctx, `SELECT count(*) FROM public.reports`).Scan(&n))
+	require.Zero(t, n, "no stale row landed in the guarded table")
 	_, err = s.client.FencedRow(s.ctx, "r-lease", "k")
 	require.ErrorIs(t, err, quota.ErrFencedRowNotFound, "nothing landed")
 }

@@ -66,7 +66,8 @@ func TestMigrateDownWithFenceGuard(t *testing.T) {
 
 	r := runDB(t, dbURL, "migrate", "down", "--to", "0")
 	require.Equal(t, cli.ExitError, r.code, "stderr: %q", r.stderr)
-	require.NotContains(t, r.stdout, "down ", "nothing was rolled back")
+	require.NotContains(t, r.stdout, "down      00006_fence_guard.sql", "the guard's migration was not rolled back")
+	require.Regexp(t, `(?m)^version\s+6 \(`, r.stdout, "it stopped at the guard's migration, after rolling back the later ones")
 	require.Equal(t, 1, strings.Count(r.stderr, "\n"), "stderr is one line: %q", r.stderr)
 	require.Contains(t, r.stderr, "DROP TRIGGER pgquota_fence_guard ON reports; DROP TRIGGER pgquota_fence_guard_truncate ON reports; then run this again")
 
