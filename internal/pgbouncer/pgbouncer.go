@@ -51,9 +51,9 @@ type Bouncer struct {
 	Port int
 	// PoolSize is the server connections per database and user.
 	PoolSize int
-	dir  string
-	cmd  *exec.Cmd
-	exit chan struct{} // closed when the process has exited
+	dir      string
+	cmd      *exec.Cmd
+	exit     chan struct{} // closed when the process has exited
 	// adminUser may connect to PgBouncer's admin console (database
 	// "pgbouncer").
 	adminUser string
