@@ -89,7 +89,7 @@ func (c *Client) grantBatchOwn(ctx context.Context, reqs []GrantRequest) ([]Batc
 		return c.grantBatch(ctx, ownTx{c.pool}, reqs)
 	}
 	for run := 1; ; run++ {
-		outs, err := retry(ctx, c.cfg.RetryMaxElapsed, func() ([]BatchOutcome, error) {
+		outs, err := retry(ctx, c.policy, func() ([]BatchOutcome, error) {
 			return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) ([]BatchOutcome, error) {
 				return c.grantBatch(ctx, tx, reqs)
 			})
@@ -233,7 +233,7 @@ func (c *Client) grantBatchRound(ctx context.Context, x db.DBTX, reqs []GrantReq
 		// failure or deadlock (possible when the database's default
 		// isolation is REPEATABLE READ or SERIALIZABLE) it rolled back as a
 		// whole and runs again.
-		rows, err = retry(ctx, c.cfg.RetryMaxElapsed, run)
+		rows, err = retry(ctx, c.policy, run)
 	} else {
 		rows, err = run()
 	}

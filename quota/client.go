@@ -103,7 +103,9 @@ type Client struct {
 	// and deadlocks; the calls without a Tx suffix use it.
 	db      retryPool
 	queries *db.Queries
-	cfg     Config
+	// policy is how the calls without a Tx suffix retry (retry.go).
+	policy retryPolicy
+	cfg    Config
 
 	notifier leaseNotifier // AcquireWait's shared LISTEN connection (lease.go)
 
@@ -168,7 +170,8 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if err := c.cfg.Pooler.CheckExecMode(pool.Config().ConnConfig.DefaultQueryExecMode); err != nil {
 		return nil, err
 	}
-	c.db = retryPool{pool: pool, maxElapsed: c.cfg.RetryMaxElapsed}
+	c.policy = retryPolicy{maxElapsed: c.cfg.RetryMaxElapsed, resetCaches: cacheResetter(pool)}
+	c.db = retryPool{pool: pool, policy: c.policy}
 	if c.cfg.Coalesce {
 		c.coalescer = newCoalescer(c)
 	}

@@ -209,7 +209,7 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (Lease, error)
 	if err := checkAcquire(&req); err != nil {
 		return Lease{}, err
 	}
-	return retry(ctx, c.cfg.RetryMaxElapsed, func() (Lease, error) { return c.acquire(ctx, c.pool, req) })
+	return retry(ctx, c.policy, func() (Lease, error) { return c.acquire(ctx, c.pool, req) })
 }
 
 // AcquireTx is Acquire inside the caller's transaction: the lease is taken
@@ -473,7 +473,7 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 		if notified != nil {
 			wakeup = notified()
 		}
-		l, err := retry(ctx, c.cfg.RetryMaxElapsed, func() (Lease, error) { return c.acquire(ctx, c.pool, req) })
+		l, err := retry(ctx, c.policy, func() (Lease, error) { return c.acquire(ctx, c.pool, req) })
 		var held *LeaseHeldError
 		pause := jitter(interval)
 		switch {
