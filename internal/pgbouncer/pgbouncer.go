@@ -43,6 +43,11 @@ type Options struct {
 	PoolSize int
 	// MaxClientConn is PgBouncer's max_client_conn. Defaults to 2000.
 	MaxClientConn int
+	// QueryWaitTimeout is PgBouncer's query_wait_timeout: how long a
+	// client waits for a server connection before PgBouncer closes it
+	// (SQLSTATE 08P01, "query_wait_timeout"). Defaults to 120s, its own
+	// default; whole seconds.
+	QueryWaitTimeout time.Duration
 }
 
 // Bouncer is a running PgBouncer.
@@ -104,6 +109,9 @@ func StartProcess(serverURL string, opts Options) (*Bouncer, error) {
 	}
 	if opts.MaxClientConn <= 0 {
 		opts.MaxClientConn = 2000
+	}
+	if opts.QueryWaitTimeout <= 0 {
+		opts.QueryWaitTimeout = 120 * time.Second
 	}
 	u, err := url.Parse(serverURL)
 	if err != nil || u.Host == "" {
@@ -174,13 +182,14 @@ default_pool_size = %d
 min_pool_size = 0
 reserve_pool_size = 0
 max_client_conn = %d
+query_wait_timeout = %d
 max_db_connections = 0
 server_reset_query =
 ignore_startup_parameters = extra_float_digits
 log_connections = 0
 log_disconnections = 0
 logfile = %s
-`, host, serverPort, port, filepath.Join(dir, "userlist.txt"), admin, opts.PoolSize, opts.MaxClientConn, b.logPath())
+`, host, serverPort, port, filepath.Join(dir, "userlist.txt"), admin, opts.PoolSize, opts.MaxClientConn, int(opts.QueryWaitTimeout.Seconds()), b.logPath())
 	iniPath := filepath.Join(dir, "pgbouncer.ini")
 	if err := os.WriteFile(iniPath, []byte(ini), 0o644); err != nil {
 		return nil, err
