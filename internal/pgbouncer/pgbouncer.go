@@ -137,6 +137,33 @@ func StartProcess(serverURL string, opts Options) (*Bouncer, error) {
 	return nil, lastErr
 }
 
+// A Bouncer's files live in a directory named dirPrefix*, whose ownerFile
+// holds the pid of the process that started it.
+const (
+	dirPrefix = "pgquota-pgbouncer-"
+	ownerFile = "owner.pid"
+)
+
+// removeOrphans removes the directories of Bouncers whose starting process
+// has exited without stopping them (a PgBouncer for a whole test binary
+// stops with it, and nothing is left to remove its files).
+func removeOrphans() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), dirPrefix+"*"))
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, ownerFile))
+		if err != nil {
+			continue
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil || pid <= 0 {
+			continue
+		}
+		if err := syscall.Kill(pid, 0); errors.Is(err, syscall.ESRCH) {
+			_ = os.RemoveAll(d)
+		}
+	}
+}
+
 func freePort() (int, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -151,8 +178,12 @@ func start(bin string, server *url.URL, opts Options) (*Bouncer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pick a port: %w", err)
 	}
-	dir, err := os.MkdirTemp("", "pgquota-pgbouncer-")
+	removeOrphans()
+	dir, err := os.MkdirTemp("", dirPrefix)
 	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, ownerFile), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
 		return nil, err
 	}
 	host := server.Hostname()
