@@ -94,7 +94,7 @@ func (c *Client) grantBatchOwn(ctx context.Context, reqs []GrantRequest) ([]Batc
 		return c.grantBatch(ctx, ownTx{c.db.pool}, reqs)
 	}
 	for run := 1; ; run++ {
-		outs, err := retry(ctx, c.cfg.RetryMaxElapsed, func() ([]BatchOutcome, error) {
+		outs, err := retry(ctx, c.policy, func() ([]BatchOutcome, error) {
 			return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) ([]BatchOutcome, error) {
 				return c.grantBatch(ctx, tx, reqs)
 			})
@@ -224,8 +224,10 @@ func (c *Client) grantBatchStatement(ctx context.Context, x db.DBTX, reqs []Gran
 	var err error
 	if _, own := x.(ownTx); own {
 		// The statement is its own transaction: after a serialization
-		// failure or deadlock it rolled back as a whole and runs again.
-		rows, err = retry(ctx, c.cfg.RetryMaxElapsed, run)
+		// failure or deadlock (possible when the database's default
+		// isolation is REPEATABLE READ or SERIALIZABLE) it rolled back as a
+		// whole and runs again.
+		rows, err = retry(ctx, c.policy, run)
 	} else {
 		rows, err = run()
 	}

@@ -75,6 +75,18 @@ type Config struct {
 	// block for long. Defaults to nil (such outcomes are only in the
 	// counter).
 	OnAbandonedGrant func(req GrantRequest, res GrantResult, err error)
+
+	// Pooler says what sits between the pool and PostgreSQL. Set it to
+	// PoolerTransaction behind a pooler in transaction mode (PgBouncer's
+	// pool_mode = transaction and the like): every call then keeps no
+	// session state on the server connections it borrows. AcquireWait
+	// (and GrantFenced, which waits through it) polls instead of LISTENing
+	// (see WaitOptions for the intervals), and New refuses a pool whose pgx
+	// query exec mode is unsafe behind such a pooler (see
+	// PoolerMode.CheckExecMode: use pgx.QueryExecModeExec). The pgquota
+	// command sets it with --pooler or $PGQUOTA_POOLER. Defaults to
+	// PoolerNone (a direct connection or a session-mode pooler).
+	Pooler PoolerMode
 }
 
 // Client runs pgquota's operations on a connection pool. It is safe for
@@ -94,7 +106,9 @@ type Client struct {
 	// read-only calls use db.reads(), whose errors are not.
 	db      retryPool
 	queries *db.Queries
-	cfg     Config
+	// policy is how the calls without a Tx suffix retry (retry.go).
+	policy retryPolicy
+	cfg    Config
 
 	notifier leaseNotifier // AcquireWait's shared LISTEN connection (lease.go)
 
@@ -128,12 +142,16 @@ type Client struct {
 // database; call Migrate (or run `pgquota migrate up`) once, and CheckSchema
 // when you want to fail fast on a schema that is behind.
 //
-// The pool works behind a transaction-mode pooler (PgBouncer and the like):
-// pgquota's calls keep no session state and take no session-level advisory
-// locks (Migrate excepted: migrate on a direct connection).
-// With PgBouncer before 1.21 set pgx's default_query_exec_mode to exec or
-// simple_protocol, since pgx otherwise caches prepared statements per
-// connection.
+// Behind a pooler in transaction mode (PgBouncer and the like) set
+// cfg.Pooler to PoolerTransaction and pgx's DefaultQueryExecMode to
+// pgx.QueryExecModeExec (default_query_exec_mode=exec in the connection
+// string): pgquota then keeps no session state (no LISTEN, no session-level
+// advisory locks, no prepared statements); Migrate excepted, which takes a session-level
+// advisory lock: migrate on a direct connection.
+//
+// Errors: *InputError (ErrInvalidInput) naming the Config field, or pgx's
+// DefaultQueryExecMode when cfg.Pooler is PoolerTransaction and the pool's
+// mode is unsafe behind such a pooler (PoolerMode.CheckExecMode).
 func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if pool == nil {
 		return nil, inputError("pool", "must not be nil")
@@ -154,7 +172,14 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if c.cfg.RetryMaxElapsed == 0 {
 		c.cfg.RetryMaxElapsed = DefaultRetryMaxElapsed
 	}
-	c.db = retryPool{pool: sentPool{pool: pool}, maxElapsed: c.cfg.RetryMaxElapsed}
+	if err := checkPooler(c.cfg.Pooler); err != nil {
+		return nil, err
+	}
+	if err := c.cfg.Pooler.CheckExecMode(pool.Config().ConnConfig.DefaultQueryExecMode); err != nil {
+		return nil, err
+	}
+	c.policy = retryPolicy{maxElapsed: c.cfg.RetryMaxElapsed, resetCaches: cacheResetter(pool)}
+	c.db = retryPool{pool: sentPool{pool: pool}, policy: c.policy}
 	if c.cfg.Coalesce {
 		c.coalescer = newCoalescer(c)
 	}

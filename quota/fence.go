@@ -322,7 +322,7 @@ func (c *Client) FencedRows(ctx context.Context, resource string) ([]FencedRow, 
 	if err := checkName("resource", resource); err != nil {
 		return nil, err
 	}
-	rows, err := c.queries.FencedRowList(ctx, c.pool, resource)
+	rows, err := retry(ctx, c.policy, func() ([]db.PgquotaFencedRow, error) { return c.queries.FencedRowList(ctx, c.pool, resource) })
 	if err != nil {
 		return nil, dbError("list fenced rows", err)
 	}
@@ -460,7 +460,7 @@ type FenceGuard struct {
 // applied; to learn the outcome, repeat the call (attaching again replaces
 // the triggers).
 func (c *Client) AttachFenceGuard(ctx context.Context, req FenceGuardRequest) (FenceGuard, error) {
-	return retry(ctx, c.cfg.RetryMaxElapsed, func() (FenceGuard, error) {
+	return retry(ctx, c.policy, func() (FenceGuard, error) {
 		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (FenceGuard, error) {
 			return c.attachFenceGuard(ctx, tx, req)
 		})

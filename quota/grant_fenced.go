@@ -34,7 +34,8 @@ func FencedGrantLease(quota, member string) string {
 // by a fenced lock instead of one conditional update. It
 //
 //  1. acquires the lease FencedGrantLease(req.Quota, req.Member) with
-//     AcquireWait (TTL ttl, DefaultFencedGrantTTL when 0);
+//     AcquireWait (TTL ttl, DefaultFencedGrantTTL when 0), which polls
+//     instead of LISTENing when Config.Pooler is PoolerTransaction;
 //  2. reads the member's counter and limit (a plain read);
 //  3. decides in Go whether req.Amount fits;
 //  4. writes the new counter value with a fenced write: one statement that

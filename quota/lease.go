@@ -29,7 +29,8 @@ import (
 // clock_timestamp(), read inside each statement), never by the
 // application's clock, so clock skew between application servers cannot
 // make two of them hold one lease. No call here uses session-level advisory
-// locks or other session state, except AcquireWait's optional LISTEN.
+// locks or other session state, except AcquireWait's LISTEN, which
+// Config.Pooler = PoolerTransaction (or WaitOptions.NoListen) turns off.
 
 // Bounds of a lease's TTL.
 const (
@@ -228,7 +229,7 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (Lease, error)
 	if err := checkAcquire(&req); err != nil {
 		return Lease{}, err
 	}
-	return retry(ctx, c.cfg.RetryMaxElapsed, func() (Lease, error) { return c.acquire(ctx, c.db.pool, req) })
+	return retry(ctx, c.policy, func() (Lease, error) { return c.acquire(ctx, c.db.pool, req) })
 }
 
 // AcquireTx is Acquire inside the caller's transaction: the lease is taken
@@ -439,23 +440,29 @@ type WaitOptions struct {
 	// holder's remaining TTL as the database reported it, so a lease that
 	// expires is taken promptly. Defaults to 10ms.
 	MinInterval time.Duration
-	// MaxInterval bounds the pause between attempts. Defaults to 1s.
+	// MaxInterval bounds the pause between attempts. Defaults to 1s, or
+	// 100ms when nothing wakes a waiter early (NoListen, or the Client's
+	// Config.Pooler is PoolerTransaction), so that a release is noticed
+	// within about that long.
 	MaxInterval time.Duration
 	// NoListen turns off the early wake-up on release, which LISTENs on
 	// LeaseNotifyChannel on a connection of its own, opened with the pool's
 	// connection settings but outside the pool (so it never takes a
 	// connection the attempts need), shared by all the Client's waiting
-	// AcquireWait calls and kept open while any waits. Set it behind a
-	// transaction-mode pooler, where LISTEN does not work; waiting then
-	// relies on polling alone. Defaults to false.
+	// AcquireWait calls and kept open while any waits. Waiting then relies
+	// on polling alone. A Client whose Config.Pooler is PoolerTransaction
+	// never listens, whatever NoListen says: behind a transaction pooler
+	// LISTEN stays on a server connection that other clients use next.
+	// Defaults to false.
 	NoListen bool
 }
 
 // AcquireWait acquires the lease like Acquire, waiting while another holder
 // has it, until it is acquired or ctx ends. It polls with bounded
 // exponential backoff and jitter, sleeping no longer than the holder's
-// remaining TTL, and (unless opts.NoListen) wakes early when a release is
-// announced on LeaseNotifyChannel. Notifications are only a hint: every
+// remaining TTL, and (unless opts.NoListen, or the Client's Config.Pooler
+// is PoolerTransaction) wakes early when a release is announced on
+// LeaseNotifyChannel. Notifications are only a hint: every
 // decision is the acquire statement's, so a lost or spurious notification
 // costs time, never safety. All attempts share one req.Attempt, so an
 // attempt whose reply was lost is picked up by the next one.
@@ -480,8 +487,14 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 	if o.MinInterval <= 0 {
 		o.MinInterval = 10 * time.Millisecond
 	}
+	if c.cfg.Pooler == PoolerTransaction {
+		o.NoListen = true
+	}
 	if o.MaxInterval <= 0 {
 		o.MaxInterval = time.Second
+		if o.NoListen {
+			o.MaxInterval = pollerMaxInterval
+		}
 	}
 	o.MaxInterval = max(o.MaxInterval, o.MinInterval)
 
@@ -503,7 +516,7 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 		if notified != nil {
 			wakeup = notified()
 		}
-		l, err := retry(ctx, c.cfg.RetryMaxElapsed, func() (Lease, error) { return c.acquire(ctx, c.db.pool, req) })
+		l, err := retry(ctx, c.policy, func() (Lease, error) { return c.acquire(ctx, c.db.pool, req) })
 		var held *LeaseHeldError
 		pause := jitter(interval)
 		switch {

@@ -34,10 +34,12 @@ func TestBreakLeaseTokenGoesBackAfterRowDeletion(t *testing.T) {
 			FOR EACH ROW EXECUTE FUNCTION pgquota.test_pause();`)
 	require.NoError(t, err)
 
-	gate, err := b.pool.Acquire(b.ctx)
+	// The gate is a transaction's advisory lock, so that the test also
+	// runs behind a transaction pooler (PGQUOTA_TEST_POOLER).
+	gate, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
-	defer gate.Release()
-	_, err = gate.Exec(b.ctx, `SELECT pg_advisory_lock(4242)`)
+	defer func() { _ = gate.Rollback(b.ctx) }()
+	_, err = gate.Exec(b.ctx, `SELECT pg_advisory_xact_lock(4242)`)
 	require.NoError(t, err)
 
 	type out struct {
@@ -76,8 +78,7 @@ func TestBreakLeaseTokenGoesBackAfterRowDeletion(t *testing.T) {
 	case <-time.After(time.Second):
 	}
 
-	_, err = gate.Exec(b.ctx, `SELECT pg_advisory_unlock(4242)`)
-	require.NoError(t, err)
+	require.NoError(t, gate.Rollback(b.ctx))
 	got := <-slow
 	require.NoError(t, got.err)
 	if fastFirst {

@@ -98,7 +98,7 @@ func (c *Client) ReapLeases(ctx context.Context, req ReapLeasesRequest) ([]Reape
 		}
 		// One statement, its own implicit transaction: run again whole on
 		// a serialization failure or deadlock.
-		rows, err := retry(ctx, c.cfg.RetryMaxElapsed, func() ([]db.LeaseReapRow, error) {
+		rows, err := retry(ctx, c.policy, func() ([]db.LeaseReapRow, error) {
 			return c.queries.LeaseReap(ctx, c.pool, db.LeaseReapParams{
 				OlderThanUs: req.OlderThan.Microseconds(), BatchSize: int32(batch), Fences: req.Fences,
 			})

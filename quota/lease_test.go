@@ -225,6 +225,7 @@ func TestLeaseAcquireWait(t *testing.T) {
 	b := setup(t, 0)
 
 	t.Run("woken by release", func(t *testing.T) {
+		pgtest.NeedsSession(t, "waits for LISTEN's wake-up on a release, which Config.Pooler = PoolerTransaction turns off; TestPoolerTransactionLeavesNoListen covers waiting behind the pooler")
 		l := b.acquire(t, "w1", "first", time.Minute)
 		got := make(chan quota.Lease, 1)
 		errc := make(chan error, 1)

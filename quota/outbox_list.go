@@ -101,7 +101,7 @@ func (c *Client) OutboxEvents(ctx context.Context, f OutboxFilter) ([]OutboxEven
 	case f.Limit > 0:
 		p.MaxEvents = int32(f.Limit)
 	}
-	rows, err := c.queries.OutboxList(ctx, c.db.reads(), p)
+	rows, err := retry(ctx, c.policy, func() ([]db.PgquotaOutbox, error) { return c.queries.OutboxList(ctx, c.db.reads(), p) })
 	if err != nil {
 		return nil, dbError("list outbox", err)
 	}

@@ -156,7 +156,7 @@ func (c *Client) Quota(ctx context.Context, name string) (Quota, error) {
 //
 // Errors: ErrSchemaMissing; database errors.
 func (c *Client) Quotas(ctx context.Context) ([]Quota, error) {
-	rows, err := c.queries.QuotaList(ctx, c.pool)
+	rows, err := retry(ctx, c.policy, func() ([]db.QuotaRow, error) { return c.queries.QuotaList(ctx, c.pool) })
 	if err != nil {
 		return nil, dbError("list quotas", err)
 	}
@@ -268,13 +268,13 @@ func (c *Client) MemberLimits(ctx context.Context, quota string) ([]MemberLimit,
 	if err := checkName("quota name", quota); err != nil {
 		return nil, err
 	}
-	rows, err := c.queries.QuotaOverrideList(ctx, c.pool, quota)
+	rows, err := retry(ctx, c.policy, func() ([]db.PgquotaQuotaOverride, error) { return c.queries.QuotaOverrideList(ctx, c.pool, quota) })
 	if err != nil {
 		return nil, dbError("list member limits", err)
 	}
 	if len(rows) == 0 {
 		// No overrides, or no quota: tell them apart.
-		if _, err := c.queries.QuotaGet(ctx, c.pool, quota); isNoRows(err) {
+		if _, err := c.queries.QuotaGet(ctx, c.db, quota); isNoRows(err) {
 			return nil, fmt.Errorf("%w: %q", ErrQuotaNotFound, quota)
 		} else if err != nil {
 			return nil, dbError("list member limits", err)

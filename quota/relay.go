@@ -199,6 +199,11 @@ func (r *Relay) Run(ctx context.Context) error {
 // so far are still recorded (under context.WithoutCancel, with a short
 // timeout) and the rest of the batch stays pending.
 //
+// A claim that fails because pgx's cached statement went stale (a column
+// of pgquota.outbox changed type; see RunInTx) is rolled back and run once
+// more after the pool's statement caches were reset; no handler has been
+// called by then.
+//
 // Errors: the context's error before the claim; ErrSchemaMissing; database
 // errors. After an error, nothing of the batch was recorded: its events
 // stay pending and are delivered again; except after ErrOutcomeUnknown
@@ -206,16 +211,29 @@ func (r *Relay) Run(ctx context.Context) error {
 // the outcomes may have been recorded or not: delivery stays at least
 // once either way.
 func (r *Relay) RunOnce(ctx context.Context) (BatchResult, error) {
-	tx, err := r.c.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-	if err != nil {
-		return BatchResult{}, dbError("relay", err)
+	for try := 1; ; try++ {
+		tx, err := r.c.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+		if err != nil {
+			return BatchResult{}, dbError("relay", err)
+		}
+		rows, err := r.c.queries.OutboxClaim(ctx, tx, db.OutboxClaimParams{Topics: r.cfg.Topics, BatchSize: int32(r.cfg.BatchSize)})
+		if err != nil {
+			dbutil.Rollback(ctx, tx, &err)
+			if try == 1 && isStaleStatementError(err) && ctx.Err() == nil {
+				if reset := r.c.policy.resetCaches; reset != nil {
+					reset(ctx)
+				}
+				continue
+			}
+			return BatchResult{}, dbError("relay: claim", err)
+		}
+		res, err := r.batch(ctx, tx, rows)
+		if err != nil {
+			dbutil.Rollback(ctx, tx, &err)
+			return BatchResult{}, err
+		}
+		return res, nil
 	}
-	res, err := r.batch(ctx, tx)
-	if err != nil {
-		dbutil.Rollback(ctx, tx, &err)
-		return BatchResult{}, err
-	}
-	return res, nil
 }
 
 // aliveAfter is the handler time after which the relay checks, before the
@@ -228,11 +246,8 @@ const aliveAfter = time.Millisecond
 // recordTimeout bounds recording a batch's outcomes after ctx ended.
 const recordTimeout = 5 * time.Second
 
-func (r *Relay) batch(ctx context.Context, tx pgx.Tx) (BatchResult, error) {
-	rows, err := r.c.queries.OutboxClaim(ctx, tx, db.OutboxClaimParams{Topics: r.cfg.Topics, BatchSize: int32(r.cfg.BatchSize)})
-	if err != nil {
-		return BatchResult{}, dbError("relay: claim", err)
-	}
+// batch delivers the claimed rows and records the outcomes in tx.
+func (r *Relay) batch(ctx context.Context, tx pgx.Tx, rows []db.OutboxClaimRow) (BatchResult, error) {
 	res := BatchResult{Claimed: len(rows)}
 	if len(rows) == 0 {
 		return res, tx.Commit(ctx)

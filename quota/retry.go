@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"strings"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -58,7 +59,10 @@ type TxBeginner interface {
 // the transaction fails with a serialization failure or a deadlock
 // (IsRetryable), at fn's statements or at commit, it is rolled back and
 // run again from the start, with exponential backoff and jitter, for up to
-// DefaultRetryMaxElapsed or until ctx ends. Any other error from fn rolls the
+// DefaultRetryMaxElapsed or until ctx ends. When it fails because a
+// statement cached on the connection went stale (see retryPolicy: a
+// column's type changed), the statement caches of db's idle connections
+// are reset and it runs once more. Any other error from fn rolls the
 // transaction back and is returned as is.
 //
 // fn may run more than once, so it must not have effects outside the
@@ -80,18 +84,100 @@ type TxBeginner interface {
 // REPEATABLE READ or SERIALIZABLE, or when the database's
 // default_transaction_isolation is one of those.
 func RunInTx(ctx context.Context, db TxBeginner, opts pgx.TxOptions, fn func(tx pgx.Tx) error) error {
-	_, err := retry(ctx, DefaultRetryMaxElapsed, func() (struct{}, error) {
+	p := retryPolicy{maxElapsed: DefaultRetryMaxElapsed, resetCaches: cacheResetter(db)}
+	_, err := retry(ctx, p, func() (struct{}, error) {
 		return struct{}{}, dbutil.WithTxOptions(ctx, db, opts, fn)
 	})
 	return err
 }
 
-// retry runs op until it succeeds, fails with an error that IsRetryable
-// does not accept, ctx ends or maxElapsed has passed. On giving up it
-// returns op's last error (joined with ctx's error when ctx ended). The
-// first attempt allocates nothing: the backoff starts after a failure.
-func retry[T any](ctx context.Context, maxElapsed time.Duration, op func() (T, error)) (T, error) {
+// retryPolicy is how the calls that own their transaction retry.
+//
+// Besides serialization failures and deadlocks (IsRetryable, retried with
+// backoff for up to maxElapsed), one more failure is retried once, at
+// once: a statement that pgx cached on the connection (its default
+// QueryExecModeCacheStatement prepares each statement once per connection)
+// has gone stale. After ALTER TABLE ... ALTER COLUMN ... TYPE, say, the
+// server refuses to run a prepared statement whose result columns changed
+// type ("cached plan must not change result type", SQLSTATE 0A000, from
+// PostgreSQL's plan cache, src/backend/utils/cache/plancache.c); a server
+// connection reset under pgx (DISCARD ALL, DEALLOCATE ALL) no longer has
+// the statement (26000, invalid_sql_statement_name). pgx forgets the failed
+// statement on the failed connection only; resetCaches, when not nil,
+// resets the statement caches of the pool's idle connections before the
+// retry, so the retry, and the calls after it, prepare afresh. The failed
+// statement's transaction was rolled back, so nothing was written.
+type retryPolicy struct {
+	maxElapsed  time.Duration
+	resetCaches func(ctx context.Context)
+}
+
+// isStaleStatementError reports the errors retryPolicy retries once after
+// a cache reset. The plan cache's 0A000 is told from the code's other uses
+// by the server routine that raises it (not translated, unlike the
+// message), or else by its message.
+func isStaleStatementError(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "0A000":
+		return pgErr.Routine == "RevalidateCachedQuery" || strings.Contains(pgErr.Message, "cached plan must not change result type")
+	case "26000":
+		return true
+	}
+	return false
+}
+
+// cacheResetter returns a function that resets the statement caches of
+// x's idle connections when x is a *pgxpool.Pool or a *pgx.Conn whose pgx
+// exec mode caches statements, and nil otherwise.
+func cacheResetter(x any) func(ctx context.Context) {
+	caching := func(cfg *pgx.ConnConfig) bool {
+		m := cfg.DefaultQueryExecMode
+		return m == pgx.QueryExecModeCacheStatement || m == pgx.QueryExecModeCacheDescribe
+	}
+	switch x := x.(type) {
+	case *pgxpool.Pool:
+		if !caching(x.Config().ConnConfig) {
+			return nil
+		}
+		return func(ctx context.Context) {
+			for _, conn := range x.AcquireAllIdle(ctx) {
+				// DeallocateAll empties pgx's statement and description
+				// caches and deallocates the connection's prepared
+				// statements. A connection it fails on is broken: the
+				// pool drops it on release.
+				_ = conn.Conn().DeallocateAll(ctx)
+				conn.Release()
+			}
+		}
+	case *pgx.Conn:
+		if !caching(x.Config()) {
+			return nil
+		}
+		return func(ctx context.Context) {
+			if x.PgConn().TxStatus() == 'I' {
+				_ = x.DeallocateAll(ctx)
+			}
+		}
+	}
+	return nil
+}
+
+// retry runs op until it succeeds, fails with an error that p does not
+// retry, ctx ends or p.maxElapsed has passed. On giving up it returns op's
+// last error (joined with ctx's error when ctx ended). The first attempt
+// allocates nothing: the backoff starts after a failure.
+func retry[T any](ctx context.Context, p retryPolicy, op func() (T, error)) (T, error) {
 	v, err := op()
+	if err != nil && isStaleStatementError(err) && ctx.Err() == nil {
+		if p.resetCaches != nil {
+			p.resetCaches(ctx)
+		}
+		v, err = op()
+	}
 	if err == nil || !IsRetryable(err) {
 		return v, err
 	}
@@ -105,7 +191,7 @@ func retry[T any](ctx context.Context, maxElapsed time.Duration, op func() (T, e
 	b.Reset()
 	for {
 		wait := b.NextBackOff()
-		if time.Since(start)+wait > maxElapsed {
+		if time.Since(start)+wait > p.maxElapsed {
 			return v, err
 		}
 		t := time.NewTimer(wait)
@@ -124,18 +210,19 @@ func retry[T any](ctx context.Context, maxElapsed time.Duration, op func() (T, e
 
 // retryPool runs single statements on the pool, each in its own implicit
 // transaction, and runs a statement again when it fails with a
-// serialization failure or deadlock: the statement's implicit transaction
-// was rolled back, so running it again is exactly a retry of the whole
-// transaction. The Client's calls without a Tx suffix use it. It never runs
-// a statement again after an error that leaves its outcome unknown
-// (ErrOutcomeUnknown, marked by sentPool): only IsRetryable errors, which
-// the server reported, are retried.
+// serialization failure or deadlock, or once when its cached statement went
+// stale (retryPolicy): the statement's implicit transaction was rolled
+// back, so running it again is exactly a retry of the whole transaction.
+// The Client's calls without a Tx suffix use it. It never runs a statement
+// again after an error that leaves its outcome unknown (ErrOutcomeUnknown,
+// marked by sentPool): only errors the server reported are retried.
 //
 // Query is not retried: its errors arrive while rows are read, after the
-// caller has seen some of them.
+// caller has seen some of them. The list reads wrap their whole read in
+// retry instead.
 type retryPool struct {
-	pool       sentPool
-	maxElapsed time.Duration
+	pool   sentPool
+	policy retryPolicy
 }
 
 // reads returns r for read-only statements: their errors are never marked
@@ -146,7 +233,7 @@ func (r retryPool) reads() retryPool {
 }
 
 func (r retryPool) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	return retry(ctx, r.maxElapsed, func() (pgconn.CommandTag, error) {
+	return retry(ctx, r.policy, func() (pgconn.CommandTag, error) {
 		return r.pool.Exec(ctx, sql, args...)
 	})
 }
@@ -168,7 +255,7 @@ type retryRow struct {
 }
 
 func (rr retryRow) Scan(dest ...any) error {
-	_, err := retry(rr.ctx, rr.r.maxElapsed, func() (struct{}, error) {
+	_, err := retry(rr.ctx, rr.r.policy, func() (struct{}, error) {
 		return struct{}{}, rr.r.pool.QueryRow(rr.ctx, rr.sql, rr.args...).Scan(dest...)
 	})
 	return err

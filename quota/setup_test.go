@@ -22,14 +22,32 @@ type testBundle struct {
 }
 
 // setup returns a client on a fresh migrated database whose pool holds at
-// most maxConns connections (0 for the harness default).
+// most maxConns connections (0 for the harness default). Under
+// PGQUOTA_TEST_POOLER the pool goes through PgBouncer in transaction mode
+// and the client is configured for it (testConfig).
 func setup(t *testing.T, maxConns int32) *testBundle {
 	t.Helper()
 	dbURL := pgtest.NewURL(t)
-	pool := pgtest.Connect(t, dbURL, maxConns)
-	client, err := quota.New(pool, nil)
+	pool := pgtest.Connect(t, pgtest.PoolURL(t, dbURL), maxConns)
+	client, err := quota.New(pool, testConfig(t, nil))
 	require.NoError(t, err)
 	return &testBundle{ctx: context.Background(), pool: pool, client: client, owner: pgtest.ConnectOwner(t, dbURL, 2)}
+}
+
+// testConfig returns cfg (nil for the defaults) with Pooler set to
+// PoolerTransaction when the test's pools go through a transaction pooler
+// (pgtest.Pooled).
+func testConfig(t *testing.T, cfg *quota.Config) *quota.Config {
+	t.Helper()
+	if !pgtest.Pooled(t) {
+		return cfg
+	}
+	var c quota.Config
+	if cfg != nil {
+		c = *cfg
+	}
+	c.Pooler = quota.PoolerTransaction
+	return &c
 }
 
 func ptr[T any](v T) *T { return &v }

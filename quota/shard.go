@@ -56,7 +56,7 @@ func (c *Client) CreateShardedPool(ctx context.Context, campaign string, total i
 	if err := checkShardedPool(campaign, total, shards); err != nil {
 		return Pool{}, err
 	}
-	return retry(ctx, c.cfg.RetryMaxElapsed, func() (Pool, error) {
+	return retry(ctx, c.policy, func() (Pool, error) {
 		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (Pool, error) {
 			return c.createShardedPool(ctx, tx, campaign, total, shards)
 		})
@@ -172,7 +172,7 @@ func (c *Client) claimSharded(ctx context.Context, x db.DBTX, campaign, member s
 		// Each attempt passes the gate on its own: a claim that must run
 		// again (a serialization failure) gives its place up while it
 		// backs off, instead of retrying ahead of the claims waiting.
-		row, err = retry(ctx, rp.maxElapsed, func() (db.VoucherShardClaimRow, error) {
+		row, err = retry(ctx, rp.policy, func() (db.VoucherShardClaimRow, error) {
 			release, err := c.shardGate(ctx, campaign, shards)
 			if err != nil {
 				return db.VoucherShardClaimRow{}, err

@@ -339,7 +339,7 @@ func (c *Client) ImportCodes(ctx context.Context, campaign string, codes []strin
 	if err := checkImport(campaign, codes); err != nil {
 		return ImportResult{}, err
 	}
-	return retry(ctx, c.cfg.RetryMaxElapsed, func() (ImportResult, error) {
+	return retry(ctx, c.policy, func() (ImportResult, error) {
 		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (ImportResult, error) {
 			return c.importCodes(ctx, tx, campaign, codes)
 		})

@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -37,6 +39,10 @@ type app struct {
 	connectTimeout time.Duration
 	// poolSize, when above 4, is the size of the pool connect opens.
 	poolSize int
+	// pooler is --pooler as given (else $PGQUOTA_POOLER); poolerMode is
+	// what connect parsed it to.
+	pooler     string
+	poolerMode quota.PoolerMode
 
 	pool   *pgxpool.Pool
 	client *quota.Client
@@ -183,6 +189,9 @@ Connection: --database-url, else $DATABASE_URL, else the libpq PG* variables
 (PGHOST, PGPORT, PGUSER, PGDATABASE, ...), else libpq's defaults (the local
 socket, your OS user, the database named like it). Errors that depend on
 where pgquota connected name the database, host and user it used.
+Behind a pooler in transaction mode (PgBouncer's pool_mode = transaction)
+pass --pooler transaction or set PGQUOTA_POOLER=transaction: no LISTEN, no
+session state, pgx's exec mode.
 
 Exit status: 0 success or granted; 3 denied (limit reached, sold out, lease
 held, lease lost, stale token); 2 usage error or bad input; 4 outcome unknown
@@ -198,6 +207,7 @@ applied); 1 any other error.`,
 	pf.StringVar(&a.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL, else the libpq PG* variables)")
 	pf.BoolVar(&a.json, "json", false, "print JSON instead of aligned text")
 	pf.DurationVar(&a.connectTimeout, "connect-timeout", 10*time.Second, "give up connecting after this long")
+	pf.StringVar(&a.pooler, "pooler", "", "what sits in front of PostgreSQL: none, or transaction for a transaction-mode pooler such as PgBouncer (no LISTEN, no session state, pgx exec mode) (default $"+quota.EnvPooler+", else none)")
 	// cobra prints versionLine for --version; declared here for its usage.
 	root.Flags().Bool("version", false, "print pgquota's version and the schema version it needs, then exit")
 
@@ -253,6 +263,9 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, usagef("invalid %s: %v (expected a URL like postgres://user@host:5432/dbname, or libpq key=value settings)", source, unwrapAll(err))
 	}
+	if err := a.configurePooler(dsn, cfg); err != nil {
+		return nil, err
+	}
 	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > a.connectTimeout {
 		cfg.ConnConfig.ConnectTimeout = a.connectTimeout
 	}
@@ -267,6 +280,32 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
+// configurePooler reads --pooler (else $PGQUOTA_POOLER). Behind a
+// transaction pooler it sets pgx's exec mode (no prepared statements, one
+// round trip per statement) unless the connection string chose a mode, and
+// refuses a chosen mode that is unsafe there.
+func (a *app) configurePooler(dsn string, cfg *pgxpool.Config) error {
+	setting, source := a.pooler, "--pooler"
+	if setting == "" {
+		setting, source = os.Getenv(quota.EnvPooler), "$"+quota.EnvPooler
+	}
+	mode, err := quota.ParsePoolerMode(source, setting)
+	if err != nil {
+		return usageError{err}
+	}
+	a.poolerMode = mode
+	if mode != quota.PoolerTransaction {
+		return nil
+	}
+	if !strings.Contains(dsn, "default_query_exec_mode") {
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
+	if err := mode.CheckExecMode(cfg.ConnConfig.DefaultQueryExecMode); err != nil {
+		return usagef("%s=%s: %w (or leave default_query_exec_mode out of the connection string: pgquota then uses exec)", source, setting, err)
+	}
+	return nil
+}
+
 // quotaClient connects and checks that the schema is migrated.
 func (a *app) quotaClient(ctx context.Context) (*quota.Client, error) {
 	if a.client != nil {
@@ -276,7 +315,7 @@ func (a *app) quotaClient(ctx context.Context) (*quota.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	client, err := quota.New(pool, nil)
+	client, err := quota.New(pool, &quota.Config{Pooler: a.poolerMode})
 	if err != nil {
 		return nil, err
 	}

@@ -179,13 +179,15 @@ func NewEmptyURL(tb testing.TB) string {
 // NewPool returns a pool on a fresh migrated database, closed when the test
 // ends. maxConns bounds the pool (0 means 8); tests that run hundreds of
 // goroutines keep it small, since the server's max_connections is shared by
-// every test running in parallel.
+// every test running in parallel. Under PGQUOTA_TEST_POOLER=pgbouncer the
+// pool goes through a transaction pooler (PoolURL).
 func NewPool(tb testing.TB, maxConns int32) *pgxpool.Pool {
 	tb.Helper()
-	return Connect(tb, NewURL(tb), maxConns)
+	return Connect(tb, PoolURL(tb, NewURL(tb)), maxConns)
 }
 
-// Connect opens a pool on dbURL, closed when the test ends. With
+// Connect opens a pool on dbURL, closed when the test ends. It connects
+// where dbURL says, also under PGQUOTA_TEST_POOLER (see PoolURL); with
 // EnvAppRole=1 it connects as AppLogin instead (see ConnectOwner).
 func Connect(tb testing.TB, dbURL string, maxConns int32) *pgxpool.Pool {
 	tb.Helper()

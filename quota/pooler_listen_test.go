@@ -1,0 +1,89 @@
+package quota_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgquota/pgquota/internal/pgbouncer"
+	"github.com/pgquota/pgquota/internal/pgtest"
+	"github.com/pgquota/pgquota/quota"
+)
+
+// pooledClient returns a client whose pool goes through b to a fresh
+// migrated database, in pgx's exec mode, and the pooled URL.
+func pooledClient(t *testing.T, b *pgbouncer.Bouncer, cfg *quota.Config, maxConns int32) (*quota.Client, string) {
+	t.Helper()
+	u, err := b.URL(pgtest.NewURL(t) + "&default_query_exec_mode=exec")
+	require.NoError(t, err)
+	c, err := quota.New(pgtest.Connect(t, u, maxConns), cfg)
+	require.NoError(t, err)
+	return c, u
+}
+
+// Behind a real PgBouncer in transaction mode (pool of 3), AcquireWait
+// with default options and GrantFenced under contention used to LISTEN on
+// pgquota_lease through the pooler: the LISTEN stayed on pooled server
+// connections after the clients had gone, and PgBouncer logged "got packet
+// 'A' from server when not linked" for every release announced to them.
+// With Config.Pooler = PoolerTransaction no server connection listens
+// after the calls, and waiting still works (by polling).
+func TestPoolerTransactionLeavesNoListen(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := pgbouncer.Start(t, pgtest.BaseURL(t), pgbouncer.Options{})
+	cfg := &quota.Config{Pooler: quota.PoolerTransaction}
+
+	t.Run("AcquireWait", func(t *testing.T) {
+		c, u := pooledClient(t, b, cfg, 4)
+		l, err := c.Acquire(ctx, quota.AcquireRequest{Name: "r", Holder: "first", TTL: time.Minute})
+		require.NoError(t, err)
+		done := make(chan error, 1)
+		go func() {
+			_, err := c.AcquireWait(ctx, quota.AcquireRequest{Name: "r", Holder: "second", TTL: time.Minute}, nil)
+			done <- err
+		}()
+		time.Sleep(300 * time.Millisecond)
+		_, err = c.Release(ctx, "r", l.Token)
+		require.NoError(t, err)
+		require.NoError(t, <-done)
+		w, err := c.Lease(ctx, "r")
+		require.NoError(t, err)
+		require.Equal(t, "second", w.Holder)
+		c.Pool().Close()
+		chs, err := b.ServerChannels(ctx, u)
+		require.NoError(t, err)
+		require.Empty(t, chs, "server connections still LISTENing after the client left")
+		require.NotContains(t, b.Log(), "got packet 'A'", "a NOTIFY reached a server connection no client was linked to")
+	})
+
+	t.Run("GrantFenced", func(t *testing.T) {
+		c, u := pooledClient(t, b, cfg, 8)
+		_, err := c.DefineQuota(ctx, quota.Definition{Name: "q", DefaultLimit: ptr(int64(100)), Window: quota.WindowNone})
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		errs := make(chan error, 20)
+		for range 20 {
+			wg.Go(func() {
+				_, err := c.GrantFenced(ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, 0)
+				errs <- err
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			require.NoError(t, err)
+		}
+		u2, err := c.Usage(ctx, "q", "m")
+		require.NoError(t, err)
+		require.EqualValues(t, 20, u2.Used)
+		c.Pool().Close()
+		chs, err := b.ServerChannels(ctx, u)
+		require.NoError(t, err)
+		require.Empty(t, chs, "server connections still LISTENing after the client left")
+		require.NotContains(t, b.Log(), "got packet 'A'", "a NOTIFY reached a server connection no client was linked to")
+	})
+}
