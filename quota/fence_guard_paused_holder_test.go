@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -113,7 +114,7 @@ func (w *pausedWriter) finish(t *testing.T) int {
 func TestFenceGuardPausedHolderProcess(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
-	dbURL := b.pool.Config().ConnString()
+	dbURL := libpqURL(t, b.pool.Config().ConnString())
 	g := b.guardReports(t, "reports", false)
 	const ttl = 250 * time.Millisecond
 
@@ -204,4 +205,17 @@ func TestFenceGuardPausedHolderProcess(t *testing.T) {
 		require.NoError(t, err)
 	}
 	t.Logf("%d rounds with A stopped and continued; %d stale statements refused, 0 landed", rounds, refused)
+}
+
+// libpqURL returns dbURL without the settings only pgx knows (its exec
+// mode, set when the pool goes through a transaction pooler), which psql
+// refuses.
+func libpqURL(t *testing.T, dbURL string) string {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Del("default_query_exec_mode")
+	u.RawQuery = q.Encode()
+	return u.String()
 }

@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -59,10 +60,20 @@ func (c *Client) acquireWithPayload(ctx context.Context, x db.DBTX, req AcquireR
 		l.Payload = r.Payload
 		return l, nil
 	}
-	if p, ok := x.(*pgxpool.Pool); ok {
+	// On the client's own executor (Acquire, AcquireWait: the pool, or the
+	// pool wrapped to mark lost replies) both statements run in one
+	// transaction, so no reader ever sees the lease without its payload; in
+	// the caller's transaction (AcquireTx) they share that one.
+	switch p := x.(type) {
+	case *pgxpool.Pool:
 		return dbutil.WithTxResult(ctx, p, func(tx pgx.Tx) (Lease, error) { return run(tx) })
+	case sentPool:
+		return dbutil.WithTxResult(ctx, p.pool, func(tx pgx.Tx) (Lease, error) { return run(tx) })
+	case pgx.Tx:
+		return run(p)
+	default:
+		return Lease{}, fmt.Errorf("pgquota: acquire with a payload needs a pool or a transaction, got %T", x)
 	}
-	return run(x)
 }
 
 // SetLeasePayload stores payload with the lease name held with token,

@@ -3,8 +3,8 @@ package quota
 import (
 	"context"
 	"errors"
-	"sync"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
