@@ -95,6 +95,13 @@ BEGIN
     END IF;
     v_tokens := coalesce(nullif(current_setting('pgquota.fence_tokens', true), ''), '{}')::jsonb;
     PERFORM set_config('pgquota.fence_tokens', (v_tokens || jsonb_build_object(p_resource, p_token))::text, true);
+    IF NOT coalesce(v_external, false) THEN
+        -- The lease the guard checks each statement against (see
+        -- pgquota.fence_guard_presented).
+        v_tokens := coalesce(nullif(current_setting('pgquota.fence_leases', true), ''), '{}')::jsonb;
+        PERFORM set_config('pgquota.fence_leases',
+                           (v_tokens || jsonb_build_object(p_resource, coalesce(p_lease, p_resource)))::text, true);
+    END IF;
     RETURN p_token;
 END
 $$;
@@ -109,6 +116,15 @@ $$;
 -- admitted by present_token: PQ003), and stamps it into the token column of
 -- an inserted or updated row. The query on pgquota.fence takes a fresh
 -- snapshot (VOLATILE), so a token overtaken since it was presented is seen.
+-- The settings are only a record of what present_token admitted, and a
+-- session can set them by hand; so for a lease-backed resource every
+-- statement also checks, as a fenced write does, that the lease (the one
+-- present_token recorded in pgquota.fence_leases, by default the lease named
+-- like the resource) is held with the token by the database clock, locking
+-- its row FOR SHARE until the transaction ends (PQ002 when it is not): a
+-- token set by hand passes only when it is the current holder's own, and a
+-- lease that expired or was released since it was presented admits nothing
+-- more. A token below 1 is never admitted (PQ003).
 -- +goose StatementBegin
 CREATE FUNCTION pgquota.fence_guard_presented() RETURNS trigger
     LANGUAGE plpgsql VOLATILE
@@ -119,6 +135,8 @@ DECLARE
     v_setting  text;
     v_token    bigint;
     v_highest  bigint;
+    v_external boolean;
+    v_lease    text;
 BEGIN
     IF TG_NARGS <> 2 THEN
         RAISE EXCEPTION 'pgquota.fence_guard_presented needs 2 arguments (token column, resource), got %', TG_NARGS;
@@ -146,13 +164,31 @@ BEGIN
                              v_token, v_resource, v_highest, TG_OP, v_table),
             DETAIL  = json_build_object('resource', v_resource, 'token', v_token, 'highest', v_highest)::text;
     END IF;
-    IF v_token > v_highest THEN
+    IF v_token > v_highest OR v_token < 1 THEN
         RAISE EXCEPTION USING
             ERRCODE = 'PQ003',
             MESSAGE = format('pgquota: fencing token %s for resource %s was not presented with pgquota.present_token (the highest admitted is %s): %s on %s refused',
                              v_token, v_resource, v_highest, TG_OP, v_table),
             DETAIL  = json_build_object('resource', v_resource, 'table', v_table, 'operation', TG_OP,
                                         'token', v_token, 'highest', v_highest)::text;
+    END IF;
+    SELECT g.external INTO v_external FROM pgquota.fence_guard_resource g WHERE g.resource = v_resource;
+    IF NOT coalesce(v_external, false) THEN
+        v_setting := nullif(current_setting('pgquota.fence_leases', true), '');
+        IF v_setting IS NOT NULL THEN
+            v_lease := v_setting::jsonb ->> v_resource;
+        END IF;
+        v_lease := coalesce(v_lease, v_resource);
+        PERFORM 1 FROM pgquota.lease l
+        WHERE l.name = v_lease AND l.token = v_token AND l.expires_at > pgquota.clock()
+        FOR SHARE;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION USING
+                ERRCODE = 'PQ002',
+                MESSAGE = format('pgquota: lease %s is not held with token %s (expired, released or never acquired with it): %s on %s refused',
+                                 v_lease, v_token, TG_OP, v_table),
+                DETAIL  = json_build_object('lease', v_lease, 'token', v_token)::text;
+        END IF;
     END IF;
     IF TG_LEVEL = 'STATEMENT' THEN
         RETURN NULL;

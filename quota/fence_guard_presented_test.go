@@ -323,9 +323,10 @@ func TestFenceGuardSeveralResourcesAndFenceWriteTx(t *testing.T) {
 	requireStale(t, err, g1.Resource, h1.Token, h3.Token)
 }
 
-// A transaction that presented its token keeps the lease: a takeover
-// attempted after the TTL waits until it ends, so its statements land
-// before the next holder's token exists.
+// A transaction that presented its token keeps the lease row locked: a
+// takeover attempted after the TTL waits until it ends. Its statements land
+// while the lease is held by the database clock; one after the expiry is
+// refused (PQ002), as a fenced write naming the lease would be.
 func TestFenceGuardPresentingTransactionHoldsOffTakeover(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
@@ -335,6 +336,8 @@ func TestFenceGuardPresentingTransactionHoldsOffTakeover(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(context.WithoutCancel(b.ctx)) }()
 	require.NoError(t, b.client.PresentTokenTx(b.ctx, tx, quota.PresentTokenRequest{Resource: g.Resource, Token: a.Token}))
+	_, err = tx.Exec(b.ctx, `INSERT INTO reports VALUES (1, 'a', NULL)`)
+	require.NoError(t, err)
 	time.Sleep(300 * time.Millisecond)
 
 	acquired := make(chan quota.Lease, 1)
@@ -350,7 +353,11 @@ func TestFenceGuardPresentingTransactionHoldsOffTakeover(t *testing.T) {
 		t.Fatal("the lease was taken over while a transaction that presented its token was open")
 	case <-time.After(300 * time.Millisecond):
 	}
-	_, err = tx.Exec(b.ctx, `INSERT INTO reports VALUES (1, 'a', NULL)`)
+	_, err = tx.Exec(b.ctx, `SAVEPOINT late`)
+	require.NoError(t, err)
+	_, err = tx.Exec(b.ctx, `INSERT INTO reports VALUES (2, 'a-late', NULL)`)
+	requireSQLState(t, err, quota.SQLStateLeaseNotHeld, "a statement after the lease expired")
+	_, err = tx.Exec(b.ctx, `ROLLBACK TO SAVEPOINT late`)
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(b.ctx))
 	bl, ok := <-acquired
