@@ -285,7 +285,8 @@ func (a *app) resumeHint(opts fileOptions, sum bulk.Summary, unread bool) {
 		return
 	}
 	fmt.Fprintf(a.stderr, "pgquota: warning: %d rows without an idempotency key were decided: running the same command again grants them again. To resume, skip what was decided:\n"+
-		"pgquota:   pgquota grant --file %s --skip-decided %s --out NEW-OUT\n", sum.Unkeyed, opts.path, opts.out)
+		"pgquota:   pgquota grant --file %s --skip-decided %s --out NEW-OUT\n"+
+		"pgquota: (--skip-decided skips the rows it records as granted, denied or unknown: grant an unknown row again only after its counter shows it was not granted)\n", sum.Unkeyed, opts.path, opts.out)
 }
 
 // countLines counts the newlines of the file at path (a progress bar's
@@ -320,7 +321,9 @@ func readDecided(path string) (map[int]bulk.Decided, error) {
 	}
 	decided := map[int]bulk.Decided{}
 	isDecided := func(status string) bool {
-		return status == bulk.StatusGranted || status == bulk.StatusDenied || status == bulk.StatusSkipped
+		// An unknown row is skipped too: its batch may have committed, so
+		// granting it again could grant twice (the hint says to check it).
+		return status == bulk.StatusGranted || status == bulk.StatusDenied || status == bulk.StatusSkipped || status == bulk.StatusUnknown
 	}
 	if t := bytes.TrimLeft(data, " \t\r\n"); len(t) > 0 && t[0] == '{' {
 		dec := json.NewDecoder(bytes.NewReader(data))
