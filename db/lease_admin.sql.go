@@ -87,6 +87,7 @@ FROM (SELECT pgquota.clock() AS at) c
 WHERE l.name = $2::text
   AND l.token = $3::bigint
   AND (NOT $4::boolean OR l.expires_at > pgquota.clock())
+  AND pgquota.durable_commit()
 RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, c.at AS db_now,
           coalesce(l.payload, '')::text AS payload
 `

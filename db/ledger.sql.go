@@ -91,6 +91,7 @@ SELECT (camp.campaign IS NOT NULL)::boolean AS campaign_found,
 FROM (SELECT 1) one
 LEFT JOIN camp ON true
 LEFT JOIN res ON true
+WHERE pgquota.durable_commit()
 `
 
 type LedgerClaimCodeParams struct {
@@ -214,6 +215,7 @@ SELECT (camp.campaign IS NOT NULL)::boolean AS campaign_found,
 FROM (SELECT 1) one
 LEFT JOIN camp ON true
 LEFT JOIN res ON true
+WHERE pgquota.durable_commit()
 `
 
 type LedgerClaimVoucherParams struct {
@@ -420,6 +422,7 @@ SELECT (def.name IS NOT NULL)::boolean AS quota_found,
 FROM (SELECT 1) one
 LEFT JOIN def ON true
 LEFT JOIN res ON true
+WHERE pgquota.durable_commit()
 `
 
 type LedgerGrantParams struct {
@@ -600,6 +603,7 @@ SELECT (def.name IS NOT NULL)::boolean AS quota_found,
 FROM (SELECT 1) one
 LEFT JOIN def ON true
 LEFT JOIN res ON true
+WHERE pgquota.durable_commit()
 `
 
 type LedgerRevokeParams struct {
@@ -700,6 +704,7 @@ SELECT g.grant_id, g.target, g.member, g.amount, g.granted,
        coalesce((SELECT upd.used FROM upd), -1)::bigint AS written_used
 FROM g
 LEFT JOIN mark ON true
+WHERE pgquota.durable_commit()
 `
 
 type LedgerRevokeGrantRow struct {

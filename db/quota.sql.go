@@ -20,6 +20,7 @@ FROM (
     ORDER BY z.name = $4::text DESC, z.name
     LIMIT 1
 ) tz
+WHERE pgquota.durable_commit()
 ON CONFLICT (name) DO UPDATE
 SET window_unit   = excluded.window_unit,
     time_zone     = excluded.time_zone,

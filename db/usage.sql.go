@@ -116,6 +116,7 @@ SELECT (def.limit_value IS NOT NULL)::boolean AS has_limit,
        coalesce(g.used, pgquota.usage_used_fresh(def.name, $1::text, def.window_start, def.window_end))::bigint AS used
 FROM def
 LEFT JOIN granted g ON true
+WHERE pgquota.durable_commit()
 `
 
 type UsageGrantParams struct {
@@ -209,6 +210,7 @@ SELECT def.window_start::timestamptz AS window_start,
        coalesce((SELECT cur.used FROM cur), 0)::bigint AS used_before,
        coalesce((SELECT upd.used FROM upd), 0)::bigint AS used_after
 FROM def
+WHERE pgquota.durable_commit()
 `
 
 type UsageRevokeParams struct {

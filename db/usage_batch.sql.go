@@ -24,6 +24,7 @@ FROM pgquota.usage_grant_batch(
     $1::text[], $2::text[], $3::integer[], $4::integer[],
     $5::bigint[], $6::bigint[]
 ) b
+WHERE pgquota.durable_commit()
 `
 
 type UsageGrantBatchParams struct {

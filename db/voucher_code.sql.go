@@ -49,6 +49,7 @@ SELECT p.kind,
        coalesce((SELECT prior.code IS NULL AND prior.codes_left FROM prior), false)::boolean AS codes_left
 FROM pgquota.voucher_pool p
 WHERE p.campaign = $1::text
+  AND pgquota.durable_commit()
 `
 
 type VoucherCodeClaimParams struct {

@@ -103,6 +103,7 @@ SELECT (camp.campaign IS NOT NULL)::boolean AS campaign_found,
 FROM (SELECT 1) one
 LEFT JOIN camp ON true
 LEFT JOIN res ON true
+WHERE pgquota.durable_commit()
 `
 
 type LedgerClaimShardParams struct {
@@ -245,6 +246,7 @@ SELECT p.kind,
         AND pgquota.voucher_shards_left_fresh($1::text))::boolean AS units_left
 FROM pgquota.voucher_pool p
 WHERE p.campaign = $1::text
+  AND pgquota.durable_commit()
 `
 
 type VoucherShardClaimParams struct {

@@ -62,7 +62,13 @@ $$;
 -- pgquota.fence_admit as in 00003_lease.sql, and it makes the commit of
 -- the writing transaction durable first: every fenced write (FenceWrite,
 -- GrantFenced's counter write, the guard trigger on application tables)
--- survives a crash once it reported success.
+-- survives a crash once it reported success. A write checked against no
+-- lease (an external token) on a resource whose guarded table takes lease
+-- tokens (pgquota.fence_guard_resource, attached without --external) is
+-- refused with PQ002 when its token is above every token pgquota's leases
+-- have issued (pgquota.lease_token_ceiling): such a token was invented, and
+-- admitting it would raise the resource's mark past every real holder for
+-- good.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION pgquota.fence_admit(p_resource text, p_token bigint, p_lease text) RETURNS boolean
     LANGUAGE plpgsql VOLATILE
@@ -78,6 +84,15 @@ BEGIN
             ERRCODE = 'PQ001',
             MESSAGE = format('pgquota: stale fencing token: a write to resource %s carries no token', p_resource),
             DETAIL  = json_build_object('resource', p_resource, 'token', NULL, 'highest', coalesce(v_highest, 0))::text;
+    END IF;
+    IF p_lease IS NULL
+       AND EXISTS (SELECT 1 FROM pgquota.fence_guard_resource g WHERE g.resource = p_resource AND NOT g.external)
+       AND p_token > pgquota.lease_token_ceiling() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'PQ002',
+            MESSAGE = format('pgquota: fencing token %s for resource %s was never issued by a pgquota lease (the highest issued is at most %s): its guarded table takes lease tokens (attach the guard with --external for tokens of another lock service)',
+                             p_token, p_resource, pgquota.lease_token_ceiling()),
+            DETAIL  = json_build_object('lease', NULL, 'token', p_token)::text;
     END IF;
     IF p_lease IS NOT NULL THEN
         PERFORM 1 FROM pgquota.lease l

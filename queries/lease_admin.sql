@@ -34,6 +34,7 @@ FROM (SELECT pgquota.clock() AS at) c
 WHERE l.name = @name::text
   AND l.token = @token::bigint
   AND (NOT @require_held::boolean OR l.expires_at > pgquota.clock())
+  AND pgquota.durable_commit()
 RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, c.at AS db_now,
           coalesce(l.payload, '')::text AS payload;
 

@@ -121,7 +121,8 @@ SELECT (def.name IS NOT NULL)::boolean AS quota_found,
              ELSE 0 END)::bigint AS prior_grant_id
 FROM (SELECT 1) one
 LEFT JOIN def ON true
-LEFT JOIN res ON true;
+LEFT JOIN res ON true
+WHERE pgquota.durable_commit();
 
 -- name: LedgerRevoke :one
 -- UsageRevoke (usage.sql) with a ledger row: gives back up to @amount units
@@ -183,7 +184,8 @@ SELECT (def.name IS NOT NULL)::boolean AS quota_found,
              ELSE 0 END)::bigint AS prior_grant_id
 FROM (SELECT 1) one
 LEFT JOIN def ON true
-LEFT JOIN res ON true;
+LEFT JOIN res ON true
+WHERE pgquota.durable_commit();
 
 -- name: LedgerClaimVoucher :one
 -- VoucherClaimCounted (voucher_claim.sql) with a ledger row. The pool row is
@@ -259,7 +261,8 @@ SELECT (camp.campaign IS NOT NULL)::boolean AS campaign_found,
              ELSE 0 END)::bigint AS prior_grant_id
 FROM (SELECT 1) one
 LEFT JOIN camp ON true
-LEFT JOIN res ON true;
+LEFT JOIN res ON true
+WHERE pgquota.durable_commit();
 
 -- name: LedgerClaimCode :one
 -- VoucherCodeClaim (voucher_code.sql) with a ledger row. pick locks one
@@ -348,7 +351,8 @@ SELECT (camp.campaign IS NOT NULL)::boolean AS campaign_found,
              ELSE 0 END)::bigint AS prior_grant_id
 FROM (SELECT 1) one
 LEFT JOIN camp ON true
-LEFT JOIN res ON true;
+LEFT JOIN res ON true
+WHERE pgquota.durable_commit();
 
 -- name: LedgerRevokeGrant :one
 -- Compensates one keyed grant: gives its units back to the counter row of
@@ -425,7 +429,8 @@ SELECT g.grant_id, g.target, g.member, g.amount, g.granted,
        mark.compensated_at::timestamptz AS compensated_at,
        coalesce((SELECT upd.used FROM upd), -1)::bigint AS written_used
 FROM g
-LEFT JOIN mark ON true;
+LEFT JOIN mark ON true
+WHERE pgquota.durable_commit();
 
 -- name: LedgerGet :one
 SELECT grant_id, scope, idempotency_key, operation, target, member, amount, request_limit, created_at,

@@ -7,6 +7,7 @@ INSERT INTO pgquota.outbox (topic, payload, grant_id, idempotency_scope, idempot
 SELECT @topic::text, @payload::bytea, sqlc.narg('grant_id')::bigint, sqlc.narg('idempotency_scope')::text,
        sqlc.narg('idempotency_key')::text, sqlc.narg('fencing_token')::bigint, c.at, c.at
 FROM (SELECT pgquota.clock() AS at) c
+WHERE pgquota.durable_commit()
 RETURNING id, created_at;
 
 -- name: OutboxClaim :many

@@ -71,7 +71,8 @@ SELECT (def.limit_value IS NOT NULL)::boolean AS has_limit,
        (g.used IS NOT NULL)::boolean AS granted,
        coalesce(g.used, pgquota.usage_used_fresh(def.name, @member::text, def.window_start, def.window_end))::bigint AS used
 FROM def
-LEFT JOIN granted g ON true;
+LEFT JOIN granted g ON true
+WHERE pgquota.durable_commit();
 
 -- name: UsageRevoke :one
 -- Gives back up to @amount units of a member's counter in the current
@@ -109,7 +110,8 @@ SELECT def.window_start::timestamptz AS window_start,
        def.window_end::timestamptz AS window_end,
        coalesce((SELECT cur.used FROM cur), 0)::bigint AS used_before,
        coalesce((SELECT upd.used FROM upd), 0)::bigint AS used_after
-FROM def;
+FROM def
+WHERE pgquota.durable_commit();
 
 -- name: UsageGet :one
 -- Reads a member's counter in the current window and the limit that applies

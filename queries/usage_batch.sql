@@ -29,4 +29,5 @@ SELECT b.counter_index::integer AS counter_index,
 FROM pgquota.usage_grant_batch(
     @quota_names::text[], @members::text[], @firsts::integer[], @counts::integer[],
     @amounts::bigint[], @limit_values::bigint[]
-) b;
+) b
+WHERE pgquota.durable_commit();

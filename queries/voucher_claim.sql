@@ -53,7 +53,8 @@ SELECT p.kind,
        coalesce((SELECT ins.seq FROM ins), (SELECT prior.seq FROM prior), 0)::bigint AS seq,
        coalesce((SELECT ins.claimed_at FROM ins), (SELECT prior.claimed_at FROM prior))::timestamptz AS claimed_at
 FROM pgquota.voucher_pool p
-WHERE p.campaign = @campaign::text;
+WHERE p.campaign = @campaign::text
+  AND pgquota.durable_commit();
 
 -- name: VoucherClaimGet :one
 SELECT campaign, member, seq, code, claimed_at

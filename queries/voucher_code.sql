@@ -53,4 +53,5 @@ SELECT p.kind,
        coalesce((SELECT ins.claimed_at FROM ins), (SELECT prior.claimed_at FROM prior))::timestamptz AS claimed_at,
        coalesce((SELECT prior.code IS NULL AND prior.codes_left FROM prior), false)::boolean AS codes_left
 FROM pgquota.voucher_pool p
-WHERE p.campaign = @campaign::text;
+WHERE p.campaign = @campaign::text
+  AND pgquota.durable_commit();

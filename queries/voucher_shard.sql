@@ -134,7 +134,8 @@ SELECT p.kind,
         AND p.kind = 'sharded'
         AND pgquota.voucher_shards_left_fresh(@campaign::text))::boolean AS units_left
 FROM pgquota.voucher_pool p
-WHERE p.campaign = @campaign::text;
+WHERE p.campaign = @campaign::text
+  AND pgquota.durable_commit();
 
 -- name: LedgerClaimShard :one
 -- VoucherShardClaim with a ledger row (ClaimVoucherWithKey on a sharded
@@ -236,4 +237,5 @@ SELECT (camp.campaign IS NOT NULL)::boolean AS campaign_found,
              ELSE 0 END)::bigint AS prior_grant_id
 FROM (SELECT 1) one
 LEFT JOIN camp ON true
-LEFT JOIN res ON true;
+LEFT JOIN res ON true
+WHERE pgquota.durable_commit();

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -38,11 +39,21 @@ func replicas(t *testing.T, n int) (*pgxpool.Pool, []*quota.Client) {
 // intervals by the database clock and the number of sections running.
 func createRunLog(t *testing.T, pool *pgxpool.Pool) {
 	t.Helper()
-	_, err := pool.Exec(context.Background(), `
+	// DDL on purpose, as the server's admin role (pool may be the
+	// application role's); the tables are the test's own.
+	u, err := url.Parse(pool.Config().ConnString())
+	require.NoError(t, err)
+	admin, err := url.Parse(pgtest.BaseURL(t))
+	require.NoError(t, err)
+	u.User = admin.User
+	owner := pgtest.ConnectOwner(t, u.String(), 1)
+	_, err = owner.Exec(context.Background(), `
 		CREATE TABLE run_log (id bigserial PRIMARY KEY, who text NOT NULL, token bigint NOT NULL,
 		                      started timestamptz NOT NULL, stopped timestamptz);
 		CREATE TABLE running (id int PRIMARY KEY, active int NOT NULL, max_active int NOT NULL, runs int NOT NULL);
-		INSERT INTO running VALUES (1, 0, 0, 0);`)
+		INSERT INTO running VALUES (1, 0, 0, 0);
+		GRANT SELECT, INSERT, UPDATE, DELETE ON run_log, running TO PUBLIC;
+		GRANT USAGE ON SEQUENCE run_log_id_seq TO PUBLIC;`)
 	require.NoError(t, err)
 }
 

@@ -79,8 +79,10 @@ type ReapedLease struct {
 //
 // Errors: *InputError when req.OlderThan is below MinLeaseReapAge or
 // req.Limit is negative; the context's error; ErrSchemaMissing; database
-// errors. Rows deleted by earlier batches stay deleted; the returned slice
-// lists them.
+// errors; ErrOutcomeUnknown when a batch's statement was sent and no reply
+// said how it ended (its rows may be deleted: list the leases, or reap
+// again, which is harmless). Rows deleted by earlier batches stay deleted;
+// the returned slice lists them.
 func (c *Client) ReapLeases(ctx context.Context, req ReapLeasesRequest) ([]ReapedLease, error) {
 	switch {
 	case req.OlderThan < 0:
@@ -99,7 +101,7 @@ func (c *Client) ReapLeases(ctx context.Context, req ReapLeasesRequest) ([]Reape
 		// One statement, its own implicit transaction: run again whole on
 		// a serialization failure or deadlock.
 		rows, err := retry(ctx, c.policy, func() ([]db.LeaseReapRow, error) {
-			return c.queries.LeaseReap(ctx, c.pool, db.LeaseReapParams{
+			return c.queries.LeaseReap(ctx, c.db.pool, db.LeaseReapParams{
 				OlderThanUs: req.OlderThan.Microseconds(), BatchSize: int32(batch), Fences: req.Fences,
 			})
 		})

@@ -66,7 +66,7 @@ func TestLeaseEpochRisesOnAnotherClusterAndOnBump(t *testing.T) {
 	// As if restored from a dump of a cluster that had issued tokens in
 	// epoch 5, up to n = 1000.
 	old := int64(5)<<40 + 1000
-	execAll(t, b.pool, []string{
+	execAll(t, b.owner, []string{
 		`UPDATE pgquota.lease_epoch SET system_identifier = 42, timeline_offset = 4, epoch = 5`,
 		`SELECT setval('pgquota.lease_token', 1000)`,
 		`INSERT INTO pgquota.lease (name, holder, attempt, token, acquired_at, renewed_at, expires_at)
@@ -96,7 +96,7 @@ func TestLeaseEpochRisesOnAnotherClusterAndOnBump(t *testing.T) {
 func TestLeaseTokenSequenceEndsWithAnErrorNotAWrap(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
-	execAll(t, b.pool, []string{`SELECT setval('pgquota.lease_token', 1099511627775)`}, nil)
+	execAll(t, b.owner, []string{`SELECT setval('pgquota.lease_token', 1099511627775)`}, nil)
 	_, err := b.client.Acquire(b.ctx, quota.AcquireRequest{Name: "r", Holder: "A", TTL: time.Hour})
 	var pgErr *pgconn.PgError
 	require.True(t, errors.As(err, &pgErr), "got %v", err)
@@ -112,7 +112,7 @@ func TestLeaseTokenSequenceEndsWithAnErrorNotAWrap(t *testing.T) {
 func TestLeaseTokensMigrateForward(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := pgtest.Connect(t, pgtest.NewEmptyURL(t), 4)
+	pool := pgtest.ConnectOwner(t, pgtest.NewEmptyURL(t), 4) // migrates: the owner
 	sqlDB := stdlib.OpenDBFromPool(pool)
 	t.Cleanup(func() { _ = sqlDB.Close() })
 	require.NoError(t, migrations.EnsureSchema(ctx, sqlDB))

@@ -152,6 +152,25 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			},
 		},
 		{
+			name: "ReapLeases",
+			prepare: func(t *testing.T, b *testBundle) any {
+				l := b.acquire(t, "old", "a", time.Minute)
+				_, err := b.client.Release(b.ctx, "old", l.Token)
+				require.NoError(t, err)
+				_, err = b.pool.Exec(b.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() - interval '2 hours' WHERE name = 'old'`)
+				require.NoError(t, err)
+				return nil
+			},
+			call: func(ctx context.Context, c *quota.Client, _ any) error {
+				_, err := c.ReapLeases(ctx, quota.ReapLeasesRequest{OlderThan: time.Hour})
+				return err
+			},
+			landed: func(t *testing.T, b *testBundle, _ any) bool {
+				_, err := b.client.Lease(b.ctx, "old")
+				return errors.Is(err, quota.ErrLeaseNotFound)
+			},
+		},
+		{
 			name:    "CreateShardedPool (the COMMIT's reply)",
 			dropTag: "COMMIT",
 			call: func(ctx context.Context, c *quota.Client, _ any) error {
@@ -260,7 +279,7 @@ func TestOutcomeKnownWhenNothingWasSent(t *testing.T) {
 	require.NotErrorIs(t, err, quota.ErrOutcomeUnknown)
 
 	// The server's own error for the statement: rolled back.
-	_, err = b.pool.Exec(b.ctx, `ALTER TABLE pgquota.outbox ADD CONSTRAINT test_no_spam CHECK (topic <> 'spam')`)
+	_, err = b.owner.Exec(b.ctx, `ALTER TABLE pgquota.outbox ADD CONSTRAINT test_no_spam CHECK (topic <> 'spam')`)
 	require.NoError(t, err)
 	_, err = b.client.Enqueue(b.ctx, "spam", []byte("x"), nil)
 	var pgErr *pgconn.PgError

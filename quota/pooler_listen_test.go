@@ -17,7 +17,11 @@ import (
 // migrated database, in pgx's exec mode, and the pooled URL.
 func pooledClient(t *testing.T, b *pgbouncer.Bouncer, cfg *quota.Config, maxConns int32) (*quota.Client, string) {
 	t.Helper()
-	u, err := b.URL(pgtest.NewURL(t) + "&default_query_exec_mode=exec")
+	dbURL := pgtest.NewURL(t)
+	if pgtest.AppRoleMode() {
+		dbURL = pgtest.AppURL(t, dbURL) // the role the pool connects as
+	}
+	u, err := b.URL(dbURL + "&default_query_exec_mode=exec")
 	require.NoError(t, err)
 	c, err := quota.New(pgtest.Connect(t, u, maxConns), cfg)
 	require.NoError(t, err)

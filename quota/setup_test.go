@@ -76,7 +76,7 @@ func (b *testBundle) appDDL(t *testing.T, ddl string, schemas []string, tables .
 		require.NoError(t, err)
 	}
 	for _, tb := range tables {
-		_, err := b.owner.Exec(b.ctx, `GRANT SELECT, INSERT, UPDATE, DELETE ON `+tb+` TO `+role)
+		_, err := b.owner.Exec(b.ctx, `GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON `+tb+` TO `+role)
 		require.NoError(t, err)
 	}
 }
