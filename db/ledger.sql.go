@@ -91,7 +91,7 @@ SELECT (camp.campaign IS NOT NULL)::boolean AS campaign_found,
 FROM (SELECT 1) one
 LEFT JOIN camp ON true
 LEFT JOIN res ON true
-WHERE pgquota.durable_commit()
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
 `
 
 type LedgerClaimCodeParams struct {
@@ -215,7 +215,7 @@ SELECT (camp.campaign IS NOT NULL)::boolean AS campaign_found,
 FROM (SELECT 1) one
 LEFT JOIN camp ON true
 LEFT JOIN res ON true
-WHERE pgquota.durable_commit()
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
 `
 
 type LedgerClaimVoucherParams struct {
@@ -422,7 +422,7 @@ SELECT (def.name IS NOT NULL)::boolean AS quota_found,
 FROM (SELECT 1) one
 LEFT JOIN def ON true
 LEFT JOIN res ON true
-WHERE pgquota.durable_commit()
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
 `
 
 type LedgerGrantParams struct {
@@ -603,7 +603,7 @@ SELECT (def.name IS NOT NULL)::boolean AS quota_found,
 FROM (SELECT 1) one
 LEFT JOIN def ON true
 LEFT JOIN res ON true
-WHERE pgquota.durable_commit()
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
 `
 
 type LedgerRevokeParams struct {
@@ -704,7 +704,7 @@ SELECT g.grant_id, g.target, g.member, g.amount, g.granted,
        coalesce((SELECT upd.used FROM upd), -1)::bigint AS written_used
 FROM g
 LEFT JOIN mark ON true
-WHERE pgquota.durable_commit()
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
 `
 
 type LedgerRevokeGrantRow struct {

@@ -87,7 +87,7 @@ FROM req r
 JOIN pgquota.quota q ON q.name = r.quota_name
 LEFT JOIN pgquota.quota_override o ON o.quota_name = r.quota_name AND o.member = r.member
 WHERE coalesce(r.limit_value, o.limit_value, q.default_limit) IS NOT NULL
-  AND pgquota.durable_commit()
+  AND (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
 ORDER BY r.scope, r.idempotency_key
 ON CONFLICT (scope, idempotency_key) DO NOTHING
 RETURNING scope, idempotency_key, grant_id

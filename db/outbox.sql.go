@@ -85,7 +85,7 @@ INSERT INTO pgquota.outbox (topic, payload, grant_id, idempotency_scope, idempot
 SELECT $1::text, $2::bytea, $3::bigint, $4::text,
        $5::text, $6::bigint, c.at, c.at
 FROM (SELECT pgquota.clock() AS at) c
-WHERE pgquota.durable_commit()
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
 RETURNING id, created_at
 `
 

@@ -12,7 +12,7 @@ import (
 const quotaOverrideDelete = `-- name: QuotaOverrideDelete :execrows
 DELETE FROM pgquota.quota_override
 WHERE quota_name = $1::text AND member = $2::text
-  AND pgquota.durable_commit()
+  AND (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
 `
 
 type QuotaOverrideDeleteParams struct {
@@ -65,7 +65,7 @@ INSERT INTO pgquota.quota_override (quota_name, member, limit_value)
 SELECT q.name, $1::text, $2::bigint
 FROM pgquota.quota q
 WHERE q.name = $3::text
-  AND pgquota.durable_commit()
+  AND (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
 ON CONFLICT (quota_name, member) DO UPDATE
 SET limit_value = excluded.limit_value,
     updated_at  = pgquota.clock()

@@ -65,6 +65,7 @@ func (q *Queries) UsageGet(ctx context.Context, db DBTX, arg UsageGetParams) (Us
 }
 
 const usageGrant = `-- name: UsageGrant :one
+
 WITH def AS (
     SELECT q.name,
            coalesce($2::bigint, o.limit_value, q.default_limit) AS limit_value,
@@ -116,7 +117,7 @@ SELECT (def.limit_value IS NOT NULL)::boolean AS has_limit,
        coalesce(g.used, pgquota.usage_used_fresh(def.name, $1::text, def.window_start, def.window_end))::bigint AS used
 FROM def
 LEFT JOIN granted g ON true
-WHERE pgquota.durable_commit()
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
 `
 
 type UsageGrantParams struct {
@@ -135,6 +136,15 @@ type UsageGrantRow struct {
 	Used        int64
 }
 
+// Durable commits: every statement here that changes state raises its
+// transaction's synchronous_commit from off to on (set_config(..., true),
+// read at commit; the WHERE clause of its final SELECT), so a grant that
+// reported success survives a crash even where a role or database runs
+// with synchronous_commit = off (the PostgreSQL manual, 30.4): a lost grant
+// would leave the counter below the units handed out. The same line stands
+// in the other files' grant, revoke, claim, outbox and definition
+// statements; pgquota.durable_commit() in 00007 does the same for leases.
+// Built-in functions only, so these statements need no newer migration.
 // Grants @amount units of a quota to a member in the window that holds the
 // database clock's current instant, in ONE statement (one round trip, also
 // for a member's first grant of a window).
@@ -210,7 +220,7 @@ SELECT def.window_start::timestamptz AS window_start,
        coalesce((SELECT cur.used FROM cur), 0)::bigint AS used_before,
        coalesce((SELECT upd.used FROM upd), 0)::bigint AS used_after
 FROM def
-WHERE pgquota.durable_commit()
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
 `
 
 type UsageRevokeParams struct {

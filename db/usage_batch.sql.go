@@ -24,7 +24,7 @@ FROM pgquota.usage_grant_batch(
     $1::text[], $2::text[], $3::integer[], $4::integer[],
     $5::bigint[], $6::bigint[]
 ) b
-WHERE pgquota.durable_commit()
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
 `
 
 type UsageGrantBatchParams struct {

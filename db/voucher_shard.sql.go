@@ -103,7 +103,7 @@ SELECT (camp.campaign IS NOT NULL)::boolean AS campaign_found,
 FROM (SELECT 1) one
 LEFT JOIN camp ON true
 LEFT JOIN res ON true
-WHERE pgquota.durable_commit()
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
 `
 
 type LedgerClaimShardParams struct {
@@ -246,7 +246,7 @@ SELECT p.kind,
         AND pgquota.voucher_shards_left_fresh($1::text))::boolean AS units_left
 FROM pgquota.voucher_pool p
 WHERE p.campaign = $1::text
-  AND pgquota.durable_commit()
+  AND (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
 `
 
 type VoucherShardClaimParams struct {

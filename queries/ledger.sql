@@ -122,7 +122,7 @@ SELECT (def.name IS NOT NULL)::boolean AS quota_found,
 FROM (SELECT 1) one
 LEFT JOIN def ON true
 LEFT JOIN res ON true
-WHERE pgquota.durable_commit();
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '');
 
 -- name: LedgerRevoke :one
 -- UsageRevoke (usage.sql) with a ledger row: gives back up to @amount units
@@ -185,7 +185,7 @@ SELECT (def.name IS NOT NULL)::boolean AS quota_found,
 FROM (SELECT 1) one
 LEFT JOIN def ON true
 LEFT JOIN res ON true
-WHERE pgquota.durable_commit();
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '');
 
 -- name: LedgerClaimVoucher :one
 -- VoucherClaimCounted (voucher_claim.sql) with a ledger row. The pool row is
@@ -262,7 +262,7 @@ SELECT (camp.campaign IS NOT NULL)::boolean AS campaign_found,
 FROM (SELECT 1) one
 LEFT JOIN camp ON true
 LEFT JOIN res ON true
-WHERE pgquota.durable_commit();
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '');
 
 -- name: LedgerClaimCode :one
 -- VoucherCodeClaim (voucher_code.sql) with a ledger row. pick locks one
@@ -352,7 +352,7 @@ SELECT (camp.campaign IS NOT NULL)::boolean AS campaign_found,
 FROM (SELECT 1) one
 LEFT JOIN camp ON true
 LEFT JOIN res ON true
-WHERE pgquota.durable_commit();
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '');
 
 -- name: LedgerRevokeGrant :one
 -- Compensates one keyed grant: gives its units back to the counter row of
@@ -430,7 +430,7 @@ SELECT g.grant_id, g.target, g.member, g.amount, g.granted,
        coalesce((SELECT upd.used FROM upd), -1)::bigint AS written_used
 FROM g
 LEFT JOIN mark ON true
-WHERE pgquota.durable_commit();
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '');
 
 -- name: LedgerGet :one
 SELECT grant_id, scope, idempotency_key, operation, target, member, amount, request_limit, created_at,

@@ -7,7 +7,7 @@ INSERT INTO pgquota.outbox (topic, payload, grant_id, idempotency_scope, idempot
 SELECT @topic::text, @payload::bytea, sqlc.narg('grant_id')::bigint, sqlc.narg('idempotency_scope')::text,
        sqlc.narg('idempotency_key')::text, sqlc.narg('fencing_token')::bigint, c.at, c.at
 FROM (SELECT pgquota.clock() AS at) c
-WHERE pgquota.durable_commit()
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
 RETURNING id, created_at;
 
 -- name: OutboxClaim :many

@@ -11,7 +11,7 @@ FROM (
     ORDER BY z.name = @time_zone::text DESC, z.name
     LIMIT 1
 ) tz
-WHERE pgquota.durable_commit()
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
 ON CONFLICT (name) DO UPDATE
 SET window_unit   = excluded.window_unit,
     time_zone     = excluded.time_zone,

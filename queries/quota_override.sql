@@ -6,7 +6,7 @@ INSERT INTO pgquota.quota_override (quota_name, member, limit_value)
 SELECT q.name, @member::text, @limit_value::bigint
 FROM pgquota.quota q
 WHERE q.name = @quota_name::text
-  AND pgquota.durable_commit()
+  AND (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
 ON CONFLICT (quota_name, member) DO UPDATE
 SET limit_value = excluded.limit_value,
     updated_at  = pgquota.clock()
@@ -15,7 +15,7 @@ RETURNING quota_name, member, limit_value, updated_at;
 -- name: QuotaOverrideDelete :execrows
 DELETE FROM pgquota.quota_override
 WHERE quota_name = @quota_name::text AND member = @member::text
-  AND pgquota.durable_commit();
+  AND (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '');
 
 -- name: QuotaOverrideList :many
 SELECT quota_name, member, limit_value, updated_at

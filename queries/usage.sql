@@ -1,3 +1,13 @@
+-- Durable commits: every statement here that changes state raises its
+-- transaction's synchronous_commit from off to on (set_config(..., true),
+-- read at commit; the WHERE clause of its final SELECT), so a grant that
+-- reported success survives a crash even where a role or database runs
+-- with synchronous_commit = off (the PostgreSQL manual, 30.4): a lost grant
+-- would leave the counter below the units handed out. The same line stands
+-- in the other files' grant, revoke, claim, outbox and definition
+-- statements; pgquota.durable_commit() in 00007 does the same for leases.
+-- Built-in functions only, so these statements need no newer migration.
+
 -- name: UsageGrant :one
 -- Grants @amount units of a quota to a member in the window that holds the
 -- database clock's current instant, in ONE statement (one round trip, also
@@ -72,7 +82,7 @@ SELECT (def.limit_value IS NOT NULL)::boolean AS has_limit,
        coalesce(g.used, pgquota.usage_used_fresh(def.name, @member::text, def.window_start, def.window_end))::bigint AS used
 FROM def
 LEFT JOIN granted g ON true
-WHERE pgquota.durable_commit();
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '');
 
 -- name: UsageRevoke :one
 -- Gives back up to @amount units of a member's counter in the current
@@ -111,7 +121,7 @@ SELECT def.window_start::timestamptz AS window_start,
        coalesce((SELECT cur.used FROM cur), 0)::bigint AS used_before,
        coalesce((SELECT upd.used FROM upd), 0)::bigint AS used_after
 FROM def
-WHERE pgquota.durable_commit();
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '');
 
 -- name: UsageGet :one
 -- Reads a member's counter in the current window and the limit that applies

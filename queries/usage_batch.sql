@@ -30,4 +30,4 @@ FROM pgquota.usage_grant_batch(
     @quota_names::text[], @members::text[], @firsts::integer[], @counts::integer[],
     @amounts::bigint[], @limit_values::bigint[]
 ) b
-WHERE pgquota.durable_commit();
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '');

@@ -54,7 +54,7 @@ SELECT p.kind,
        coalesce((SELECT ins.claimed_at FROM ins), (SELECT prior.claimed_at FROM prior))::timestamptz AS claimed_at
 FROM pgquota.voucher_pool p
 WHERE p.campaign = @campaign::text
-  AND pgquota.durable_commit();
+  AND (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '');
 
 -- name: VoucherClaimGet :one
 SELECT campaign, member, seq, code, claimed_at

@@ -54,4 +54,4 @@ SELECT p.kind,
        coalesce((SELECT prior.code IS NULL AND prior.codes_left FROM prior), false)::boolean AS codes_left
 FROM pgquota.voucher_pool p
 WHERE p.campaign = @campaign::text
-  AND pgquota.durable_commit();
+  AND (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '');

@@ -135,7 +135,7 @@ SELECT p.kind,
         AND pgquota.voucher_shards_left_fresh(@campaign::text))::boolean AS units_left
 FROM pgquota.voucher_pool p
 WHERE p.campaign = @campaign::text
-  AND pgquota.durable_commit();
+  AND (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '');
 
 -- name: LedgerClaimShard :one
 -- VoucherShardClaim with a ledger row (ClaimVoucherWithKey on a sharded
@@ -238,4 +238,4 @@ SELECT (camp.campaign IS NOT NULL)::boolean AS campaign_found,
 FROM (SELECT 1) one
 LEFT JOIN camp ON true
 LEFT JOIN res ON true
-WHERE pgquota.durable_commit();
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '');
