@@ -52,15 +52,15 @@ func WithTxOptions(ctx context.Context, b TxBeginner, opts pgx.TxOptions, fn fun
 
 // run runs fn in tx and commits, or rolls back as WithTx describes.
 func run(ctx context.Context, tx pgx.Tx, fn func(tx pgx.Tx) error) (err error) {
-	defer func() {
-		if err == nil {
-			return
-		}
-		Rollback(ctx, tx, &err)
-	}()
 	if err := fn(tx); err != nil {
+		Rollback(ctx, tx, &err)
 		return err
 	}
+	// Commit ends the transaction whatever it returns, and a pooled
+	// transaction's connection goes back to its pool then: no rollback (nor
+	// any other use of tx.Conn()) after it, or another goroutine's
+	// statement would race with ours on that connection.
+	//
 	// A statement of fn that failed without a reply left nothing behind:
 	// pgx closed the connection, and PostgreSQL rolls back a transaction
 	// whose connection is gone. Only the COMMIT's own lost reply leaves the
@@ -76,10 +76,20 @@ func Rollback(ctx context.Context, tx pgx.Tx, err *error) {
 	// PostgreSQL rolls back a transaction whose connection is gone: the
 	// rollback then fails for no reason worth reporting. It is still called,
 	// since it returns a pooled connection to its pool.
-	closed := tx.Conn().IsClosed()
+	//
+	// The rollback comes first and the connection is looked at only when it
+	// failed: after a Commit (which ends the transaction, also when it
+	// fails) pgx answers ErrTxClosed without touching the connection, which
+	// a pooled transaction has given back to its pool, where another
+	// goroutine may be using it. A connection that failed its rollback is
+	// closed, and the pool destroys it instead of handing it out.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
 	defer cancel()
-	if rerr := tx.Rollback(rctx); rerr != nil && !closed && !errors.Is(rerr, pgx.ErrTxClosed) {
+	rerr := tx.Rollback(rctx)
+	if rerr == nil || errors.Is(rerr, pgx.ErrTxClosed) {
+		return
+	}
+	if !tx.Conn().IsClosed() {
 		*err = errors.Join(*err, fmt.Errorf("rollback: %w", rerr))
 	}
 }
