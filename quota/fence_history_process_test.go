@@ -93,7 +93,10 @@ type historyWorker struct {
 	stdin   io.WriteCloser
 	replies chan historyWorkerReply
 	exited  chan struct{}
-	stderr  *lockedBuffer
+	// done is closed when the test ends, so that the reader stops waiting
+	// for somebody to take a reply.
+	done   chan struct{}
+	stderr *lockedBuffer
 
 	mu      sync.Mutex // one call at a time
 	stopped bool
@@ -105,7 +108,7 @@ func startHistoryWorker(t *testing.T, url string) *historyWorker {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestFenceHistoryStoppedProcessWriteIsRefused$", "-test.count=1")
 	cmd.Env = append(os.Environ(), historyWorkerEnv+"="+url)
-	w := &historyWorker{cmd: cmd, replies: make(chan historyWorkerReply), exited: make(chan struct{}), stderr: &lockedBuffer{}}
+	w := &historyWorker{cmd: cmd, replies: make(chan historyWorkerReply), exited: make(chan struct{}), done: make(chan struct{}), stderr: &lockedBuffer{}}
 	cmd.Stderr = w.stderr
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
@@ -126,13 +129,17 @@ func startHistoryWorker(t *testing.T, url string) *historyWorker {
 			if err := json.Unmarshal([]byte(line), &r); err != nil {
 				r = historyWorkerReply{Kind: "error", Err: fmt.Sprintf("unreadable reply %q: %v", line, err)}
 			}
-			w.replies <- r
+			select {
+			case w.replies <- r:
+			case <-w.done: // the test ended: nobody reads replies any more
+			}
 		}
 		_ = cmd.Wait()
 	}()
 	t.Cleanup(func() {
 		// Continue it if a failed run left it stopped, close its stdin
 		// (it exits on EOF), and kill it if it does not.
+		close(w.done)
 		_ = cmd.Process.Signal(syscall.SIGCONT)
 		_ = stdin.Close()
 		select {
