@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -41,6 +42,9 @@ type Redis struct {
 // RedisBinary is the redis-server executable: $PGQUOTA_REDIS_SERVER or
 // redis-server in PATH (Debian's package redis-server).
 func RedisBinary() (string, error) {
+	if p := os.Getenv("PGQUOTA_REDIS_SERVER"); p != "" {
+		return p, nil
+	}
 	if p, err := exec.LookPath("redis-server"); err == nil {
 		return p, nil
 	}
