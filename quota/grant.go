@@ -108,6 +108,12 @@ type GrantResult struct {
 // error; database errors (SQLSTATE kept); ErrOutcomeUnknown, as above. On
 // any other error nothing was written.
 func (c *Client) Grant(ctx context.Context, req GrantRequest) (GrantResult, error) {
+	if c.grouper != nil && groupable(req) {
+		if err := checkGrantRequest(req); err != nil {
+			return GrantResult{}, err
+		}
+		return c.grouper.grant(ctx, req)
+	}
 	if c.coalescer != nil {
 		if err := checkGrantRequest(req); err != nil {
 			return GrantResult{}, err
