@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -134,11 +133,12 @@ type Client struct {
 	grouper *grouper
 
 	// shardCounts caches the number of shards of sharded pools, by
-	// campaign (shard.go).
-	shardCounts sync.Map
+	// campaign (shard.go), for the campaignCacheSize campaigns used last
+	// (campaign_cache.go).
+	shardCounts boundedMap
 	// shardGates holds, per sharded campaign, the channel that bounds this
-	// client's claims in flight (shardGate).
-	shardGates sync.Map
+	// client's claims in flight (shardGate), for as many campaigns.
+	shardGates boundedMap
 	// testShardGateMaxWait replaces shardGateMaxWait when not zero (tests).
 	testShardGateMaxWait time.Duration
 

@@ -63,3 +63,18 @@ func GroupQueued(c *Client) (unkeyed, keyed int) {
 func SetGroupInFlight(c *Client, n int) {
 	c.grouper.inFlight = n
 }
+
+// CampaignCacheLens returns how many campaigns c's shard-count and
+// shard-gate caches hold.
+func CampaignCacheLens(c *Client) (counts, gates int) {
+	return c.shardCounts.Len(), c.shardGates.Len()
+}
+
+// CampaignCacheSize is the bound of each per-campaign cache.
+const CampaignCacheSize = campaignCacheSize
+
+// SetCampaignCacheSize bounds c's per-campaign caches to n campaigns. Set it
+// before the first claim.
+func SetCampaignCacheSize(c *Client, n int) {
+	c.shardCounts.size, c.shardGates.size = n, n
+}
