@@ -222,10 +222,15 @@ func TestGrantGroupCommitCancelMidBatch(t *testing.T) {
 	defer cancelSent()
 	queued := grant(ctxQueued, "a", 2)
 	waitFor(t, "a queued", func() bool { n, _ := quota.GroupQueued(c); return n == 1 })
+	queuedN := func(want int) func() bool {
+		return func() bool { n, _ := quota.GroupQueued(c); return n == want }
+	}
 	other1 := grant(b.ctx, "b", 3)
+	waitFor(t, "b queued", queuedN(2))
 	sent := grant(ctxSent, "c", 4)
+	waitFor(t, "c queued", queuedN(3))
 	other2 := grant(b.ctx, "a", 5)
-	waitFor(t, "4 queued", func() bool { n, _ := quota.GroupQueued(c); return n == 4 })
+	waitFor(t, "4 queued", queuedN(4))
 
 	// Cancelled while queued: nothing was sent for it.
 	cancelQueued()

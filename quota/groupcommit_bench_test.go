@@ -93,16 +93,23 @@ func cloneModes[T any](s []T) []T { return append([]T(nil), s...) }
 func benchGroupGrant(b *testing.B, url string, clients int, member func(*rand.Rand) string, cfg quota.Config, inFlight int) {
 	ctx := context.Background()
 	pool := pgtest.Connect(b, url, int32(clients))
+	// Connect all N before the clock starts (released before any Fatal:
+	// the pool's cleanup waits for its connections).
 	conns := make([]interface{ Release() }, 0, clients)
+	var connErr error
 	for range clients {
 		c, err := pool.Acquire(ctx)
 		if err != nil {
-			b.Fatal(err)
+			connErr = err
+			break
 		}
 		conns = append(conns, c)
 	}
 	for _, c := range conns {
 		c.Release()
+	}
+	if connErr != nil {
+		b.Fatalf("connect %d clients (the server's max_connections?): %v", clients, connErr)
 	}
 	client, err := quota.New(pool, &cfg)
 	if err != nil {
