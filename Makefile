@@ -75,6 +75,14 @@ bench-hotrow: ## Hot row at 64 clients: coalesced grants and a 32-shard pool bes
 	go run ./cmd/pgquota --database-url '$(BENCH_DATABASE_URL)' bench --pgbench \
 		--strategy grant-hot,grant-hot-coalesced,voucher-claim,voucher-sharded --clients 64 --duration $(HOTROW_DURATION) --rounds $(ROUNDS)
 
+.PHONY: bench-groupcommit
+bench-groupcommit: ## Go benchmark BenchmarkGrantGroupCommit: Grant with and without Config.GroupCommit, spread over 10,000 counters and on the hot row, 1/8/32/64 clients, 2s each: about 3 minutes
+	PGQUOTA_TEST_DATABASE_URL='$(BENCH_DATABASE_URL)' go test ./quota -run '^$$' -bench GrantGroupCommit -benchtime 2s -timeout 30m
+
+.PHONY: bench-memory
+bench-memory: ## Go benchmark BenchmarkClientMemoryFlat/group: one Client grants on 1,000,000 counters and claims from 100,000 campaigns, twice; heap above a fresh Client after each pass: several minutes
+	PGQUOTA_TEST_DATABASE_URL='$(BENCH_DATABASE_URL)' go test ./quota -run '^$$' -bench 'ClientMemoryFlat/group' -benchtime 1x -timeout 60m
+
 .PHONY: bench-bulk
 bench-bulk: ## Bulk grants (grant --file's engine): rows/s on 100,000 distinct members, new and existing counters, 1/2/4/8 workers
 	PGQUOTA_TEST_DATABASE_URL='$(BENCH_DATABASE_URL)' go test ./internal/bulk -run '^$$' -bench Run -benchtime 2x

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -48,6 +47,21 @@ type Config struct {
 	// coalesce.go). A call's context still bounds its wait: see
 	// ErrGrantAbandoned. GrantTx is never coalesced. Defaults to false.
 	Coalesce bool
+
+	// GroupCommit makes Grant combine concurrent calls of this client for
+	// any counters (members or quotas) into one statement and one commit:
+	// while a statement is in flight, the calls that arrive wait, and the
+	// next statement decides all of them, set-based, locking the counters
+	// in key order. Each call still gets exactly the outcome it would have
+	// got alone (calls of one counter decided in arrival order), its own
+	// error (ErrQuotaNotFound, ErrNoLimit) never fails the others, and keyed
+	// calls are grouped too (apart from unkeyed ones). No call waits on a
+	// timer: one that finds the client idle runs at once, as without group
+	// commit. A call's context still bounds its wait: see
+	// ErrGrantAbandoned. It includes what Coalesce does; with both set,
+	// GroupCommit decides. GrantTx and GrantBatch are never grouped (see
+	// groupcommit.go). Defaults to false.
+	GroupCommit bool
 
 	// ShardedClaimsInFlight bounds, per sharded pool, how many of this
 	// client's ClaimVoucher calls run a claim statement at once; the others
@@ -114,13 +128,17 @@ type Client struct {
 
 	// coalescer queues Grant calls when Config.Coalesce is set (coalesce.go).
 	coalescer *coalescer
+	// grouper queues Grant calls of any counter when Config.GroupCommit is
+	// set (groupcommit.go).
+	grouper *grouper
 
 	// shardCounts caches the number of shards of sharded pools, by
-	// campaign (shard.go).
-	shardCounts sync.Map
+	// campaign (shard.go), for the campaignCacheSize campaigns used last
+	// (campaign_cache.go).
+	shardCounts boundedMap
 	// shardGates holds, per sharded campaign, the channel that bounds this
-	// client's claims in flight (shardGate).
-	shardGates sync.Map
+	// client's claims in flight (shardGate), for as many campaigns.
+	shardGates boundedMap
 	// testShardGateMaxWait replaces shardGateMaxWait when not zero (tests).
 	testShardGateMaxWait time.Duration
 
@@ -136,6 +154,10 @@ type Client struct {
 	// statement with the number of calls it decides, after they were
 	// marked as sent.
 	testHookCoalesceSend func(n int)
+
+	// testHookGroupSend, set by tests only, runs before each statement of
+	// the group-commit path with the requests it decides.
+	testHookGroupSend func(reqs []GrantRequest)
 }
 
 // New returns a Client on pool. cfg may be nil. It does not touch the
@@ -182,6 +204,9 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	c.db = retryPool{pool: sentPool{pool: pool}, policy: c.policy}
 	if c.cfg.Coalesce {
 		c.coalescer = newCoalescer(c)
+	}
+	if c.cfg.GroupCommit {
+		c.grouper = newGrouper(c)
 	}
 	return c, nil
 }

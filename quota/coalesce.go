@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -137,7 +136,7 @@ func (co *coalescer) grant(ctx context.Context, req GrantRequest) (GrantResult, 
 		return GrantResult{}, ctx.Err()
 	case waitSent:
 		w.state = waitAbandoned
-		return GrantResult{}, fmt.Errorf("%w: %w", ErrGrantAbandoned, ctx.Err())
+		return GrantResult{}, abandonedError(ctx)
 	default: // waitDone: the outcome arrived together with the cancellation
 		return w.res, w.err
 	}

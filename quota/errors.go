@@ -250,9 +250,11 @@ var (
 
 // Sentinel errors of coalesced and batched grants (coalesce.go, batch.go).
 var (
-	// ErrGrantAbandoned is returned by Grant with Config.Coalesce when the
-	// caller's context ended after its call had been sent to the database
-	// in a coalesced statement (the error also wraps the context's error).
+	// ErrGrantAbandoned is returned by Grant with Config.Coalesce or
+	// Config.GroupCommit when the caller's context ended after its call had
+	// been sent to the database in a shared statement (the error also wraps
+	// ErrOutcomeUnknown, since the caller cannot tell the outcome, and the
+	// context's error).
 	// The database decides the call anyway: its units are granted or not,
 	// exactly as if the caller had waited, and the outcome is passed to
 	// Config.OnAbandonedGrant. A call whose context ends before it is sent

@@ -42,3 +42,39 @@ func CoalesceQueued(c *Client, quota, member string) int {
 func SetShardGateMaxWait(c *Client, d time.Duration) {
 	c.testShardGateMaxWait = d
 }
+
+// SetGroupSend makes c call hook before each statement of the group-commit
+// path (a lone call's included) with the requests it decides. Set it
+// before the first Grant.
+func SetGroupSend(c *Client, hook func(reqs []GrantRequest)) {
+	c.testHookGroupSend = hook
+}
+
+// GroupQueued returns the number of grouped calls of c waiting, not sent
+// yet, unkeyed and keyed.
+func GroupQueued(c *Client) (unkeyed, keyed int) {
+	c.grouper.mu.Lock()
+	defer c.grouper.mu.Unlock()
+	return len(c.grouper.lanes[0].waiting), len(c.grouper.lanes[1].waiting)
+}
+
+// SetGroupInFlight sets how many statements per lane c's group commit
+// keeps in flight. Set it before the first Grant.
+func SetGroupInFlight(c *Client, n int) {
+	c.grouper.inFlight = n
+}
+
+// CampaignCacheLens returns how many campaigns c's shard-count and
+// shard-gate caches hold.
+func CampaignCacheLens(c *Client) (counts, gates int) {
+	return c.shardCounts.Len(), c.shardGates.Len()
+}
+
+// CampaignCacheSize is the bound of each per-campaign cache.
+const CampaignCacheSize = campaignCacheSize
+
+// SetCampaignCacheSize bounds c's per-campaign caches to n campaigns. Set it
+// before the first claim.
+func SetCampaignCacheSize(c *Client, n int) {
+	c.shardCounts.size, c.shardGates.size = n, n
+}

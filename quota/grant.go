@@ -102,12 +102,24 @@ type GrantResult struct {
 // granted), or ErrGrantAbandoned when it ends after (a keyed call's
 // outcome is then in the ledger: repeat the call with its key).
 //
+// With Config.GroupCommit, concurrent calls for any counters share one
+// statement and one commit (see Config.GroupCommit and groupcommit.go),
+// with the same outcomes and errors as with Config.Coalesce; a call that
+// finds no statement of the client in flight runs alone, exactly as
+// without. ErrGrantAbandoned then also wraps ErrOutcomeUnknown.
+//
 // Errors: *InputError (ErrInvalidInput) for a bad quota name, member,
 // amount, limit or idempotency key; ErrQuotaNotFound; ErrNoLimit when no
 // limit applies; ErrIdempotencyKeyReused; ErrSchemaMissing; the context's
 // error; database errors (SQLSTATE kept); ErrOutcomeUnknown, as above. On
 // any other error nothing was written.
 func (c *Client) Grant(ctx context.Context, req GrantRequest) (GrantResult, error) {
+	if c.grouper != nil && groupable(req) {
+		if err := checkGrantRequest(req); err != nil {
+			return GrantResult{}, err
+		}
+		return c.grouper.grant(ctx, req)
+	}
 	if c.coalescer != nil {
 		if err := checkGrantRequest(req); err != nil {
 			return GrantResult{}, err

@@ -296,7 +296,9 @@ func (c *Client) shardGate(ctx context.Context, campaign string, shards int) (fu
 		} else {
 			c.shardGates.LoadOrStore(campaign, fresh)
 		}
-		v, _ = c.shardGates.Load(campaign)
+		if v, ok = c.shardGates.Load(campaign); !ok {
+			v = fresh // evicted meanwhile (campaign_cache.go)
+		}
 	}
 	gate := v.(*shardGate)
 	release := func() { <-gate.slots }

@@ -256,7 +256,7 @@ func TestRegistry(t *testing.T) {
 	}
 	require.Equal(t, []string{"grant-hot", "grant-spread", "grant-first", "for-update", "advisory-lock",
 		"serializable", "voucher-claim", "lease-acquire", "fenced-write",
-		"grant-hot-coalesced", "voucher-sharded"}, names)
+		"grant-hot-coalesced", "voucher-sharded", "grant-spread-grouped", "grant-hot-grouped"}, names)
 	_, ok := Lookup("nope")
 	require.False(t, ok)
 	require.Equal(t, "10000", strconv.Itoa(SpreadMembers))

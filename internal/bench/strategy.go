@@ -86,6 +86,7 @@ var strategies = []Strategy{
 	voucherClaim{},
 	leaseAcquire{}, fencedWrite{},
 	grantHotCoalesced{}, voucherSharded{},
+	grantSpreadGrouped{}, grantHotGrouped{},
 }
 
 // Baseline is implemented by a strategy whose pgbench side runs another
