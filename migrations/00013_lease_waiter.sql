@@ -7,7 +7,7 @@
 -- other's WAL flush: measured at 64 clients on this project's machine,
 -- acquire + release ran 142/s with the pg_notify and 859/s without it,
 -- pg_stat_activity showing the releasing backends in Lock:object (the
--- notify lock) 93% of the samples (docs/scaling.md).
+-- notify lock) in 94-95% of the samples (docs/scaling.md).
 --
 -- Now a waiter (AcquireWait, once its LISTEN is in place) registers a row
 -- here before each attempt, and a release notifies only when a live

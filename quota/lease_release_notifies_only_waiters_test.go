@@ -78,8 +78,11 @@ func (b *notifyBundle) waitForAdvisoryWait(t *testing.T) {
 	t.Helper()
 	require.Eventually(t, func() bool {
 		var n int
-		require.NoError(t, b.owner.QueryRow(b.ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&n))
+		// pg_locks, unlike pg_stat_activity's wait events, shows every
+		// role's sessions to every role.
+		require.NoError(t, b.owner.QueryRow(b.ctx, `SELECT count(*) FROM pg_locks
+			WHERE locktype = 'advisory' AND NOT granted
+			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n))
 		return n > 0
 	}, 30*time.Second, 5*time.Millisecond, "nothing waits for the waiter lock")
 }
