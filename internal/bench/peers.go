@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -368,8 +369,11 @@ func leaseCycleScript(ctx context.Context, db *scratch.Database) (*Script, Strat
 	if err != nil {
 		return nil, nil, err
 	}
+	// Distinct values, so that each argument is known by its value (sqlc
+	// numbers the parameters in their order of first use in the SQL).
+	const probeName, probeAttempt = 7, 123456789
 	rec.take()
-	if _, err := op.Do(ctx, []int64{1, 1}); err != nil {
+	if _, err := op.Do(ctx, []int64{probeName, probeAttempt}); err != nil {
 		return nil, nil, err
 	}
 	stmts := rec.take()
@@ -377,14 +381,46 @@ func leaseCycleScript(ctx context.Context, db *scratch.Database) (*Script, Strat
 		return nil, nil, fmt.Errorf("lease-cycle sent %d statements, want 2 (acquire, release)", len(stmts))
 	}
 	acq, rel := stmts[0], stmts[1]
-	if len(acq.Args) != 4 || len(rel.Args) != 2 {
-		return nil, nil, fmt.Errorf("lease-cycle: acquire has %d arguments (want 4), release %d (want 2)", len(acq.Args), len(rel.Args))
+	var defines []string
+	names := func(s Statement, token string) ([]string, error) {
+		out := make([]string, len(s.Args))
+		for i, a := range s.Args {
+			text, err := argText(a)
+			if err != nil {
+				return nil, err
+			}
+			switch text {
+			case strconv.Itoa(probeName):
+				out[i] = "lease"
+			case strconv.Itoa(probeAttempt):
+				out[i] = "attempt"
+			case acquireHolder:
+				out[i] = "holder"
+			case token:
+				out[i] = "token"
+			default:
+				out[i] = fmt.Sprintf("c%d", len(defines)+1)
+				defines = append(defines, out[i]+"="+text)
+			}
+		}
+		return out, nil
 	}
-	ttl, err := argText(acq.Args[3])
+	acqNames, err := names(acq, "")
 	if err != nil {
 		return nil, nil, err
 	}
-	body := func(s Statement, names ...string) string {
+	var token int64
+	if err := pool.QueryRow(ctx, `SELECT token FROM pgquota.lease WHERE name = $1`, strconv.Itoa(probeName)).Scan(&token); err != nil {
+		return nil, nil, fmt.Errorf("lease-cycle: read the probe's token: %w", err)
+	}
+	relNames, err := names(rel, strconv.FormatInt(token, 10))
+	if err != nil {
+		return nil, nil, err
+	}
+	if !slices.Contains(relNames, "token") || !slices.Contains(relNames, "lease") || !slices.Contains(acqNames, "attempt") {
+		return nil, nil, fmt.Errorf("lease-cycle: arguments not recognised (acquire %v, release %v)", acqNames, relNames)
+	}
+	body := func(s Statement, names []string) string {
 		b := strings.TrimRight(strings.TrimSpace(stripLeadingComments(s.SQL)), ";")
 		for i := len(names); i >= 1; i-- {
 			b = strings.ReplaceAll(b, "$"+strconv.Itoa(i), ":"+names[i-1])
@@ -393,12 +429,15 @@ func leaseCycleScript(ctx context.Context, db *scratch.Database) (*Script, Strat
 	}
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\\set lease random(1, %d)\n\\set attempt random(1, %d)\n", LeaseCycleNames, int64(uniqueMax))
-	sb.WriteString(body(acq, "lease", "holder", "attempt", "ttl") + "\n\\gset\n")
-	sb.WriteString("\\if :taken\n" + body(rel, "lease", "token") + ";\n\\endif\n")
+	// \gset stores the acquire's row: :taken and :token (and :name,
+	// :holder, :attempt, which the next \set and the same holder make
+	// harmless).
+	sb.WriteString(body(acq, acqNames) + "\n\\gset\n")
+	sb.WriteString("\\if :taken\n" + body(rel, relNames) + ";\n\\endif\n")
 	return &Script{
 		Strategy:   "lease-cycle",
 		Text:       sb.String(),
-		Defines:    []string{"holder=" + acquireHolder, "ttl=" + ttl},
+		Defines:    append(defines, "holder="+acquireHolder),
 		Statements: stmts,
 		Vars:       op.Vars,
 	}, leaseCycle{}, nil
