@@ -36,9 +36,8 @@ type PeersConfig struct {
 	Duration time.Duration
 	// PgbenchPath is the pgbench binary. Defaults to "pgbench" on $PATH.
 	PgbenchPath string
-	// RedisPath is the redis-server binary. Defaults to "redis-server" on
-	// $PATH.
-	RedisPath string
+	// The redis-server binary is $PGQUOTA_REDIS_SERVER, else redis-server
+	// on $PATH (internal/svcproc).
 	// Cases limits the run to these case names (PeerCases); empty for all.
 	Cases []string
 	// Progress, when not nil, is called before each run with its label.
@@ -183,12 +182,12 @@ func RunPeers(ctx context.Context, admin *pgxpool.Pool, cfg PeersConfig) (_ *Pee
 	rep.Server.SynchronousCommit = sessionParams["synchronous_commit"]
 
 	progress("starting redis-server twice (no persistence; appendonly, appendfsync always)")
-	plain, err := StartRedis(ctx, cfg.RedisPath, false)
+	plain, err := StartRedis(ctx, false)
 	if err != nil {
 		return nil, err
 	}
 	defer plain.Stop()
-	durable, err := StartRedis(ctx, cfg.RedisPath, true)
+	durable, err := StartRedis(ctx, true)
 	if err != nil {
 		return nil, err
 	}

@@ -25,7 +25,7 @@ func TestStartRedisPersistsAsAsked(t *testing.T) {
 		{durable: false, appendonly: "no", saving: ""},
 		{durable: true, appendonly: "yes", appendfsync: "always", saving: ""},
 	} {
-		srv, err := StartRedis(ctx, "", tc.durable)
+		srv, err := StartRedis(ctx, tc.durable)
 		require.NoError(t, err, "redis-server must be installed (apt-get install redis-server)")
 		t.Cleanup(srv.Stop)
 		rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})

@@ -14,13 +14,11 @@ import (
 
 // peersFlags are bench's --peers options.
 type peersFlags struct {
-	on        bool
-	redisPath string
+	on bool
 }
 
 func (p *peersFlags) register(f *pflag.FlagSet) {
 	f.BoolVar(&p.on, "peers", false, "measure grant-spread, grant-hot and lease-cycle through pgquota, pgbench and the Redis peers (redis_rate, redislock) on a Redis started twice (no persistence; appendfsync always)")
-	f.StringVar(&p.redisPath, "redis-path", "redis-server", "the redis-server binary (--peers)")
 }
 
 func (a *app) benchPeers(ctx context.Context, _ *cobra.Command, p *peersFlags, cfg bench.Config, cases []string, chart string, noProgress bool) error {
@@ -59,7 +57,7 @@ func (a *app) benchPeers(ctx context.Context, _ *cobra.Command, p *peersFlags, c
 		fmt.Fprintf(a.stdout, "peers: %d cases x %d client counts x %d sides x %s = about %s\n",
 			ncases, len(cfg.Clients), len(bench.PeerSides), cfg.Duration, (time.Duration(runs) * cfg.Duration).Round(time.Second))
 	}
-	pc := bench.PeersConfig{Clients: cfg.Clients, Duration: cfg.Duration, PgbenchPath: cfg.PgbenchPath, RedisPath: p.redisPath, Cases: cases}
+	pc := bench.PeersConfig{Clients: cfg.Clients, Duration: cfg.Duration, PgbenchPath: cfg.PgbenchPath, Cases: cases}
 	if w := a.progressWriter(noProgress); w != nil {
 		pc.Progress = func(label string) { fmt.Fprintf(w, "\r\033[K%s", label) }
 		defer fmt.Fprint(w, "\r\033[K")
