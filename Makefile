@@ -91,3 +91,11 @@ bench-bulk: ## Bulk grants (grant --file's engine): rows/s on 100,000 distinct m
 bench-compare: ## Library vs pgbench on the same SQL; CASES, CLIENTS=8, DURATION=5s, ROUNDS=3: cases x clients x 5s x 3 x 2 sides, about 2-3 minutes by default; ends with "ratio <case> <library/pgbench>" lines
 	go run ./cmd/pgquota --database-url '$(BENCH_DATABASE_URL)' bench --pgbench \
 		--strategy $(CASES) --clients $(CLIENTS) --duration $(DURATION) --rounds $(ROUNDS)
+
+PEERS_DURATION ?= 5s
+PEERS_CLIENTS  ?= 1,8,32,64
+
+.PHONY: bench-peers
+bench-peers: ## pgquota beside pgbench (same SQL) and the Redis peers (redis_rate, redislock) on a Redis it starts twice (no persistence; appendfsync always): grant-spread, grant-hot, lease-cycle at PEERS_CLIENTS=1,8,32,64, PEERS_DURATION=5s: 3 x 4 x 4 sides x 5s, about 5 minutes; peers.svg
+	go run ./cmd/pgquota --database-url '$(BENCH_DATABASE_URL)' bench --peers \
+		--clients $(PEERS_CLIENTS) --duration $(PEERS_DURATION) --chart peers.svg

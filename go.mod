@@ -17,6 +17,8 @@ require (
 )
 
 require (
+	github.com/bsm/redislock v0.9.4
+	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/hashicorp/golang-lru/v2 v2.0.7
 	github.com/spf13/pflag v1.0.9
 	golang.org/x/term v0.48.0

@@ -48,6 +48,12 @@ type PgquotaLeaseEpoch struct {
 	UpdatedAt        pgtype.Timestamptz
 }
 
+type PgquotaLeaseWaiter struct {
+	Name   string
+	Waiter string
+	Until  pgtype.Timestamptz
+}
+
 type PgquotaLedger struct {
 	GrantID        int64
 	Scope          string

@@ -135,8 +135,12 @@ RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.e
 -- Ends the lease held with @token now, conditioned on the token so that a
 -- deposed holder cannot end its successor's lease. The row is kept, expired,
 -- so the last holder and token stay visible; releasing twice is harmless.
--- pg_notify wakes waiters (AcquireWait) listening on channel pgquota_lease
--- when the transaction commits; the payload is the lease name.
+-- pgquota.lease_notify_waiters wakes waiters (AcquireWait) listening on
+-- channel pgquota_lease when the transaction commits, the payload being the
+-- lease name, but only when a waiter is registered for the lease: NOTIFY
+-- takes a database-wide lock at commit, which serialised every release
+-- behind the WAL flush of the one before (migrations/00013_lease_waiter.sql
+-- says why no wake-up is lost).
 UPDATE pgquota.lease l
 SET expires_at = least(l.expires_at, c.at)
 FROM (SELECT pgquota.clock() AS at) c
@@ -144,7 +148,7 @@ WHERE l.name = @name::text
   AND l.token = @token::bigint
   AND pgquota.durable_commit()
 RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, c.at AS db_now,
-          pg_notify('pgquota_lease', l.name)::text AS notified;
+          pgquota.lease_notify_waiters(l.name) AS notified;
 
 -- name: LeaseGet :one
 SELECT l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, c.at AS db_now

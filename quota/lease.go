@@ -43,7 +43,12 @@ const (
 
 // LeaseNotifyChannel is the PostgreSQL NOTIFY channel on which a release
 // announces the lease's name (the payload), so that AcquireWait wakes
-// early.
+// early. A release announces it only when a waiter is registered for the
+// lease (AcquireWait registers itself in pgquota.lease_waiter while it
+// waits), or when it runs in a REPEATABLE READ or SERIALIZABLE
+// transaction: NOTIFY takes a database-wide lock at commit, held through
+// the WAL flush, which serialised all releases
+// (migrations/00013_lease_waiter.sql).
 const LeaseNotifyChannel = "pgquota_lease"
 
 // AcquireRequest asks for a lease.
@@ -364,7 +369,8 @@ func (c *Client) leaseLost(ctx context.Context, x db.DBTX, op, name string, toke
 
 // Release ends the lease name held with token now, so that the next
 // Acquire succeeds at once, and wakes AcquireWait callers (NOTIFY on
-// LeaseNotifyChannel, sent when the statement commits). Releasing a lease
+// LeaseNotifyChannel, sent when the statement commits, only when one is
+// registered as waiting for the lease). Releasing a lease
 // that has already expired or been released with the same token is not an
 // error: the call is safe to retry. The lease row is kept, expired, with
 // its last holder and token.
@@ -505,6 +511,10 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 	var notified func() <-chan struct{}
 	unsubscribe := func() {}
 	defer func() { unsubscribe() }()
+	// Once listening, the waiter registers before each attempt, so that a
+	// release notifies (lease_wait.go).
+	waiter := &leaseWaiter{c: c, name: req.Name, waiter: req.Attempt}
+	defer waiter.unregister(ctx)
 
 	interval := o.MinInterval
 	var lastHeld error
@@ -515,6 +525,7 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 		var wakeup <-chan struct{}
 		if notified != nil {
 			wakeup = notified()
+			waiter.register(ctx)
 		}
 		l, err := retry(ctx, c.policy, func() (Lease, error) { return c.acquire(ctx, c.db.pool, req) })
 		var held *LeaseHeldError
@@ -532,6 +543,10 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 			failures = 0
 			if held.Remaining > 0 && held.Remaining < pause {
 				pause = held.Remaining
+			}
+			if waiter.failed {
+				// Not registered: a release may not notify.
+				pause = min(pause, pollerMaxInterval)
 			}
 			if !o.NoListen && notified == nil {
 				notified, unsubscribe = c.notifier.subscribe(ctx, c.pool, req.Name)

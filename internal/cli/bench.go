@@ -21,6 +21,7 @@ func (a *app) benchCommand() *cobra.Command {
 		names      []string
 		chart      string
 		noProgress bool
+		peers      peersFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -41,16 +42,27 @@ library and pgbench, and prints each side's median round: on a shared
 machine, a burst of load elsewhere then skews one round instead of the
 ratio.
 
+--peers measures instead, in one run, each case (grant-spread, grant-hot,
+lease-cycle; --strategy picks some) through pgquota, through pgbench on the
+same SQL, and through the Redis peers (go-redis/redis_rate, bsm/redislock)
+against two redis-server processes it starts itself (no persistence, and
+--appendonly yes --appendfsync always), printing ops/s, p50, p99 and the
+ratios pgquota/peer (higher is better for pgquota).
+
 The bench works in a scratch database it creates on the server (the role
 needs CREATEDB) and drops afterwards. Strategies:
 ` + strategyList(),
 		Example: `  pgquota bench --clients 1,8,32,64 --duration 5s
   pgquota bench --strategy grant-hot,grant-spread --clients 8,32 --duration 5s --pgbench
   pgquota bench --strategy lease-acquire,fenced-write --clients 8,32 --pgbench --rounds 3
-  pgquota bench --clients 1,8,32 --chart bench.svg --json`,
+  pgquota bench --clients 1,8,32 --chart bench.svg --json
+  pgquota bench --peers --clients 1,8,32,64 --duration 5s --chart peers.svg`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			if peers.on {
+				return a.benchPeers(ctx, cmd, &peers, cfg, names, chart, noProgress) // bench_peers.go
+			}
 			for _, name := range names {
 				s, ok := bench.Lookup(name)
 				if !ok {
@@ -117,6 +129,7 @@ needs CREATEDB) and drops afterwards. Strategies:
 	f.IntVar(&cfg.Rounds, "rounds", 1, "measure each run this many times, alternating library and pgbench; print the median rounds")
 	f.StringVar(&chart, "chart", "", "draw throughput against clients to FILE.svg or FILE.png")
 	f.BoolVar(&noProgress, "no-progress", false, "no progress bar on stderr")
+	peers.register(f)
 	return cmd
 }
 
