@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgquota/pgquota/internal/coordproc"
+	"github.com/pgquota/pgquota/internal/svcproc"
 )
 
 // Install says how to get etcd.
@@ -45,7 +45,8 @@ type Server struct {
 	// DataDir is its data directory.
 	DataDir string
 
-	proc *coordproc.Proc
+	proc *svcproc.Proc
+	dir  string
 }
 
 func binary() (string, error) {
@@ -89,11 +90,18 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 }
 
 func start(ctx context.Context, bin string, opts Options) (*Server, error) {
-	ports, err := coordproc.FreePorts(2)
+	cport, err := svcproc.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	dir, err := coordproc.MakeDir("pgquota-etcd-")
+	pport, err := svcproc.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	if pport == cport {
+		return nil, errors.New("etcd: picked the same free port twice: address already in use")
+	}
+	dir, err := os.MkdirTemp("", "pgquota-etcd-")
 	if err != nil {
 		return nil, err
 	}
@@ -101,23 +109,21 @@ func start(ctx context.Context, bin string, opts Options) (*Server, error) {
 	if data == "" {
 		data = filepath.Join(dir, "data")
 	}
-	client := "http://127.0.0.1:" + strconv.Itoa(ports[0])
-	peer := "http://127.0.0.1:" + strconv.Itoa(ports[1])
-	proc, err := coordproc.Start("etcd", dir, bin,
-		"--name", "lab",
-		"--data-dir", data,
-		"--listen-client-urls", client, "--advertise-client-urls", client,
-		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-		"--initial-cluster", "lab="+peer,
-		"--heartbeat-interval", "25", "--election-timeout", "250",
-		"--log-level", "warn", "--logger", "zap")
+	client := "http://127.0.0.1:" + strconv.Itoa(cport)
+	peer := "http://127.0.0.1:" + strconv.Itoa(pport)
+	s := &Server{Endpoint: client, DataDir: data, dir: dir}
+	s.proc, err = svcproc.Start(ctx, svcproc.Spec{
+		Name: "etcd", Path: bin, Dir: dir, ReadyTimeout: opts.StartTimeout, Ready: s.health,
+		Args: []string{"--name", "lab",
+			"--data-dir", data,
+			"--listen-client-urls", client, "--advertise-client-urls", client,
+			"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+			"--initial-cluster", "lab=" + peer,
+			"--heartbeat-interval", "25", "--election-timeout", "250",
+			"--log-level", "warn", "--logger", "zap"},
+	})
 	if err != nil {
 		_ = os.RemoveAll(dir)
-		return nil, err
-	}
-	s := &Server{Endpoint: client, DataDir: data, proc: proc}
-	if err := proc.WaitReady(ctx, opts.StartTimeout, s.health); err != nil {
-		proc.Stop()
 		return nil, err
 	}
 	return s, nil
@@ -149,7 +155,10 @@ func (s *Server) LogTail(n int) string { return s.proc.LogTail(n) }
 
 // Stop stops the server by its process id and removes its directory (and
 // the data directory, unless Options.DataDir named one).
-func (s *Server) Stop() { s.proc.Stop() }
+func (s *Server) Stop() {
+	_ = s.proc.Stop()
+	_ = os.RemoveAll(s.dir)
+}
 
 // StartTB starts a server for one test and stops it when the test ends; a
 // server that cannot start fails the test with the reason.
@@ -183,8 +192,17 @@ func Shared(tb testing.TB) *Server {
 	if shared.err != nil {
 		tb.Fatalf("etcd: %v", shared.err)
 	}
-	if shared.s.proc.Exited() {
+	if exited(shared.s.proc) {
 		tb.Fatalf("etcd: the shared server at %s has exited; log tail:\n%s", shared.s.Endpoint, shared.s.LogTail(40))
 	}
 	return shared.s
+}
+
+func exited(p *svcproc.Proc) bool {
+	select {
+	case <-p.Exited():
+		return true
+	default:
+		return false
+	}
 }

@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pgquota/pgquota/internal/coordproc"
+	"github.com/pgquota/pgquota/internal/svcproc"
 )
 
 // DefaultJar is where Debian's package puts ZooKeeper's jar (its manifest
@@ -45,7 +45,8 @@ type Server struct {
 	// TickTime is the server's tickTime.
 	TickTime time.Duration
 
-	proc *coordproc.Proc
+	proc *svcproc.Proc
+	dir  string
 }
 
 // Install says how to get what the server needs.
@@ -105,11 +106,11 @@ func Start(ctx context.Context, opts Options) (*Server, error) {
 }
 
 func start(ctx context.Context, bin, cp string, opts Options) (*Server, error) {
-	ports, err := coordproc.FreePorts(1)
+	port, err := svcproc.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	dir, err := coordproc.MakeDir("pgquota-zookeeper-")
+	dir, err := os.MkdirTemp("", "pgquota-zookeeper-")
 	if err != nil {
 		return nil, err
 	}
@@ -123,22 +124,21 @@ minSessionTimeout=%d
 maxSessionTimeout=%d
 admin.enableServer=false
 4lw.commands.whitelist=ruok,srvr
-`, tick, filepath.Join(dir, "data"), ports[0], 2*tick, 600*tick)
+`, tick, filepath.Join(dir, "data"), port, 2*tick, 600*tick)
 	cfgPath := filepath.Join(dir, "zoo.cfg")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
-		return nil, err
-	}
-	proc, err := coordproc.Start("zookeeper", dir, bin,
-		"-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-		"-Dzookeeper.admin.enableServer=false",
-		"-cp", cp, "org.apache.zookeeper.server.ZooKeeperServerMain", cfgPath)
-	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
-	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])), TickTime: opts.TickTime, proc: proc}
-	if err := proc.WaitReady(ctx, opts.StartTimeout, s.srvr); err != nil {
-		proc.Stop()
+	s := &Server{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), TickTime: opts.TickTime, dir: dir}
+	s.proc, err = svcproc.Start(ctx, svcproc.Spec{
+		Name: "zookeeper", Path: bin, Dir: dir, ReadyTimeout: opts.StartTimeout, Ready: s.srvr,
+		Args: []string{"-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+			"-Dzookeeper.admin.enableServer=false",
+			"-cp", cp, "org.apache.zookeeper.server.ZooKeeperServerMain", cfgPath},
+	})
+	if err != nil {
+		_ = os.RemoveAll(dir)
 		return nil, err
 	}
 	return s, nil
@@ -176,7 +176,10 @@ func (s *Server) Pid() int { return s.proc.Pid() }
 func (s *Server) LogTail(n int) string { return s.proc.LogTail(n) }
 
 // Stop stops the server by its process id and removes its data.
-func (s *Server) Stop() { s.proc.Stop() }
+func (s *Server) Stop() {
+	_ = s.proc.Stop()
+	_ = os.RemoveAll(s.dir)
+}
 
 // StartTB starts a server for one test and stops it when the test ends; a
 // server that cannot start fails the test with the reason.
@@ -211,7 +214,7 @@ func Shared(tb testing.TB) *Server {
 	if shared.err != nil {
 		tb.Fatalf("zookeeper: %v", shared.err)
 	}
-	if shared.s.proc.Exited() {
+	if exited(shared.s.proc) {
 		tb.Fatalf("zookeeper: the shared server at %s has exited; log tail:\n%s", shared.s.Addr, shared.s.LogTail(40))
 	}
 	return shared.s
@@ -220,3 +223,12 @@ func Shared(tb testing.TB) *Server {
 // ErrMissing is wrapped by Start's error when Java or ZooKeeper is not
 // installed.
 var ErrMissing = errors.New("zookeeper is not installed")
+
+func exited(p *svcproc.Proc) bool {
+	select {
+	case <-p.Exited():
+		return true
+	default:
+		return false
+	}
+}
