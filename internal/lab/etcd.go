@@ -152,6 +152,8 @@ func (s *etcdLock) Request(ctx context.Context, env *Env, c *Client) (Outcome, e
 			continue
 		case errors.Is(err, errGaveUp), errors.Is(err, errLockLost):
 			return out, nil // denied
+		case errors.Is(err, errLockService) && time.Now().Before(deadline) && ctx.Err() == nil:
+			continue // the lease failed before the lock was ours: try again with a new one
 		}
 		out.Granted = granted
 		return out, err
@@ -173,7 +175,7 @@ func (s *etcdLock) attempt(ctx context.Context, env *Env, c *Client, first bool,
 	defer cli.Close()
 	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(int(ttl/time.Second)), concurrency.WithContext(ctx))
 	if err != nil {
-		return false, fmt.Errorf("etcd session: %w", err)
+		return false, fmt.Errorf("%w: etcd session: %w", errLockService, err)
 	}
 	defer func() { _ = sess.Close() }() // revokes the lease, if it still exists
 	m := concurrency.NewMutex(sess, s.prefix)
@@ -184,7 +186,7 @@ func (s *etcdLock) attempt(ctx context.Context, env *Env, c *Client, first bool,
 		if ctx.Err() == nil && lctx.Err() != nil {
 			return false, errGaveUp
 		}
-		return false, fmt.Errorf("etcd lock: %w", err)
+		return false, fmt.Errorf("%w: etcd lock: %w", errLockService, err)
 	}
 	defer func() {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -205,7 +207,7 @@ func (s *etcdLock) attempt(ctx context.Context, env *Env, c *Client, first bool,
 	}
 	rev, err := owned()
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("%w: etcd lock key lost as the lock was granted: %w", errLockService, err)
 	}
 	token, err := quota.ExternalToken(1, rev, quota.EtcdRevisionBits)
 	if err != nil {

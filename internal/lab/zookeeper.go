@@ -213,11 +213,18 @@ func (s *zookeeperLock) Request(ctx context.Context, env *Env, c *Client) (Outco
 			continue
 		case errors.Is(err, errGaveUp), errors.Is(err, errLockLost):
 			return out, nil // denied
+		case errors.Is(err, errLockService) && time.Now().Before(deadline) && ctx.Err() == nil:
+			continue // the session failed before the lock was ours: try again in a new one
 		}
 		out.Granted = granted
 		return out, err
 	}
 }
+
+// errLockService marks a lock service's failure before the caller held
+// the lock (its session expired while it waited, on a busy machine): the
+// request starts over with a new session, as a real client would.
+var errLockService = errors.New("lock service")
 
 // attempt is one pass of the critical section in a ZooKeeper session of
 // its own. It reports whether its write landed.
@@ -226,7 +233,7 @@ func (s *zookeeperLock) attempt(ctx context.Context, env *Env, c *Client, first 
 	hole := newBlackhole()
 	conn, _, err := zk.Connect([]string{s.srv.Addr}, session, zk.WithDialer(hole.zkDial), zk.WithLogger(quietZK{}))
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("%w: zookeeper connect: %w", errLockService, err)
 	}
 	defer conn.Close()
 	// zk.Lock waits without a context: closing the connection ends the
@@ -244,12 +251,15 @@ func (s *zookeeperLock) attempt(ctx context.Context, env *Env, c *Client, first 
 		if ctx.Err() != nil {
 			return false, ctx.Err()
 		}
-		return false, fmt.Errorf("zookeeper lock: %w", err)
+		return false, fmt.Errorf("%w: zookeeper lock: %w", errLockService, err)
 	}
 	defer func() { _ = lock.Unlock() }() // fails harmlessly once the session expired
 	seq, node, err := zkHeldSeq(conn, s.lockPath)
+	if errors.Is(err, errLockLost) {
+		return false, fmt.Errorf("%w: zookeeper session lost as the lock was granted: %w", errLockService, err)
+	}
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("%w: zookeeper children: %w", errLockService, err)
 	}
 	var token int64
 	if s.fenced {
