@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/pgquota/pgquota/internal/etcdserver"
+	"github.com/pgquota/pgquota/internal/netpause"
 	"github.com/pgquota/pgquota/quota"
 )
 
@@ -164,10 +165,10 @@ func (s *etcdLock) Request(ctx context.Context, env *Env, c *Client) (Outcome, e
 // and lease of its own. It reports whether its write landed.
 func (s *etcdLock) attempt(ctx context.Context, env *Env, c *Client, first bool, ttl, pause time.Duration, deadline time.Time) (bool, error) {
 	cfg := env.Config
-	hole := newBlackhole()
+	hole := netpause.New()
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints: []string{s.srv.Endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithContextDialer(hole.dial)},
+		DialOptions: []grpc.DialOption{grpc.WithContextDialer(hole.Dial)},
 	})
 	if err != nil {
 		return false, err

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 
+	"github.com/pgquota/pgquota/internal/netpause"
 	"github.com/pgquota/pgquota/internal/zkserver"
 	"github.com/pgquota/pgquota/quota"
 )
@@ -230,8 +231,8 @@ var errLockService = errors.New("lock service")
 // its own. It reports whether its write landed.
 func (s *zookeeperLock) attempt(ctx context.Context, env *Env, c *Client, first bool, session, pause time.Duration, deadline time.Time) (bool, error) {
 	cfg := env.Config
-	hole := newBlackhole()
-	conn, _, err := zk.Connect([]string{s.srv.Addr}, session, zk.WithDialer(hole.zkDial), zk.WithLogger(quietZK{}))
+	hole := netpause.New()
+	conn, _, err := zk.Connect([]string{s.srv.Addr}, session, zk.WithDialer(hole.ZKDial), zk.WithLogger(quietZK{}))
 	if err != nil {
 		return false, fmt.Errorf("%w: zookeeper connect: %w", errLockService, err)
 	}

@@ -1,4 +1,11 @@
-package lab
+// Package netpause holds back a client's network traffic on demand: a
+// Blackhole's connections are real TCP connections whose bytes, while it is
+// held, neither go out nor reach the client, as when the client's process is
+// stopped (a long GC pause, SIGSTOP) or the network between it and its
+// server is cut. The lab and the recipe tests use it to make a lock
+// service's server expire a holder's session or lease for real while the
+// holder sleeps.
+package netpause
 
 import (
 	"context"
@@ -8,7 +15,7 @@ import (
 	"time"
 )
 
-// blackhole makes a client's connections to a lock service go silent on
+// Blackhole makes a client's connections to a lock service go silent on
 // demand: while it is closed, no byte goes out and none that arrives is
 // handed to the client, as when the client's process is stopped (a long GC
 // pause, SIGSTOP) or its network is partitioned. The server then hears no
@@ -16,34 +23,35 @@ import (
 // sleeps; the client's own code runs on when it wakes, believing it still
 // holds the lock. The connections are real TCP connections to the real
 // server: only their delivery is held back, never faked.
-type blackhole struct {
+type Blackhole struct {
 	mu     sync.Mutex
 	cond   *sync.Cond
 	closed bool
 }
 
-func newBlackhole() *blackhole {
-	b := &blackhole{}
+// New returns an open Blackhole.
+func New() *Blackhole {
+	b := &Blackhole{}
 	b.cond = sync.NewCond(&b.mu)
 	return b
 }
 
-// hold stops all traffic of the connections dialed through b.
-func (b *blackhole) hold() {
+// Hold stops all traffic of the connections dialed through b.
+func (b *Blackhole) Hold() {
 	b.mu.Lock()
 	b.closed = true
 	b.mu.Unlock()
 }
 
-// release lets the traffic flow again.
-func (b *blackhole) release() {
+// Release lets the traffic flow again.
+func (b *Blackhole) Release() {
 	b.mu.Lock()
 	b.closed = false
 	b.mu.Unlock()
 	b.cond.Broadcast()
 }
 
-func (b *blackhole) wait() {
+func (b *Blackhole) wait() {
 	b.mu.Lock()
 	for b.closed {
 		b.cond.Wait()
@@ -51,8 +59,9 @@ func (b *blackhole) wait() {
 	b.mu.Unlock()
 }
 
-// dial dials addr over TCP and wraps the connection in the blackhole.
-func (b *blackhole) dial(ctx context.Context, addr string) (net.Conn, error) {
+// Dial dials addr (host:port, or an http:// URL) over TCP and wraps the
+// connection in b; its signature is grpc.WithContextDialer's.
+func (b *Blackhole) Dial(ctx context.Context, addr string) (net.Conn, error) {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", strings.TrimPrefix(addr, "http://"))
 	if err != nil {
@@ -61,16 +70,16 @@ func (b *blackhole) dial(ctx context.Context, addr string) (net.Conn, error) {
 	return &holeConn{Conn: c, b: b}, nil
 }
 
-// zkDial is dial with the signature of zk.Dialer.
-func (b *blackhole) zkDial(network, addr string, timeout time.Duration) (net.Conn, error) {
+// ZKDial is Dial with the signature of go-zookeeper's zk.Dialer.
+func (b *Blackhole) ZKDial(network, addr string, timeout time.Duration) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	return b.dial(ctx, addr)
+	return b.Dial(ctx, addr)
 }
 
 type holeConn struct {
 	net.Conn
-	b *blackhole
+	b *Blackhole
 }
 
 // Read hands what arrived to the client only once the hole is open: a read
@@ -86,27 +95,4 @@ func (c *holeConn) Read(p []byte) (int, error) {
 func (c *holeConn) Write(p []byte) (int, error) {
 	c.b.wait()
 	return c.Conn.Write(p)
-}
-
-// pauseHolder is the lab's GC pause for a lock-service client: the first
-// Config.Paused requests that get here sleep d with their connections to
-// the lock service blackholed. It reports whether the caller paused.
-func (f *Faults) pauseHolder(ctx context.Context, d time.Duration, b *blackhole) bool {
-	if d <= 0 || f.n.Add(1) > f.paused {
-		return false
-	}
-	b.hold()
-	defer b.release()
-	sleep(ctx, d)
-	return true
-}
-
-// oneLine is err's text on one line (a server's log tail joined with " | "),
-// at most 400 bytes, for a strategy's unavailable reason.
-func oneLine(err error) string {
-	s := strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", " | ")), " ")
-	if len(s) > 400 {
-		s = s[:400] + "..."
-	}
-	return s
 }
