@@ -51,6 +51,9 @@ type Server struct {
 
 func binary() (string, error) {
 	if p := os.Getenv("PGQUOTA_ETCD"); p != "" {
+		if _, err := exec.LookPath(p); err != nil {
+			return "", fmt.Errorf("%w: PGQUOTA_ETCD=%s: %v: %s", ErrMissing, p, err, Install)
+		}
 		return p, nil
 	}
 	if p, err := exec.LookPath("etcd"); err == nil {
