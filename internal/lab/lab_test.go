@@ -134,10 +134,11 @@ func TestLabFencedWithoutPauses(t *testing.T) {
 // no state, in the order the output lists them.
 func TestStrategies(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, []string{"no-lock", "naive-lock", "redis-lock", "conditional", "fenced"}, lab.Names())
+	require.Equal(t, []string{"no-lock", "naive-lock", "redis-lock", "conditional", "fenced",
+		"zookeeper", "zookeeper-fenced", "etcd", "etcd-fenced"}, lab.Names())
 	require.NotSame(t, lab.Strategies()[2], lab.Strategies()[2])
 	for _, s := range lab.Strategies() {
-		require.Equal(t, s.Name() == "conditional" || s.Name() == "fenced", s.Safe(), s.Name())
+		require.Equal(t, s.Name() == "conditional" || strings.HasSuffix(s.Name(), "fenced"), s.Safe(), s.Name())
 	}
 }
 
