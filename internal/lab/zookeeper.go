@@ -34,7 +34,9 @@ import (
 // server on a busy machine), and a paused holder sleeps as many session
 // timeouts as the lab's pause is TTLs, plus a tick (ZooKeeper expires
 // sessions once a tick), so that the next holder has taken the lock and read
-// the counter before the paused one wakes.
+// the counter before the paused one wakes, plus 500ms for a busy machine
+// (a session's last heartbeat may come late, and the next in line must
+// connect again when its own session failed while it waited).
 func zkTiming(cfg Config, tick time.Duration) (session, pause time.Duration) {
 	session = max(cfg.TTL, 500*time.Millisecond)
 	if cfg.Pause <= 0 || cfg.Paused == 0 {
@@ -42,7 +44,7 @@ func zkTiming(cfg Config, tick time.Duration) (session, pause time.Duration) {
 	}
 	pause = time.Duration(float64(session) * float64(cfg.Pause) / float64(cfg.TTL))
 	if cfg.Pause > cfg.TTL {
-		pause += tick
+		pause += tick + 500*time.Millisecond
 	}
 	return session, pause
 }
@@ -148,10 +150,40 @@ func (s *zookeeperLock) Prepare(ctx context.Context, env *Env) error {
 	}
 	s.lockPath = "/pgquota-lab/" + s.Name()
 	s.resource = "lab-" + s.Name()
-	for _, p := range []string{"/pgquota-lab", s.lockPath} {
+	for _, p := range []string{"/pgquota-lab", s.lockPath, "/pgquota-lab/warm-up"} {
 		if _, err := s.admin.Create(p, nil, 0, zk.WorldACL(zk.PermAll)); err != nil && !errors.Is(err, zk.ErrNodeExists) {
 			return err
 		}
+	}
+	return s.warmUp(env.Config.Requests)
+}
+
+// warmUp runs the lock recipe once through n sessions at once on a lock of
+// its own, so that the first run does not meet a cold JVM (its session
+// expiries come late there).
+func (s *zookeeperLock) warmUp(n int) error {
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			conn, _, err := zk.Connect([]string{s.srv.Addr}, 5*time.Second, zk.WithLogger(quietZK{}))
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer conn.Close()
+			l := zk.NewLock(conn, "/pgquota-lab/warm-up", zk.WorldACL(zk.PermAll))
+			if err = l.Lock(); err == nil {
+				err = l.Unlock()
+			}
+			errs <- err
+		}()
+	}
+	var err error
+	for range n {
+		err = errors.Join(err, <-errs)
+	}
+	if err != nil {
+		return fmt.Errorf("zookeeper warm-up: %w", err)
 	}
 	return nil
 }
