@@ -24,6 +24,10 @@ limit of --limit, once per strategy, and count what each strategy handed out:
   redis-lock   the same lock with Redis SET NX PX                (what not to do)
   conditional  pgquota's one-statement conditional grant
   fenced       pgquota lease + fenced write carrying the lease's token
+  zookeeper         ZooKeeper lock recipe, no token           (what not to do)
+  zookeeper-fenced  the same, sequence number as an external token
+  etcd              etcd concurrency.Mutex on a lease, no token (what not to do)
+  etcd-fenced       the same, create revision as an external token
 
 Faults are injected so that the failure shows: a think time between read and
 write, and a pause past the lock's TTL right before the write (after the
@@ -33,7 +37,11 @@ request starts over with a new lease. The output says what was injected.
 
 The lab works in a scratch database it creates on the server (the role needs
 CREATEDB) and drops afterwards unless --keep. redis-lock is reported
-unavailable when no Redis answers at --redis-url.
+unavailable when no Redis answers at --redis-url. The zookeeper and etcd
+strategies start their own server for the run (Debian's zookeeper and
+etcd-server packages) on loopback ports, with their session timeout and lease
+TTL at least 500ms and 1s and their pauses scaled to match; they are reported
+unavailable, with the reason, when it cannot start.
 
 Exit status 0 when the safe strategies granted exactly the limit in every
 run, 1 otherwise.`,

@@ -211,6 +211,10 @@ var strategies = []func() Strategy{
 	func() Strategy { return &redisLock{} },
 	func() Strategy { return conditional{} },
 	func() Strategy { return fenced{} },
+	func() Strategy { return &zookeeperLock{} },
+	func() Strategy { return &zookeeperLock{fenced: true} },
+	func() Strategy { return &etcdLock{} },
+	func() Strategy { return &etcdLock{fenced: true} },
 }
 
 // Strategies returns new instances of the lab's strategies, in order.
