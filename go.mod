@@ -17,6 +17,7 @@ require (
 )
 
 require (
+	github.com/go-redsync/redsync/v4 v4.18.1
 	github.com/spf13/pflag v1.0.9
 	golang.org/x/term v0.48.0
 	gonum.org/v1/plot v0.17.0
