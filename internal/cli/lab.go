@@ -88,7 +88,7 @@ run, 1 otherwise.`,
 	f.IntVar(&cfg.Paused, "paused", cfg.Paused, "how many requests pause (the first to reach the pause)")
 	f.IntVar(&cfg.Runs, "runs", cfg.Runs, "repeat the experiment; prints min/median/max")
 	f.StringVar(&cfg.RedisURL, "redis-url", cfg.RedisURL, "Redis server for redis-lock")
-	f.StringVar(&cfg.RedisServer, "redis-server", cfg.RedisServer, "redis-server binary that redis-naive, redlock and redlock-fenced start")
+	f.StringVar(&cfg.RedisServer, "redis-server", cfg.RedisServer, "redis-server binary that redis-naive, redlock and redlock-fenced start (default $PGQUOTA_REDIS_SERVER, else redis-server in PATH)")
 	f.StringSliceVar(&cfg.Strategies, "strategy", nil, "strategies to run (default all): "+strings.Join(lab.Names(), ","))
 	f.BoolVar(&cfg.Keep, "keep", false, "keep the scratch database instead of dropping it (the output says how to connect to it and drop it)")
 	return cmd

@@ -50,7 +50,8 @@ type Config struct {
 	RedisURL string
 	// RedisServer is the redis-server binary that redis-naive, redlock and
 	// redlock-fenced start their own servers with (a name looked up in
-	// PATH, or a path).
+	// PATH, or a path). Defaults to $PGQUOTA_REDIS_SERVER, else
+	// redis-server in PATH (internal/svcproc).
 	RedisServer string
 	// Strategies to run, by name, in the order of Strategies(). Empty
 	// means all.
@@ -78,8 +79,6 @@ func DefaultConfig() Config {
 		Paused:   3,
 		Runs:     1,
 		RedisURL: "redis://127.0.0.1:6379",
-
-		RedisServer: "redis-server",
 	}
 }
 

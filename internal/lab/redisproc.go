@@ -1,27 +1,23 @@
 package lab
 
 import (
-	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
+
+	"github.com/pgquota/pgquota/internal/svcproc"
 )
 
 // redisServer is one redis-server process the lab starts on a loopback
-// port, without persistence (no RDB snapshots, no AOF): a restart forgets
-// every key, as an instance restarted without persistence does in
-// Kleppmann's analysis of Redlock. It is stopped by its process id (SIGKILL)
-// and dies with the lab's process (Pdeathsig, on Linux).
+// port through internal/svcproc, without persistence (no RDB snapshots, no
+// AOF): a restart forgets every key, as an instance restarted without
+// persistence does in Kleppmann's analysis of Redlock. It is stopped by its
+// process id and dies with the lab's process (svcproc's Pdeathsig).
 type redisServer struct {
 	bin  string
 	dir  string
@@ -29,42 +25,42 @@ type redisServer struct {
 	port int
 
 	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{} // closed when the process has exited
-	log  string
+	proc *svcproc.Proc
 }
 
 // redisStartTimeout is how long a redis-server may take to answer PING.
 const redisStartTimeout = 10 * time.Second
 
-// startRedis starts redis-server bin (a name looked up in PATH, or a
-// path) on a free loopback port, its log in dir/name.log, and waits until
-// it answers PING. The error of a server that does not start carries the
-// tail of its log.
-func startRedis(ctx context.Context, bin, dir, name string) (*redisServer, error) {
+// redisBinary resolves Config.RedisServer: empty means svcproc's choice
+// ($PGQUOTA_REDIS_SERVER, else redis-server in PATH).
+func redisBinary(bin string) (string, error) {
+	if bin == "" {
+		return svcproc.RedisBinary()
+	}
 	path, err := exec.LookPath(bin)
 	if err != nil {
-		return nil, fmt.Errorf("redis-server %q not found (install Debian's redis-server package, or set --redis-server): %w", bin, err)
+		return "", fmt.Errorf("redis-server %q not found (install Debian's redis-server package, or set --redis-server): %w", bin, err)
 	}
-	port, err := freePort()
+	return path, nil
+}
+
+// startRedis starts redis-server bin (see redisBinary) on a free loopback
+// port, its log in dir, and waits until it answers PING. The error of a
+// server that does not start carries the tail of its log.
+func startRedis(ctx context.Context, bin, dir, name string) (*redisServer, error) {
+	path, err := redisBinary(bin)
 	if err != nil {
 		return nil, err
 	}
-	s := &redisServer{bin: path, dir: dir, name: name, port: port, log: filepath.Join(dir, name+".log")}
+	port, err := svcproc.FreePort()
+	if err != nil {
+		return nil, fmt.Errorf("find a free loopback port: %w", err)
+	}
+	s := &redisServer{bin: path, dir: dir, name: name, port: port}
 	if err := s.start(ctx); err != nil {
 		return nil, err
 	}
 	return s, nil
-}
-
-// freePort asks the kernel for a free loopback port.
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free loopback port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // Addr is the server's host:port.
@@ -74,105 +70,48 @@ func (s *redisServer) Addr() string { return net.JoinHostPort("127.0.0.1", strco
 func (s *redisServer) PID() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.cmd == nil || s.cmd.Process == nil {
+	if s.proc == nil {
 		return 0
 	}
-	return s.cmd.Process.Pid
+	return s.proc.Pid()
 }
 
 // start runs the process on s.port and waits for PING.
 func (s *redisServer) start(ctx context.Context) error {
-	logf, err := os.OpenFile(s.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	p, err := svcproc.Start(ctx, svcproc.Spec{
+		Name: s.name,
+		Path: s.bin,
+		Args: []string{"--bind", "127.0.0.1", "--port", strconv.Itoa(s.port),
+			"--save", "", "--appendonly", "no", "--dir", s.dir, "--daemonize", "no"},
+		Dir:          s.dir,
+		Ready:        svcproc.RedisReady(s.Addr()),
+		ReadyTimeout: redisStartTimeout,
+	})
 	if err != nil {
-		return err
-	}
-	cmd := exec.Command(s.bin,
-		"--bind", "127.0.0.1", "--port", strconv.Itoa(s.port),
-		"--save", "", "--appendonly", "no", "--dir", s.dir,
-		"--protected-mode", "yes", "--daemonize", "no", "--loglevel", "notice")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = childAttr()
-	done := make(chan struct{})
-	started := make(chan error, 1)
-	// Pdeathsig fires when the thread that started the child exits: start
-	// and wait on a thread locked to this goroutine for the child's life.
-	go func() {
-		runtime.LockOSThread()
-		defer close(done)
-		defer logf.Close()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
-		_ = cmd.Wait()
-	}()
-	if err := <-started; err != nil {
-		<-done
-		return fmt.Errorf("start %s: %w", s.bin, err)
+		return fmt.Errorf("redis-server %s on port %d did not start: %w", s.name, s.port, err)
 	}
 	s.mu.Lock()
-	s.cmd, s.done = cmd, done
+	s.proc = p
 	s.mu.Unlock()
-	if err := s.waitReady(ctx, done); err != nil {
-		s.kill()
-		return fmt.Errorf("redis-server %s on port %d did not start: %w; log tail:\n%s", s.name, s.port, err, s.logTail())
-	}
 	return nil
 }
 
-// waitReady polls PING until the server answers +PONG.
-func (s *redisServer) waitReady(ctx context.Context, exited <-chan struct{}) error {
-	deadline := time.Now().Add(redisStartTimeout)
-	var last error
-	for time.Now().Before(deadline) {
-		select {
-		case <-exited:
-			return errors.New("the process exited")
-		case <-ctx.Done():
-			return ctx.Err()
-		default:
-		}
-		if last = ping(s.Addr()); last == nil {
-			return nil
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return fmt.Errorf("no PONG within %s (last: %v)", redisStartTimeout, last)
-}
-
-// ping sends one inline PING and expects +PONG.
+// ping sends one PING and expects PONG.
 func ping(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, time.Second)
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(time.Second))
-	if _, err := io.WriteString(c, "PING\r\n"); err != nil {
-		return err
-	}
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return err
-	}
-	if strings.TrimSpace(line) != "+PONG" {
-		return fmt.Errorf("PING answered %q", strings.TrimSpace(line))
-	}
-	return nil
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return svcproc.RedisReady(addr)(ctx)
 }
 
-// kill sends SIGKILL to the process by its id and waits for it to exit.
+// kill kills the process by its id (SIGKILL) and waits for it to exit.
 func (s *redisServer) kill() {
 	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.cmd = nil
+	p := s.proc
+	s.proc = nil
 	s.mu.Unlock()
-	if cmd == nil {
-		return
+	if p != nil {
+		_ = p.Kill()
 	}
-	_ = cmd.Process.Kill()
-	<-done
 }
 
 // restart kills the process (SIGKILL, no shutdown save: there is no
@@ -186,19 +125,6 @@ func (s *redisServer) restart(ctx context.Context) (oldPID, newPID int, down tim
 		return oldPID, 0, time.Since(t0), err
 	}
 	return oldPID, s.PID(), time.Since(t0), nil
-}
-
-// logTail returns the last lines of the server's log.
-func (s *redisServer) logTail() string {
-	b, err := os.ReadFile(s.log)
-	if err != nil {
-		return "(no log: " + err.Error() + ")"
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > 20 {
-		lines = lines[len(lines)-20:]
-	}
-	return strings.Join(lines, "\n")
 }
 
 // tcpProxy forwards loopback connections to a target. Cut makes it reset
