@@ -29,12 +29,13 @@ const (
 	// needs no expiry at all (an instance forgets the lock on restart), so
 	// it is long enough that request 1 is well inside its validity when it
 	// writes: the lab's --ttl is for the naive locks.
-	redlockExpiry = 5 * time.Second
-	// redlockStall bounds how much longer request 1 works after the
-	// restarted instance answers again (a slow call, or a GC pause): until
-	// another request holds the lock too and has read the counter, at most
-	// this long, well inside request 1's validity.
-	redlockStall = 3 * time.Second
+	redlockExpiry = 10 * time.Second
+	// redlockMargin is how long before the end of its validity request 1
+	// stops waiting and writes. Request 1 works on after the restarted
+	// instance answers again (a slow call, or a GC pause) until another
+	// request holds the lock too and has read the counter, or until its
+	// validity is that close to ending (plus the think time).
+	redlockMargin = 500 * time.Millisecond
 	// redlockRetryMin and redlockRetryMax bound the random delay before a
 	// request tries the lock again: go-redsync's default. (Retrying much
 	// faster, 19 requests split the votes of instances 3, 4 and 5 between
@@ -68,7 +69,7 @@ var redlockCut = []int{3, 4}
 //     on the same port without persistence: it has forgotten the lock.
 //  3. The other requests, which reach all five instances, now find 3, 4
 //     and 5 free: one of them forms a quorum and holds the lock too, while
-//     request 1, working on (until then, at most redlockStall) well inside the validity
+//     request 1, working on (until then, at most redlockMargin before its validity ends) inside the validity
 //     Redlock promised it, still believes it holds the lock.
 //
 // Each holder then reads the counter, thinks, checks Redlock's validity
@@ -128,8 +129,8 @@ func (s *redlock) Injected(cfg Config) string {
 		"no persistence, expiry %s, quorum 3; injected (Kleppmann 2016): request 1 locks first through TCP proxies, "+
 		"those to instances 4 and 5 resetting every connection (a partition: it reaches 1-3 only); once it holds the lock, "+
 		"instance 3 is killed by pid (SIGKILL) and started again on its port, forgetting the lock; request 1 works on until another "+
-		"request holds the lock too (at most %s, inside its validity); the others reach all 5 and retry after a random 50-250ms; each holder: ",
-		redlockInstances, redlockExpiry, redlockStall)
+		"request holds the lock too (at most until %s before its validity ends); the others reach all 5 and retry after a random 50-250ms; each holder: ",
+		redlockInstances, redlockExpiry, redlockMargin)
 	if s.fenced {
 		return str + fmt.Sprintf("take a pgquota token (a lease of its own), present it with a fenced write, read, think %s, "+
 			"check Redlock's validity, write read+1 fenced by the token, start over when rejected", cfg.Think)
@@ -258,7 +259,7 @@ func (s *redlock) Request(ctx context.Context, env *Env, c *Client) (Outcome, er
 			return Outcome{}, ctx.Err()
 		}
 	}
-	deadline := giveUpAt(env.Config).Add(redlockStall + redlockExpiry)
+	deadline := giveUpAt(env.Config).Add(2 * redlockExpiry)
 	var out Outcome
 	for pass := 1; ; pass++ {
 		m := rs.NewMutex(s.key(), redsync.WithExpiry(redlockExpiry), redsync.WithTries(1))
@@ -350,7 +351,7 @@ func (s *redlock) critical(ctx context.Context, env *Env, c *Client, m *redsync.
 		} else if out.Fault, err = s.restartInstance(ctx); err != nil {
 			return false, false, err
 		}
-		t := time.NewTimer(redlockStall)
+		t := time.NewTimer(max(0, time.Until(m.Until())-cfg.Think-redlockMargin))
 		select {
 		case <-s.run.second:
 		case <-t.C:
@@ -384,6 +385,6 @@ func (s *redlock) restartInstance(ctx context.Context) (string, error) {
 	}
 	return fmt.Sprintf("request 1 got the lock on instances 1-3 (its proxies to 4 and 5 reset every connection); "+
 		"instance 3 (port %d) was killed by pid %d (SIGKILL) and started again on its port as pid %d without persistence, "+
-		"answering %s later with no keys; request 1 then worked on until another request held the lock too (at most %s)", srv.port, oldPID, newPID,
-		down.Round(time.Millisecond), redlockStall), nil
+		"answering %s later with no keys; request 1 then worked on until another request held the lock too (at most until %s before its validity ended)", srv.port, oldPID, newPID,
+		down.Round(time.Millisecond), redlockMargin), nil
 }
