@@ -22,8 +22,11 @@ limit of --limit, once per strategy, and count what each strategy handed out:
   no-lock      read the counter, think, write read+1            (what not to do)
   naive-lock   TTL lock row in PostgreSQL, checked once, no token (what not to do)
   redis-lock   the same lock with Redis SET NX PX                (what not to do)
+  redis-naive  the article's Redis lock: GET, then SET (not atomic) (what not to do)
+  redlock      Redlock on 5 redis-servers, a partition and a restart (what not to do)
   conditional  pgquota's one-statement conditional grant
   fenced       pgquota lease + fenced write carrying the lease's token
+  redlock-fenced  the same Redlock failure, writes fenced by pgquota tokens
   zookeeper         ZooKeeper lock recipe, no token           (what not to do)
   zookeeper-fenced  the same, sequence number as an external token
   etcd              etcd concurrency.Mutex on a lease, no token (what not to do)
@@ -37,7 +40,13 @@ request starts over with a new lease. The output says what was injected.
 
 The lab works in a scratch database it creates on the server (the role needs
 CREATEDB) and drops afterwards unless --keep. redis-lock is reported
-unavailable when no Redis answers at --redis-url. The zookeeper and etcd
+unavailable when no Redis answers at --redis-url. redis-naive, redlock and
+redlock-fenced start their own redis-server processes (--redis-server) on
+loopback ports and stop them by process id; they are reported unavailable,
+with the server's log tail, when one cannot start. The "two holders" column
+counts the moments in which two or more requests believed they held the
+lock at once; "article" is the background article's figure, where it
+reported one. The zookeeper and etcd
 strategies start their own server for the run (Debian's zookeeper and
 etcd-server packages) on loopback ports, with their session timeout and lease
 TTL at least 500ms and 1s and their pauses scaled to match; they are reported
@@ -87,6 +96,7 @@ run, 1 otherwise.`,
 	f.IntVar(&cfg.Paused, "paused", cfg.Paused, "how many requests pause (the first to reach the pause)")
 	f.IntVar(&cfg.Runs, "runs", cfg.Runs, "repeat the experiment; prints min/median/max")
 	f.StringVar(&cfg.RedisURL, "redis-url", cfg.RedisURL, "Redis server for redis-lock")
+	f.StringVar(&cfg.RedisServer, "redis-server", cfg.RedisServer, "redis-server binary that redis-naive, redlock and redlock-fenced start (default $PGQUOTA_REDIS_SERVER, else redis-server in PATH)")
 	f.StringSliceVar(&cfg.Strategies, "strategy", nil, "strategies to run (default all): "+strings.Join(lab.Names(), ","))
 	f.BoolVar(&cfg.Keep, "keep", false, "keep the scratch database instead of dropping it (the output says how to connect to it and drop it)")
 	return cmd
@@ -110,23 +120,52 @@ func labText(w *tabwriter.Writer, rep *lab.Report) {
 		fmt.Fprintf(w, "  %s\t%s\n", s.Name, s.Injected)
 	}
 	fmt.Fprintln(w)
-	row(w, "strategy", "granted", "leaked", "stale rejected", "counter", "wall ms", "result")
+	row(w, "strategy", "granted", "leaked", "stale rejected", "two holders", "counter", "wall ms", "result", "article")
 	for _, s := range rep.Strategies {
+		article := s.Article
+		if article == "" {
+			article = "-"
+		}
 		if s.Status == lab.StatusUnavailable {
-			row(w, s.Name, "-", "-", "-", "-", "-", s.Reason)
+			row(w, s.Name, "-", "-", "-", "-", "-", "-", firstLine(s.Reason), article)
 			continue
 		}
 		m := s.Summary
 		row(w, s.Name, stat(m.Granted, rep.Runs, 0), stat(m.Leaked, rep.Runs, 0), stat(m.StaleRejected, rep.Runs, 0),
-			stat(m.Counter, rep.Runs, 0), stat(m.WallMS, rep.Runs, 0), labVerdict(s, rep.Runs))
+			twoHolders(s, rep.Runs), stat(m.Counter, rep.Runs, 0), stat(m.WallMS, rep.Runs, 0), labVerdict(s, rep.Runs), article)
 	}
+	fmt.Fprintf(w, "\n%s\n", rep.ArticleNote)
 	for _, s := range rep.Strategies {
+		if s.Status == lab.StatusUnavailable && strings.Contains(s.Reason, "\n") {
+			fmt.Fprintf(w, "\n%s unavailable: %s\n", s.Name, s.Reason)
+		}
 		for i, r := range s.Runs {
+			if r.Fault != "" {
+				fmt.Fprintf(w, "\n%s run %d, fault: %s", s.Name, i+1, r.Fault)
+			}
 			if r.Errors > 0 {
 				fmt.Fprintf(w, "\n%s run %d: %d requests failed, first: %s", s.Name, i+1, r.Errors, r.FirstError)
 			}
 		}
 	}
+}
+
+// twoHolders prints the moments with two holders, "-" for a strategy that
+// measures no holds.
+func twoHolders(s lab.StrategyReport, runs int) string {
+	for _, r := range s.Runs {
+		if r.Holds > 0 {
+			return stat(s.Summary.TwoHolders, runs, 0)
+		}
+	}
+	return "-"
+}
+
+// firstLine is s up to its first newline (a log tail follows below the
+// table).
+func firstLine(s string) string {
+	first, _, _ := strings.Cut(s, "\n")
+	return first
 }
 
 // stat prints a figure: its value for one run, min/median/max for more.

@@ -48,6 +48,11 @@ type Config struct {
 	Runs int
 	// RedisURL is the Redis server of redis-lock.
 	RedisURL string
+	// RedisServer is the redis-server binary that redis-naive, redlock and
+	// redlock-fenced start their own servers with (a name looked up in
+	// PATH, or a path). Defaults to $PGQUOTA_REDIS_SERVER, else
+	// redis-server in PATH (internal/svcproc).
+	RedisServer string
 	// Strategies to run, by name, in the order of Strategies(). Empty
 	// means all.
 	Strategies []string
@@ -135,6 +140,12 @@ type Outcome struct {
 	Granted bool
 	// StaleRejected reports that the storage refused its write as stale.
 	StaleRejected bool
+	// Holds are the spans during which the request believed it held the
+	// lock, for strategies that measure them (holders.go).
+	Holds []Hold
+	// Fault says what the strategy injected while serving this request
+	// (the redlock strategies' instance restart), for the output.
+	Fault string
 }
 
 // Env is what the strategies run against.
@@ -209,8 +220,11 @@ var strategies = []func() Strategy{
 	func() Strategy { return noLock{} },
 	func() Strategy { return &naiveLock{} },
 	func() Strategy { return &redisLock{} },
+	func() Strategy { return &redisNaive{} },
+	func() Strategy { return &redlock{} },
 	func() Strategy { return conditional{} },
 	func() Strategy { return fenced{} },
+	func() Strategy { return &redlock{fenced: true} },
 	func() Strategy { return &zookeeperLock{} },
 	func() Strategy { return &zookeeperLock{fenced: true} },
 	func() Strategy { return &etcdLock{} },
@@ -258,6 +272,15 @@ type RunResult struct {
 	WallMS  float64 `json:"wall_ms"`
 	// FirstError is the first request error, if any.
 	FirstError string `json:"first_error,omitempty"`
+	// Holds counts the spans during which a request believed it held the
+	// lock (0 for strategies that measure none); TwoHolders the moments in
+	// which two or more requests believed so at once, TwoHoldersMS their
+	// total length.
+	Holds        int64   `json:"holds"`
+	TwoHolders   int64   `json:"two_holders"`
+	TwoHoldersMS float64 `json:"two_holders_ms"`
+	// Fault says which failure was injected in this run and how.
+	Fault string `json:"fault,omitempty"`
 }
 
 // Stat is the minimum, median and maximum of a figure over the runs.
@@ -274,6 +297,7 @@ type Summary struct {
 	StaleRejected Stat `json:"stale_rejected"`
 	Counter       Stat `json:"counter"`
 	WallMS        Stat `json:"wall_ms"`
+	TwoHolders    Stat `json:"two_holders"`
 }
 
 // StrategyReport is one strategy's part of the Report.
@@ -290,6 +314,9 @@ type StrategyReport struct {
 	// exactly min(limit, requests) and leaked nothing.
 	LeakedRuns int `json:"leaked_runs"`
 	ExactRuns  int `json:"exact_runs"`
+	// Article is the background article's figure for this strategy, if
+	// it reported one (article.go).
+	Article string `json:"article,omitempty"`
 }
 
 // Report is the lab's outcome.
@@ -310,6 +337,9 @@ type Report struct {
 	// Violations lists safe strategies that did not grant exactly the
 	// limit; empty when everything held.
 	Violations []string `json:"violations"`
+	// ArticleNote says where the article's figures come from and what
+	// differs here.
+	ArticleNote string `json:"article_note"`
 }
 
 // Run creates a scratch database on admin's server, runs the experiment,
@@ -322,6 +352,7 @@ func Run(ctx context.Context, admin *pgxpool.Pool, cfg Config) (_ *Report, err e
 		Requests: cfg.Requests, Limit: cfg.Limit, Runs: cfg.Runs,
 		ThinkMS: ms(cfg.Think), TTLMS: ms(cfg.TTL), PauseMS: ms(cfg.Pause), Paused: cfg.Paused,
 		Kept: cfg.Keep, Violations: []string{}, SynchronousCommit: sessionParams["synchronous_commit"],
+		ArticleNote: articleNote,
 	}
 	var maxConns int
 	if err := admin.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('max_connections')::int`).
@@ -423,7 +454,7 @@ func openClients(ctx context.Context, db *scratch.Database, n int) ([]*Client, e
 
 func runStrategy(ctx context.Context, env *Env, clients []*Client, s Strategy) (StrategyReport, error) {
 	cfg := env.Config
-	sr := StrategyReport{Name: s.Name(), Safe: s.Safe(), Status: StatusOK, Injected: s.Injected(cfg)}
+	sr := StrategyReport{Name: s.Name(), Safe: s.Safe(), Status: StatusOK, Injected: s.Injected(cfg), Article: articleFigures[s.Name()]}
 	if err := s.Prepare(ctx, env); err != nil {
 		if errors.Is(err, ErrUnavailable) {
 			sr.Status, sr.Reason = StatusUnavailable, err.Error()
@@ -466,6 +497,7 @@ func race(ctx context.Context, env *Env, clients []*Client, s Strategy) (RunResu
 		mu       sync.Mutex
 		r        RunResult
 		firstErr error
+		holds    []Hold
 	)
 	start := make(chan struct{})
 	for _, c := range clients {
@@ -490,12 +522,20 @@ func race(ctx context.Context, env *Env, clients []*Client, s Strategy) (RunResu
 			if out.StaleRejected {
 				r.StaleRejected++
 			}
+			holds = append(holds, out.Holds...)
+			if out.Fault != "" {
+				r.Fault = out.Fault
+			}
 		}()
 	}
 	t0 := time.Now()
 	close(start)
 	wg.Wait()
 	r.WallMS = ms(time.Since(t0))
+	var both time.Duration
+	r.Holds = int64(len(holds))
+	r.TwoHolders, both = overlaps(holds)
+	r.TwoHoldersMS = ms(both)
 	if err := ctx.Err(); err != nil {
 		return r, err
 	}
@@ -524,5 +564,6 @@ func summarize(runs []RunResult) *Summary {
 		StaleRejected: stat(func(r RunResult) float64 { return float64(r.StaleRejected) }),
 		Counter:       stat(func(r RunResult) float64 { return float64(r.Counter) }),
 		WallMS:        stat(func(r RunResult) float64 { return r.WallMS }),
+		TwoHolders:    stat(func(r RunResult) float64 { return float64(r.TwoHolders) }),
 	}
 }

@@ -134,9 +134,10 @@ func TestLabFencedWithoutPauses(t *testing.T) {
 // no state, in the order the output lists them.
 func TestStrategies(t *testing.T) {
 	t.Parallel()
-	require.Equal(t, []string{"no-lock", "naive-lock", "redis-lock", "conditional", "fenced",
+	require.Equal(t, []string{"no-lock", "naive-lock", "redis-lock", "redis-naive", "redlock", "conditional", "fenced", "redlock-fenced",
 		"zookeeper", "zookeeper-fenced", "etcd", "etcd-fenced"}, lab.Names())
 	require.NotSame(t, lab.Strategies()[2], lab.Strategies()[2])
+	require.NotSame(t, lab.Strategies()[4], lab.Strategies()[4])
 	for _, s := range lab.Strategies() {
 		require.Equal(t, s.Name() == "conditional" || strings.HasSuffix(s.Name(), "fenced"), s.Safe(), s.Name())
 	}
