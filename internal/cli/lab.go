@@ -19,14 +19,14 @@ func (a *app) labCommand() *cobra.Command {
 		Long: `Race --requests concurrent requests, each on its own connection, against a
 limit of --limit, once per strategy, and count what each strategy handed out:
 
-  no-lock      read the counter, think, write read+1            (what not to do)
-  naive-lock   TTL lock row in PostgreSQL, checked once, no token (what not to do)
-  redis-lock   the same lock with Redis SET NX PX                (what not to do)
-  redis-naive  the article's Redis lock: GET, then SET (not atomic) (what not to do)
-  redlock      Redlock on 5 redis-servers, a partition and a restart (what not to do)
-  conditional  pgquota's one-statement conditional grant
-  fenced       pgquota lease + fenced write carrying the lease's token
-  redlock-fenced  the same Redlock failure, writes fenced by pgquota tokens
+  no-lock           read the counter, think, write read+1            (what not to do)
+  naive-lock        TTL lock row in PostgreSQL, checked once, no token (what not to do)
+  redis-lock        the same lock with Redis SET NX PX                (what not to do)
+  redis-naive       the article's Redis lock: GET, then SET (not atomic) (what not to do)
+  redlock           Redlock on 5 redis-servers, a partition and a restart (what not to do)
+  conditional       pgquota's one-statement conditional grant
+  fenced            pgquota lease + fenced write carrying the lease's token
+  redlock-fenced    the same Redlock failure, writes fenced by pgquota tokens
   zookeeper         ZooKeeper lock recipe, no token           (what not to do)
   zookeeper-fenced  the same, sequence number as an external token
   etcd              etcd concurrency.Mutex on a lease, no token (what not to do)
