@@ -376,13 +376,15 @@ func (m *metrics) batchDone(ctx context.Context, o op, start time.Time, reqs []G
 	m.end(ctx, o, start, *err)
 }
 
-// statementSize records the number of grant requests one coalesced
-// statement decided (the coalescer's hook; GrantBatch records its own).
-func (m *metrics) statementSizeCoalesced(ctx context.Context, n int) {
+// statementSizeOf records the number of grant requests one statement of
+// path decided: the hook of code that decides many calls in one statement
+// (the coalescer: pathCoalesce; GrantBatch records its own, pathBatch).
+// Add a path (pathNames) for another such code path.
+func (m *metrics) statementSizeOf(ctx context.Context, path int, n int) {
 	if m == nil {
 		return
 	}
-	m.statementSize.Record(ctx, int64(n), m.pathOpts[pathCoalesce]...)
+	m.statementSize.Record(ctx, int64(n), m.pathOpts[path]...)
 }
 
 // leaseDone is the hook of Acquire, AcquireTx, AcquireWait, Renew (and

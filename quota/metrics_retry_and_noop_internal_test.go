@@ -108,7 +108,7 @@ func TestMetricsHooksAllocateNothingWithoutMeterProvider(t *testing.T) {
 		m.fenceDone(ctx, start, &err)
 		m.claimDone(ctx, opClaimVoucher, start, &cl, &err)
 		m.done(ctx, opEnqueue, start, &err)
-		m.statementSizeCoalesced(ctx, 3)
+		m.statementSizeOf(ctx, pathCoalesce, 3)
 		m.retried(ctx, 2, nil, nil)
 		m.keepaliveExpired()
 	})

@@ -21,6 +21,7 @@ func (a *app) benchCommand() *cobra.Command {
 		names      []string
 		chart      string
 		noProgress bool
+		metrics    string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -79,10 +80,17 @@ needs CREATEDB) and drops afterwards. Strategies:
 			if cfg.Rounds < 1 {
 				return usagef("--rounds must be at least 1, got %d", cfg.Rounds)
 			}
+			ms, err := a.startMetrics(metrics)
+			if err != nil {
+				return err
+			}
+			defer ms.stop()
+			bench.SetMeterProvider(a.meterProvider)
 			admin, err := a.connect(ctx)
 			if err != nil {
 				return err
 			}
+			ms.readyPing(admin)
 			if !a.json {
 				// Before the run: it can take minutes.
 				fmt.Fprintln(a.stdout, benchPlan(cfg))
@@ -117,6 +125,7 @@ needs CREATEDB) and drops afterwards. Strategies:
 	f.IntVar(&cfg.Rounds, "rounds", 1, "measure each run this many times, alternating library and pgbench; print the median rounds")
 	f.StringVar(&chart, "chart", "", "draw throughput against clients to FILE.svg or FILE.png")
 	f.BoolVar(&noProgress, "no-progress", false, "no progress bar on stderr")
+	metricsAddrFlag(cmd, &metrics)
 	return cmd
 }
 

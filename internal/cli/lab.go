@@ -13,6 +13,7 @@ import (
 
 func (a *app) labCommand() *cobra.Command {
 	cfg := lab.DefaultConfig()
+	var metrics string
 	cmd := &cobra.Command{
 		Use:   "lab",
 		Short: "Race concurrent requests against a limit with broken and safe strategies, and count the leaks",
@@ -46,10 +47,17 @@ run, 1 otherwise.`,
 			if err := cfg.Validate(); err != nil {
 				return usagef("%v", err)
 			}
+			ms, err := a.startMetrics(metrics)
+			if err != nil {
+				return err
+			}
+			defer ms.stop()
+			lab.SetMeterProvider(a.meterProvider)
 			admin, err := a.connect(ctx)
 			if err != nil {
 				return err
 			}
+			ms.readyPing(admin)
 			rep, err := lab.Run(ctx, admin, cfg)
 			if err != nil {
 				return err
@@ -81,6 +89,7 @@ run, 1 otherwise.`,
 	f.StringVar(&cfg.RedisURL, "redis-url", cfg.RedisURL, "Redis server for redis-lock")
 	f.StringSliceVar(&cfg.Strategies, "strategy", nil, "strategies to run (default all): "+strings.Join(lab.Names(), ","))
 	f.BoolVar(&cfg.Keep, "keep", false, "keep the scratch database instead of dropping it (the output says how to connect to it and drop it)")
+	metricsAddrFlag(cmd, &metrics)
 	return cmd
 }
 

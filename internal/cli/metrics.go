@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync/atomic"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/pgquota/pgquota/internal/telemetry"
@@ -22,14 +23,14 @@ func metricsAddrFlag(cmd *cobra.Command, addr *string) {
 type metricsServer struct {
 	provider *telemetry.Provider
 	srv      *telemetry.Server
-	client   atomic.Pointer[quota.Client]
+	health   atomic.Pointer[func(context.Context) error]
 }
 
 // startMetrics, when addr is not empty, serves /metrics and /healthz on it
 // and makes the client that quotaClient creates record into it (call it
-// before quotaClient). /healthz answers 200 once that client exists and its
-// database answers with the schema this build needs (CheckSchema), else 503
-// with the reason. A nil *metricsServer (no addr) does nothing.
+// before quotaClient). /healthz answers 503 until ready or readyPing says
+// what to check, then 200 while that check passes, else 503 with the
+// reason. A nil *metricsServer (no addr) does nothing.
 func (a *app) startMetrics(addr string) (*metricsServer, error) {
 	if addr == "" {
 		return nil, nil
@@ -40,11 +41,11 @@ func (a *app) startMetrics(addr string) (*metricsServer, error) {
 	}
 	ms := &metricsServer{provider: p}
 	ms.srv, err = telemetry.Serve(addr, p, func(ctx context.Context) error {
-		c := ms.client.Load()
-		if c == nil {
+		check := ms.health.Load()
+		if check == nil {
 			return errors.New("not connected to the database yet")
 		}
-		return c.CheckSchema(ctx)
+		return (*check)(ctx)
 	})
 	if err != nil {
 		return nil, usageError{err}
@@ -54,10 +55,21 @@ func (a *app) startMetrics(addr string) (*metricsServer, error) {
 	return ms, nil
 }
 
-// ready makes /healthz check c.
+// ready makes /healthz check that c's database answers with the schema
+// this build needs (CheckSchema).
 func (ms *metricsServer) ready(c *quota.Client) {
 	if ms != nil {
-		ms.client.Store(c)
+		check := c.CheckSchema
+		ms.health.Store(&check)
+	}
+}
+
+// readyPing makes /healthz check that pool's database answers (bench and
+// lab work in scratch databases they migrate themselves).
+func (ms *metricsServer) readyPing(pool *pgxpool.Pool) {
+	if ms != nil {
+		check := pool.Ping
+		ms.health.Store(&check)
 	}
 }
 
