@@ -161,6 +161,10 @@ var pathNames = [numPaths]string{"coalesce", "batch"}
 // Seconds buckets for the latency histograms: 0.5ms to 10s.
 var secondsBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
 
+// Seconds buckets for the outbox delivery latency: 1ms to 10 minutes (an
+// outbox may lag by minutes).
+var latencyBuckets = []float64{0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600}
+
 // Size buckets for the statement size histogram.
 var sizeBuckets = []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}
 
@@ -231,7 +235,7 @@ func newMetrics(cfg *Config) (*metrics, error) {
 	m.claims = i64("pgquota.voucher.claims", "{claim}", "Voucher claims by operation and outcome (claimed, repeat, sold_out, error).")
 	m.enqueued = i64("pgquota.outbox.enqueued", "{event}", "Outbox events written (Enqueue, EnqueueTx; an EnqueueTx whose transaction rolled back is counted too).")
 	m.deliveries = i64("pgquota.outbox.deliveries", "{event}", "Outbox delivery attempts committed by a relay, by outcome (delivered, failed, dead).")
-	m.deliveryAge = f64h("pgquota.outbox.delivery.latency", "s", "Time from an event's enqueue to the commit of its delivery: its age by the database clock at the claim plus the relay's time since.", secondsBuckets)
+	m.deliveryAge = f64h("pgquota.outbox.delivery.latency", "s", "Time from an event's enqueue to the commit of its delivery: its age by the database clock at the claim plus the relay's time since.", latencyBuckets)
 	m.outcomeUnknown = i64("pgquota.outcome_unknown", "{error}", "Calls that returned ErrOutcomeUnknown (sent, no reply), by operation.")
 	m.duration = f64h("pgquota.operation.duration", "s", "Duration of public calls, by operation and outcome (ok, error).", secondsBuckets)
 	if err := errors.Join(errs...); err != nil {
