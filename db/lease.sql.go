@@ -260,11 +260,11 @@ func (q *Queries) LeaseRelease(ctx context.Context, db DBTX, arg LeaseReleasePar
 
 const leaseRenew = `-- name: LeaseRenew :one
 WITH locked AS (
-    SELECT x.name FROM pgquota.lease x
+    SELECT x.name, x.expires_at FROM pgquota.lease x
     WHERE x.name = $1::text AND x.token = $2::bigint
     FOR NO KEY UPDATE
 ), c AS (
-    SELECT pgquota.clock() AS at, $3::interval AS ttl FROM locked
+    SELECT pgquota.clock() AS at, $3::interval AS ttl, locked.expires_at AS prev_expires_at FROM locked
 )
 UPDATE pgquota.lease l
 SET renewed_at = c.at,
@@ -274,7 +274,8 @@ WHERE l.name = $1::text
   AND l.token = $2::bigint
   AND l.expires_at > c.at
   AND pgquota.durable_commit()
-RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, c.at AS db_now
+RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, c.at AS db_now,
+          c.prev_expires_at
 `
 
 type LeaseRenewParams struct {
@@ -284,14 +285,15 @@ type LeaseRenewParams struct {
 }
 
 type LeaseRenewRow struct {
-	Name       string
-	Holder     string
-	Attempt    string
-	Token      int64
-	AcquiredAt pgtype.Timestamptz
-	RenewedAt  pgtype.Timestamptz
-	ExpiresAt  pgtype.Timestamptz
-	DbNow      pgtype.Timestamptz
+	Name          string
+	Holder        string
+	Attempt       string
+	Token         int64
+	AcquiredAt    pgtype.Timestamptz
+	RenewedAt     pgtype.Timestamptz
+	ExpiresAt     pgtype.Timestamptz
+	DbNow         pgtype.Timestamptz
+	PrevExpiresAt pgtype.Timestamptz
 }
 
 // Extends the lease to @ttl from the database clock, only
@@ -307,7 +309,10 @@ type LeaseRenewRow struct {
 // manual, 13.2.1), not after a wait for a lock that changed nothing, and a
 // FROM subquery read at the start is never re-read. The expiry check
 // (l.expires_at > c.at) and the new expiry both use that one reading, which
-// also comes back as db_now.
+// also comes back as db_now. prev_expires_at is the expiry the renewal
+// found once it held the lock (the newest row version, as FOR NO KEY UPDATE
+// returns it after a wait): prev_expires_at - db_now is the time the lease
+// had left when the renewal landed (the keepalive margin metric).
 func (q *Queries) LeaseRenew(ctx context.Context, db DBTX, arg LeaseRenewParams) (LeaseRenewRow, error) {
 	row := db.QueryRow(ctx, leaseRenew, arg.Name, arg.Token, arg.Ttl)
 	var i LeaseRenewRow
@@ -320,6 +325,7 @@ func (q *Queries) LeaseRenew(ctx context.Context, db DBTX, arg LeaseRenewParams)
 		&i.RenewedAt,
 		&i.ExpiresAt,
 		&i.DbNow,
+		&i.PrevExpiresAt,
 	)
 	return i, err
 }

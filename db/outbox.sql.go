@@ -13,7 +13,7 @@ import (
 
 const outboxClaim = `-- name: OutboxClaim :many
 SELECT o.id, o.topic, o.payload, o.grant_id, o.idempotency_scope, o.idempotency_key, o.fencing_token,
-       o.attempts, o.created_at
+       o.attempts, o.created_at, pgquota.clock()::timestamptz AS db_now
 FROM pgquota.outbox o
 WHERE o.state = 'pending'
   AND o.next_attempt_at <= (SELECT pgquota.clock())
@@ -38,6 +38,7 @@ type OutboxClaimRow struct {
 	FencingToken     pgtype.Int8
 	Attempts         int32
 	CreatedAt        pgtype.Timestamptz
+	DbNow            pgtype.Timestamptz
 }
 
 // Claims up to @batch_size pending events that are due, oldest id first,
@@ -48,7 +49,9 @@ type OutboxClaimRow struct {
 // re-checked on its newest version and left out (section 13.2.1), so it is
 // not delivered twice. There is no cursor: every pending row is a candidate
 // on every call, whatever its id, so a row whose transaction committed late
-// is claimed by the next call that finds it.
+// is claimed by the next call that finds it. db_now, the database clock as
+// each row is returned, gives the event's age at the claim (the delivery
+// latency metric).
 func (q *Queries) OutboxClaim(ctx context.Context, db DBTX, arg OutboxClaimParams) ([]OutboxClaimRow, error) {
 	rows, err := db.Query(ctx, outboxClaim, arg.Topics, arg.BatchSize)
 	if err != nil {
@@ -68,6 +71,7 @@ func (q *Queries) OutboxClaim(ctx context.Context, db DBTX, arg OutboxClaimParam
 			&i.FencingToken,
 			&i.Attempts,
 			&i.CreatedAt,
+			&i.DbNow,
 		); err != nil {
 			return nil, err
 		}

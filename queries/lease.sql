@@ -113,13 +113,16 @@ WHERE NOT EXISTS (SELECT 1 FROM acq);
 -- manual, 13.2.1), not after a wait for a lock that changed nothing, and a
 -- FROM subquery read at the start is never re-read. The expiry check
 -- (l.expires_at > c.at) and the new expiry both use that one reading, which
--- also comes back as db_now.
+-- also comes back as db_now. prev_expires_at is the expiry the renewal
+-- found once it held the lock (the newest row version, as FOR NO KEY UPDATE
+-- returns it after a wait): prev_expires_at - db_now is the time the lease
+-- had left when the renewal landed (the keepalive margin metric).
 WITH locked AS (
-    SELECT x.name FROM pgquota.lease x
+    SELECT x.name, x.expires_at FROM pgquota.lease x
     WHERE x.name = @name::text AND x.token = @token::bigint
     FOR NO KEY UPDATE
 ), c AS (
-    SELECT pgquota.clock() AS at, @ttl::interval AS ttl FROM locked
+    SELECT pgquota.clock() AS at, @ttl::interval AS ttl, locked.expires_at AS prev_expires_at FROM locked
 )
 UPDATE pgquota.lease l
 SET renewed_at = c.at,
@@ -129,7 +132,8 @@ WHERE l.name = @name::text
   AND l.token = @token::bigint
   AND l.expires_at > c.at
   AND pgquota.durable_commit()
-RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, c.at AS db_now;
+RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, c.at AS db_now,
+          c.prev_expires_at;
 
 -- name: LeaseRelease :one
 -- Ends the lease held with @token now, conditioned on the token so that a

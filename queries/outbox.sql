@@ -19,9 +19,11 @@ RETURNING id, created_at;
 -- re-checked on its newest version and left out (section 13.2.1), so it is
 -- not delivered twice. There is no cursor: every pending row is a candidate
 -- on every call, whatever its id, so a row whose transaction committed late
--- is claimed by the next call that finds it.
+-- is claimed by the next call that finds it. db_now, the database clock as
+-- each row is returned, gives the event's age at the claim (the delivery
+-- latency metric).
 SELECT o.id, o.topic, o.payload, o.grant_id, o.idempotency_scope, o.idempotency_key, o.fencing_token,
-       o.attempts, o.created_at
+       o.attempts, o.created_at, pgquota.clock()::timestamptz AS db_now
 FROM pgquota.outbox o
 WHERE o.state = 'pending'
   AND o.next_attempt_at <= (SELECT pgquota.clock())

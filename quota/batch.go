@@ -82,7 +82,8 @@ const maxKeyedRuns = 10
 // how it ended, so the whole batch may have been granted. Repeat a keyed
 // batch with the same keys to learn each outcome; an unkeyed repeat may
 // grant twice (read the counters with Usage instead).
-func (c *Client) GrantBatch(ctx context.Context, reqs []GrantRequest) ([]BatchOutcome, error) {
+func (c *Client) GrantBatch(ctx context.Context, reqs []GrantRequest) (outs []BatchOutcome, err error) {
+	defer c.m.batchDone(ctx, opGrantBatch, c.m.now(), reqs, &outs, &err)
 	return c.grantBatchOwn(ctx, reqs)
 }
 
@@ -112,7 +113,8 @@ func (c *Client) grantBatchOwn(ctx context.Context, reqs []GrantRequest) ([]Batc
 // 40001, returned unchanged: the caller retries its whole transaction.
 // With keyed requests the batch writes ledger rows before it grants: when
 // it returns an error, roll tx back.
-func (c *Client) GrantBatchTx(ctx context.Context, tx pgx.Tx, reqs []GrantRequest) ([]BatchOutcome, error) {
+func (c *Client) GrantBatchTx(ctx context.Context, tx pgx.Tx, reqs []GrantRequest) (outs []BatchOutcome, err error) {
+	defer c.m.batchDone(ctx, opGrantBatchTx, c.m.now(), reqs, &outs, &err)
 	return c.grantBatch(ctx, tx, reqs)
 }
 

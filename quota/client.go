@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pgquota/pgquota/db"
 	"github.com/pgquota/pgquota/migrations"
@@ -101,6 +102,18 @@ type Config struct {
 	// command sets it with --pooler or $PGQUOTA_POOLER. Defaults to
 	// PoolerNone (a direct connection or a session-mode pooler).
 	Pooler PoolerMode
+
+	// MeterProvider, when not nil, receives pgquota's OpenTelemetry metrics:
+	// grants by outcome, fenced writes, lease calls and renewal margins,
+	// outbox deliveries and gauges, retries, outcome-unknown errors, call
+	// durations (metrics.go; README.md, "Metrics", lists every
+	// instrument). Defaults to nil: nothing is recorded, at no cost.
+	MeterProvider metric.MeterProvider
+
+	// MetricsQuotaName adds the quota name (attribute pgquota.quota) to the
+	// grant instruments. Each quota name then makes series of its own: set
+	// it only when quota names are few. Defaults to false.
+	MetricsQuotaName bool
 }
 
 // Client runs pgquota's operations on a connection pool. It is safe for
@@ -125,6 +138,9 @@ type Client struct {
 	cfg    Config
 
 	notifier leaseNotifier // AcquireWait's shared LISTEN connection (lease.go)
+
+	// m holds the instruments; nil without Config.MeterProvider (metrics.go).
+	m *metrics
 
 	// coalescer queues Grant calls when Config.Coalesce is set (coalesce.go).
 	coalescer *coalescer
@@ -200,7 +216,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if err := c.cfg.Pooler.CheckExecMode(pool.Config().ConnConfig.DefaultQueryExecMode); err != nil {
 		return nil, err
 	}
-	c.policy = retryPolicy{maxElapsed: c.cfg.RetryMaxElapsed, resetCaches: cacheResetter(pool)}
+	var err error
+	if c.m, err = newMetrics(&c.cfg); err != nil {
+		return nil, err
+	}
+	c.policy = retryPolicy{maxElapsed: c.cfg.RetryMaxElapsed, resetCaches: cacheResetter(pool), m: c.m}
 	c.db = retryPool{pool: sentPool{pool: pool}, policy: c.policy}
 	if c.cfg.Coalesce {
 		c.coalescer = newCoalescer(c)

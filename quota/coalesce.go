@@ -181,6 +181,7 @@ func (co *coalescer) send(batch []*waiter) {
 	if hook := co.c.testHookCoalesceSend; hook != nil {
 		hook(len(batch))
 	}
+	co.c.m.statementSizeOf(batch[0].ctx, pathCoalesce, len(batch))
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), coalesceStatementTimeout)
 	outcomes, err := co.c.grantBatchOwn(ctx, reqs)
 	cancel()

@@ -243,7 +243,8 @@ func checkFenceWrite(req FenceWriteRequest) error {
 // COMMIT) was sent and no reply said how it ended, so it may have been
 // applied; to learn the outcome, read the row (FencedRow), or repeat the
 // write with the same token and value.
-func (c *Client) FenceWrite(ctx context.Context, req FenceWriteRequest) (FencedRow, error) {
+func (c *Client) FenceWrite(ctx context.Context, req FenceWriteRequest) (_ FencedRow, err error) {
+	defer c.m.fenceDone(ctx, c.m.now(), &err)
 	return c.fenceWrite(ctx, c.db, req)
 }
 
@@ -254,7 +255,8 @@ func (c *Client) FenceWrite(ctx context.Context, req FenceWriteRequest) (FencedR
 // locked FOR SHARE: no one can take the lease over, and the holder's own
 // renewals wait too, so keep such transactions short. A rejection aborts
 // tx, as any failed statement does.
-func (c *Client) FenceWriteTx(ctx context.Context, tx pgx.Tx, req FenceWriteRequest) (FencedRow, error) {
+func (c *Client) FenceWriteTx(ctx context.Context, tx pgx.Tx, req FenceWriteRequest) (_ FencedRow, err error) {
+	defer c.m.fenceDone(ctx, c.m.now(), &err)
 	return c.fenceWrite(ctx, tx, req)
 }
 

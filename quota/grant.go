@@ -113,7 +113,8 @@ type GrantResult struct {
 // limit applies; ErrIdempotencyKeyReused; ErrSchemaMissing; the context's
 // error; database errors (SQLSTATE kept); ErrOutcomeUnknown, as above. On
 // any other error nothing was written.
-func (c *Client) Grant(ctx context.Context, req GrantRequest) (GrantResult, error) {
+func (c *Client) Grant(ctx context.Context, req GrantRequest) (res GrantResult, err error) {
+	defer c.m.grantDone(ctx, opGrant, c.m.now(), &req, &res, &err)
 	if c.grouper != nil && groupable(req) {
 		if err := checkGrantRequest(req); err != nil {
 			return GrantResult{}, err
@@ -140,7 +141,8 @@ func (c *Client) Grant(ctx context.Context, req GrantRequest) (GrantResult, erro
 // With an idempotency key, the key stays locked by tx until it ends: a
 // concurrent call with the same key waits for tx, then replays its outcome
 // if tx committed, or grants itself if tx rolled back.
-func (c *Client) GrantTx(ctx context.Context, tx pgx.Tx, req GrantRequest) (GrantResult, error) {
+func (c *Client) GrantTx(ctx context.Context, tx pgx.Tx, req GrantRequest) (res GrantResult, err error) {
+	defer c.m.grantDone(ctx, opGrantTx, c.m.now(), &req, &res, &err)
 	return c.grant(ctx, tx, req)
 }
 
@@ -232,7 +234,8 @@ type RevokeResult struct {
 // database errors; ErrOutcomeUnknown when the statement was sent and no reply said how it
 // ended (it may have committed: repeat with the same idempotency key, or
 // read the state, to learn the outcome). On any other error nothing was written.
-func (c *Client) Revoke(ctx context.Context, req RevokeRequest) (RevokeResult, error) {
+func (c *Client) Revoke(ctx context.Context, req RevokeRequest) (_ RevokeResult, err error) {
+	defer c.m.done(ctx, opRevoke, c.m.now(), &err)
 	return c.revoke(ctx, c.db, req)
 }
 

@@ -70,7 +70,8 @@ func FencedGrantLease(quota, member string) string {
 // Errors: those of Grant; the errors of AcquireWait; *StaleTokenError or
 // ErrLeaseLost when the write was fenced off 5 times in a row; an error
 // saying the counter changed when it did 50 times in a row.
-func (c *Client) GrantFenced(ctx context.Context, req GrantRequest, ttl time.Duration) (GrantResult, error) {
+func (c *Client) GrantFenced(ctx context.Context, req GrantRequest, ttl time.Duration) (res GrantResult, err error) {
+	defer c.m.grantDone(ctx, opGrantFenced, c.m.now(), &req, &res, &err)
 	if err := checkName("quota name", req.Quota); err != nil {
 		return GrantResult{}, err
 	}

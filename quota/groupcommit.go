@@ -230,6 +230,7 @@ func (g *grouper) send(ln *groupLane, batch []*waiter) {
 	// contexts may cancel it (context.WithoutCancel keeps the first one's
 	// values, for tracing).
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), coalesceStatementTimeout)
+	g.c.m.statementSizeOf(batch[0].ctx, pathGroup, len(batch))
 	outcomes := make([]BatchOutcome, len(batch))
 	var err error
 	if len(batch) == 1 {

@@ -206,6 +206,7 @@ func (k *Keeper) expire() {
 	if k.lastErr != nil {
 		cause = fmt.Errorf("%w (last renewal error: %w)", cause, k.lastErr)
 	}
+	k.c.m.keepaliveExpired()
 	k.cancel(cause)
 }
 

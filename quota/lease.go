@@ -230,7 +230,8 @@ func checkAcquire(req *AcquireRequest) error {
 // applied; to learn the outcome, repeat the call with the same req.Attempt
 // (set it with NewAttempt before the first call): it returns the lease when
 // that attempt took it; with a random Attempt, read it with Lease.
-func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (Lease, error) {
+func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (_ Lease, err error) {
+	defer c.m.leaseDone(ctx, opAcquire, c.m.now(), &err)
 	if err := checkAcquire(&req); err != nil {
 		return Lease{}, err
 	}
@@ -240,7 +241,8 @@ func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (Lease, error)
 // AcquireTx is Acquire inside the caller's transaction: the lease is taken
 // when tx commits, and other acquirers wait for tx meanwhile. Its TTL runs
 // from the statement, not from the commit.
-func (c *Client) AcquireTx(ctx context.Context, tx pgx.Tx, req AcquireRequest) (Lease, error) {
+func (c *Client) AcquireTx(ctx context.Context, tx pgx.Tx, req AcquireRequest) (_ Lease, err error) {
+	defer c.m.leaseDone(ctx, opAcquire, c.m.now(), &err)
 	if err := checkAcquire(&req); err != nil {
 		return Lease{}, err
 	}
@@ -323,7 +325,8 @@ func (c *Client) RenewTx(ctx context.Context, tx pgx.Tx, name string, token int6
 	return c.renew(ctx, tx, name, token, ttl)
 }
 
-func (c *Client) renew(ctx context.Context, x db.DBTX, name string, token int64, ttl time.Duration) (Lease, error) {
+func (c *Client) renew(ctx context.Context, x db.DBTX, name string, token int64, ttl time.Duration) (_ Lease, err error) {
+	defer c.m.leaseDone(ctx, opRenew, c.m.now(), &err)
 	if err := checkName("lease name", name); err != nil {
 		return Lease{}, err
 	}
@@ -341,6 +344,7 @@ func (c *Client) renew(ctx context.Context, x db.DBTX, name string, token int64,
 	if err != nil {
 		return Lease{}, dbError("renew lease", err)
 	}
+	c.m.renewed(ctx, r.PrevExpiresAt, r.DbNow)
 	return leaseFrom(db.PgquotaLease{
 		Name: r.Name, Holder: r.Holder, Attempt: r.Attempt, Token: r.Token,
 		AcquiredAt: r.AcquiredAt, RenewedAt: r.RenewedAt, ExpiresAt: r.ExpiresAt,
@@ -383,13 +387,15 @@ func (c *Client) leaseLost(ctx context.Context, x db.DBTX, op, name string, toke
 // COMMIT) was sent and no reply said how it ended, so it may have been
 // applied; to learn the outcome, repeat the call (releasing again with the
 // token is harmless).
-func (c *Client) Release(ctx context.Context, name string, token int64) (Lease, error) {
+func (c *Client) Release(ctx context.Context, name string, token int64) (_ Lease, err error) {
+	defer c.m.leaseDone(ctx, opRelease, c.m.now(), &err)
 	return c.release(ctx, c.db, name, token)
 }
 
 // ReleaseTx is Release inside the caller's transaction: the lease is free
 // to others once tx commits.
-func (c *Client) ReleaseTx(ctx context.Context, tx pgx.Tx, name string, token int64) (Lease, error) {
+func (c *Client) ReleaseTx(ctx context.Context, tx pgx.Tx, name string, token int64) (_ Lease, err error) {
+	defer c.m.leaseDone(ctx, opRelease, c.m.now(), &err)
 	return c.release(ctx, tx, name, token)
 }
 
@@ -482,7 +488,8 @@ type WaitOptions struct {
 //
 // Errors: those of Acquire except ErrLeaseHeld; when ctx ends first, an
 // error wrapping both ctx's cause and the last *LeaseHeldError or error.
-func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *WaitOptions) (Lease, error) {
+func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *WaitOptions) (_ Lease, err error) {
+	defer c.m.leaseDone(ctx, opAcquireWait, c.m.now(), &err)
 	if err := checkAcquire(&req); err != nil {
 		return Lease{}, err
 	}

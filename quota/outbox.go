@@ -88,7 +88,8 @@ type Event struct {
 // Errors: *InputError for a bad topic or opts; ErrSchemaMissing; database
 // errors, returned unchanged (a serialization failure included, as for
 // GrantTx).
-func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, topic string, payload []byte, opts *EnqueueOpts) (int64, error) {
+func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, topic string, payload []byte, opts *EnqueueOpts) (_ int64, err error) {
+	defer c.m.done(ctx, opEnqueue, c.m.now(), &err)
 	return c.enqueue(ctx, tx, topic, payload, opts)
 }
 
@@ -102,7 +103,8 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, topic string, payload
 // applied; to learn the outcome, read the outbox (OutboxEvents); a blind
 // repeat may enqueue the event twice (consumers dedupe by IdempotencyKey
 // when set).
-func (c *Client) Enqueue(ctx context.Context, topic string, payload []byte, opts *EnqueueOpts) (int64, error) {
+func (c *Client) Enqueue(ctx context.Context, topic string, payload []byte, opts *EnqueueOpts) (_ int64, err error) {
+	defer c.m.done(ctx, opEnqueue, c.m.now(), &err)
 	return c.enqueue(ctx, c.db, topic, payload, opts)
 }
 

@@ -156,6 +156,7 @@ type BatchResult struct {
 // connection, say) go to RelayConfig.OnError and are retried with backoff up
 // to PollInterval apart; Run does not return them.
 func (r *Relay) Run(ctx context.Context) error {
+	defer r.c.m.observeOutbox(r.c)()
 	errWait := &backoff.ExponentialBackOff{
 		InitialInterval:     10 * time.Millisecond,
 		RandomizationFactor: 0.5,
@@ -210,7 +211,8 @@ func (r *Relay) Run(ctx context.Context) error {
 // (the COMMIT that records the outcomes was sent and no reply came), when
 // the outcomes may have been recorded or not: delivery stays at least
 // once either way.
-func (r *Relay) RunOnce(ctx context.Context) (BatchResult, error) {
+func (r *Relay) RunOnce(ctx context.Context) (_ BatchResult, err error) {
+	defer r.c.m.done(ctx, opRelayBatch, r.c.m.now(), &err)
 	for try := 1; ; try++ {
 		tx, err := r.c.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 		if err != nil {
@@ -254,7 +256,8 @@ func (r *Relay) batch(ctx context.Context, tx pgx.Tx, rows []db.OutboxClaimRow) 
 	}
 	var delivered []int64
 	var failed db.OutboxMarkFailedParams
-	contact := time.Now() // the last round trip on tx's connection
+	claimed := time.Now() // the claim's reply
+	contact := claimed    // the last round trip on tx's connection
 	for _, row := range rows {
 		if ctx.Err() != nil {
 			break
@@ -323,6 +326,7 @@ func (r *Relay) batch(ctx context.Context, tx pgx.Tx, rows []db.OutboxClaimRow) 
 	if err := tx.Commit(rctx); err != nil {
 		return BatchResult{}, dbError("relay: commit", dbutil.MarkOutcome(err))
 	}
+	r.c.m.relayCommitted(ctx, res, rows, delivered, claimed)
 	return res, nil
 }
 

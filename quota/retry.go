@@ -110,6 +110,7 @@ func RunInTx(ctx context.Context, db TxBeginner, opts pgx.TxOptions, fn func(tx 
 type retryPolicy struct {
 	maxElapsed  time.Duration
 	resetCaches func(ctx context.Context)
+	m           *metrics // counts the retries (metrics.go); nil for none
 }
 
 // isStaleStatementError reports the errors retryPolicy retries once after
@@ -181,6 +182,8 @@ func retry[T any](ctx context.Context, p retryPolicy, op func() (T, error)) (T, 
 	if err == nil || !IsRetryable(err) {
 		return v, err
 	}
+	first, n := err, 0
+	defer func() { p.m.retried(ctx, n, first, err) }()
 	start := time.Now()
 	b := &backoff.ExponentialBackOff{
 		InitialInterval:     retryInitial,
@@ -202,6 +205,7 @@ func retry[T any](ctx context.Context, p retryPolicy, op func() (T, error)) (T, 
 		case <-t.C:
 		}
 		v, err = op()
+		n++
 		if err == nil || !IsRetryable(err) {
 			return v, err
 		}

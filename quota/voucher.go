@@ -177,13 +177,15 @@ func (c *Client) VoucherStatus(ctx context.Context, campaign string) (Pool, erro
 // COMMIT) was sent and no reply said how it ended, so it may have been
 // applied; to learn the outcome, repeat the call: a member holds at most one
 // voucher, so the repeat returns the first claim (Repeat) or claims once.
-func (c *Client) ClaimVoucher(ctx context.Context, campaign, member string) (Claim, error) {
+func (c *Client) ClaimVoucher(ctx context.Context, campaign, member string) (cl Claim, err error) {
+	defer c.m.claimDone(ctx, opClaimVoucher, c.m.now(), &cl, &err)
 	return c.claimVoucher(ctx, c.db, campaign, member)
 }
 
 // ClaimVoucherTx is ClaimVoucher inside the caller's transaction. The unit
 // stays locked by tx until it ends; other claimers of the pool wait for it.
-func (c *Client) ClaimVoucherTx(ctx context.Context, tx pgx.Tx, campaign, member string) (Claim, error) {
+func (c *Client) ClaimVoucherTx(ctx context.Context, tx pgx.Tx, campaign, member string) (cl Claim, err error) {
+	defer c.m.claimDone(ctx, opClaimVoucher, c.m.now(), &cl, &err)
 	return c.claimVoucher(ctx, tx, campaign, member)
 }
 
@@ -254,13 +256,15 @@ var ErrCodesBusy = errors.New("pgquota: every unclaimed code is locked by a clai
 // COMMIT) was sent and no reply said how it ended, so it may have been
 // applied; to learn the outcome, repeat the call: a member holds at most one
 // code, so the repeat returns the first code (Repeat) or claims once.
-func (c *Client) ClaimCode(ctx context.Context, campaign, member string) (Claim, error) {
+func (c *Client) ClaimCode(ctx context.Context, campaign, member string) (cl Claim, err error) {
+	defer c.m.claimDone(ctx, opClaimCode, c.m.now(), &cl, &err)
 	return c.claimCode(ctx, c.db, campaign, member)
 }
 
 // ClaimCodeTx is ClaimCode inside the caller's transaction. The code stays
 // locked by tx until it ends; other claimers take other codes meanwhile.
-func (c *Client) ClaimCodeTx(ctx context.Context, tx pgx.Tx, campaign, member string) (Claim, error) {
+func (c *Client) ClaimCodeTx(ctx context.Context, tx pgx.Tx, campaign, member string) (cl Claim, err error) {
+	defer c.m.claimDone(ctx, opClaimCode, c.m.now(), &cl, &err)
 	return c.claimCode(ctx, tx, campaign, member)
 }
 

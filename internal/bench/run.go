@@ -106,7 +106,7 @@ func openPool(ctx context.Context, db *scratch.Database, n int, tracer *recorder
 }
 
 func newEnv(pool *pgxpool.Pool) (Env, error) {
-	client, err := quota.New(pool, nil)
+	client, err := quota.New(pool, &quota.Config{MeterProvider: meterProvider})
 	return Env{Pool: pool, Client: client}, err
 }
 

@@ -22,6 +22,7 @@ func (a *app) benchCommand() *cobra.Command {
 		chart      string
 		noProgress bool
 		peers      peersFlags
+		metrics    string
 	)
 	cmd := &cobra.Command{
 		Use:   "bench",
@@ -91,10 +92,17 @@ needs CREATEDB) and drops afterwards. Strategies:
 			if cfg.Rounds < 1 {
 				return usagef("--rounds must be at least 1, got %d", cfg.Rounds)
 			}
+			ms, err := a.startMetrics(metrics)
+			if err != nil {
+				return err
+			}
+			defer ms.stop()
+			bench.SetMeterProvider(a.meterProvider)
 			admin, err := a.connect(ctx)
 			if err != nil {
 				return err
 			}
+			ms.readyPing(admin)
 			if !a.json {
 				// Before the run: it can take minutes.
 				fmt.Fprintln(a.stdout, benchPlan(cfg))
@@ -130,6 +138,7 @@ needs CREATEDB) and drops afterwards. Strategies:
 	f.StringVar(&chart, "chart", "", "draw throughput against clients to FILE.svg or FILE.png")
 	f.BoolVar(&noProgress, "no-progress", false, "no progress bar on stderr")
 	peers.register(f)
+	metricsAddrFlag(cmd, &metrics)
 	return cmd
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pgquota/pgquota/quota"
 )
@@ -46,6 +47,9 @@ type app struct {
 
 	pool   *pgxpool.Pool
 	client *quota.Client
+	// meterProvider, set by --metrics-addr (startMetrics), is the client's
+	// Config.MeterProvider.
+	meterProvider metric.MeterProvider
 	// target is where pool connects, once connect configured it.
 	target *target
 }
@@ -315,7 +319,7 @@ func (a *app) quotaClient(ctx context.Context) (*quota.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	client, err := quota.New(pool, &quota.Config{Pooler: a.poolerMode})
+	client, err := quota.New(pool, &quota.Config{Pooler: a.poolerMode, MeterProvider: a.meterProvider})
 	if err != nil {
 		return nil, err
 	}

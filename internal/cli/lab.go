@@ -13,6 +13,7 @@ import (
 
 func (a *app) labCommand() *cobra.Command {
 	cfg := lab.DefaultConfig()
+	var metrics string
 	cmd := &cobra.Command{
 		Use:   "lab",
 		Short: "Race concurrent requests against a limit with broken and safe strategies, and count the leaks",
@@ -63,10 +64,17 @@ run, 1 otherwise.`,
 			if err := cfg.Validate(); err != nil {
 				return usagef("%v", err)
 			}
+			ms, err := a.startMetrics(metrics)
+			if err != nil {
+				return err
+			}
+			defer ms.stop()
+			lab.SetMeterProvider(a.meterProvider)
 			admin, err := a.connect(ctx)
 			if err != nil {
 				return err
 			}
+			ms.readyPing(admin)
 			rep, err := lab.Run(ctx, admin, cfg)
 			if err != nil {
 				return err
@@ -99,6 +107,7 @@ run, 1 otherwise.`,
 	f.StringVar(&cfg.RedisServer, "redis-server", cfg.RedisServer, "redis-server binary that redis-naive, redlock and redlock-fenced start (default $PGQUOTA_REDIS_SERVER, else redis-server in PATH)")
 	f.StringSliceVar(&cfg.Strategies, "strategy", nil, "strategies to run (default all): "+strings.Join(lab.Names(), ","))
 	f.BoolVar(&cfg.Keep, "keep", false, "keep the scratch database instead of dropping it (the output says how to connect to it and drop it)")
+	metricsAddrFlag(cmd, &metrics)
 	return cmd
 }
 

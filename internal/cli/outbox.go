@@ -36,7 +36,7 @@ event id.`,
 
 func (a *app) outboxRelayCommand() *cobra.Command {
 	var cfg quota.RelayConfig
-	var execCmd string
+	var execCmd, metricsAddr string
 	var once bool
 	cmd := &cobra.Command{
 		Use:   "relay",
@@ -65,10 +65,16 @@ once; no event is delivered by two of them at the same time.`,
   pgquota outbox relay --once > events.jsonl`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			ms, err := a.startMetrics(metricsAddr)
+			if err != nil {
+				return err
+			}
+			defer ms.stop()
 			c, err := a.quotaClient(cmd.Context())
 			if err != nil {
 				return err
 			}
+			ms.ready(c)
 			h := a.jsonLineHandler()
 			if execCmd != "" {
 				h = a.execHandler(execCmd, cmp.Or(cfg.MaxAttempts, 10))
@@ -119,6 +125,7 @@ once; no event is delivered by two of them at the same time.`,
 	f.IntVar(&cfg.MaxAttempts, "max-attempts", 10, "failed deliveries after which an event is dead")
 	f.DurationVar(&cfg.RetryInitial, "retry-initial", time.Second, "wait before retrying a failed event (doubles per failure)")
 	f.DurationVar(&cfg.RetryMax, "retry-max", 10*time.Minute, "longest wait before retrying a failed event")
+	metricsAddrFlag(cmd, &metricsAddr)
 	return cmd
 }
 

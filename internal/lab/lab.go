@@ -377,7 +377,7 @@ func Run(ctx context.Context, admin *pgxpool.Pool, cfg Config) (_ *Report, err e
 		return nil, err
 	}
 	defer env.DB.Close()
-	if env.Quota, err = quota.New(env.DB, nil); err != nil {
+	if env.Quota, err = quota.New(env.DB, &quota.Config{MeterProvider: meterProvider}); err != nil {
 		return nil, err
 	}
 	clients, err := openClients(ctx, db, cfg.Requests)
@@ -446,7 +446,7 @@ func openClients(ctx context.Context, db *scratch.Database, n int) ([]*Client, e
 			}
 			return nil, fmt.Errorf("open connection %d of %d: %w", i+1, n, err)
 		}
-		qc, _ := quota.New(pool, nil)
+		qc, _ := quota.New(pool, &quota.Config{MeterProvider: meterProvider})
 		clients = append(clients, &Client{ID: i + 1, Pool: pool, Quota: qc})
 	}
 	return clients, nil
