@@ -123,6 +123,41 @@ BEGIN
     END IF;
     PERFORM pgquota.durable_commit();
 
+    -- Before any lock, from the statement's snapshot: a retry of an
+    -- attempt that holds a slot gets it back, and a semaphore full at the
+    -- limit it was last given answers "full" without a lock and without a
+    -- write. Both are safe without the lock: the attempt's slot is its
+    -- own; and this count only ever decides a refusal, never a take: it
+    -- may miss a release committed since the snapshot (a refusal that
+    -- the caller retries), and when it misses an acquire and finds room,
+    -- the locked path below counts again. Waiters poll here without
+    -- queueing on the semaphore's row.
+    v_at := pgquota.clock();
+    SELECT * INTO v_sem FROM pgquota.semaphore s WHERE s.name = p_name;
+    IF FOUND THEN
+        SELECT l.* INTO v_row
+        FROM generate_series(0, greatest(v_sem.slots, p_limit) - 1) g(i)
+        JOIN pgquota.lease l ON l.name = pgquota.slot_lease_name(p_name, g.i)
+        WHERE l.attempt = p_attempt AND l.expires_at > v_at
+        LIMIT 1;
+        v_found := FOUND;
+        SELECT count(*), min(l.expires_at) INTO v_held, v_next
+        FROM generate_series(0, greatest(v_sem.slots, p_limit) - 1) g(i)
+        JOIN pgquota.lease l ON l.name = pgquota.slot_lease_name(p_name, g.i)
+        WHERE l.expires_at > v_at;
+        IF v_found THEN
+            RETURN QUERY SELECT true, substring(v_row.name FROM '[0-9]+$')::integer, v_row.name, v_row.holder, v_row.attempt,
+                                v_row.token, v_row.acquired_at, v_row.renewed_at, v_row.expires_at, v_at, v_held,
+                                NULL::timestamptz;
+            RETURN;
+        END IF;
+        IF v_held >= p_limit AND v_sem.slot_limit = p_limit THEN
+            RETURN QUERY SELECT false, -1, ''::text, ''::text, ''::text, 0::bigint, NULL::timestamptz,
+                                NULL::timestamptz, NULL::timestamptz, v_at, v_held, v_next;
+            RETURN;
+        END IF;
+    END IF;
+
     LOOP
         SELECT * INTO v_sem FROM pgquota.semaphore s WHERE s.name = p_name FOR UPDATE;
         EXIT WHEN FOUND;
@@ -132,7 +167,8 @@ BEGIN
     END LOOP;
 
     v_at := pgquota.clock();
-    -- The same attempt again: its slot, unchanged.
+    -- The same attempt again (committed while this call waited for the
+    -- lock): its slot, unchanged.
     SELECT l.* INTO v_row
     FROM generate_series(0, greatest(v_sem.slots, p_limit) - 1) g(i)
     JOIN pgquota.lease l ON l.name = pgquota.slot_lease_name(p_name, g.i)
