@@ -102,11 +102,12 @@ func TestSlotAcquireFullReleaseRenewAndListing(t *testing.T) {
 func TestSlotKeepaliveKeepsTheSlotPastItsTTL(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
-	const ttl = 300 * time.Millisecond
+	// A TTL long enough for renewals every TTL/3 on a loaded machine.
+	const ttl = time.Second
 	s := b.acquireSlot(t, b.client, "kept", 1, "a", ttl)
 	k, err := b.client.Keepalive(b.ctx, s.Lease, nil)
 	require.NoError(t, err)
-	time.Sleep(3 * ttl)
+	time.Sleep(5 * ttl / 2)
 	require.NoError(t, k.Context().Err(), "the work context is alive")
 	_, err = b.client.AcquireSlot(b.ctx, quota.SlotRequest{Semaphore: "kept", Limit: 1, Holder: "b", TTL: ttl})
 	require.ErrorIs(t, err, quota.ErrSemaphoreFull, "kept past its TTL")
