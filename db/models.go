@@ -133,6 +133,15 @@ type PgquotaQuotaOverride struct {
 	UpdatedAt  pgtype.Timestamptz
 }
 
+type PgquotaSemaphore struct {
+	Name         string
+	SlotLimit    int32
+	Slots        int32
+	Acquisitions int64
+	CreatedAt    pgtype.Timestamptz
+	UpdatedAt    pgtype.Timestamptz
+}
+
 type PgquotaUsage struct {
 	QuotaName   string
 	Member      string

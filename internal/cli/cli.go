@@ -223,6 +223,7 @@ applied); 1 any other error.`,
 		a.usageCommand(),
 		needsSubcommand(a.voucherCommand()),
 		needsSubcommand(a.leaseCommand()),
+		needsSubcommand(a.slotCommand()), // slot.go
 		needsSubcommand(a.electionCommand()),
 		needsSubcommand(a.fenceCommand()),
 		a.labCommand(),
