@@ -16,7 +16,7 @@ import (
 // numbered their units base + 1 .. base + total, so the claims so far need
 // not hold the numbers 1 .. claimed; the counted pool then numbers new
 // claims claimed + 1, claimed + 2, ... Every unit of a pool must still have
-// a distinct number (Claim.Seq, 1 to Total), before and after, and a keyed
+// a distinct number (ClaimResult.Seq, 1 to Total), before and after, and a keyed
 // claim's stored outcome must name the unit its member holds.
 func TestDownHotrowKeepsUnitNumbersDistinct(t *testing.T) {
 	t.Parallel()

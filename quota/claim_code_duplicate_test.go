@@ -41,10 +41,10 @@ func TestClaimCodeDuplicatesForLastCode(t *testing.T) {
 				}
 
 				var mu sync.Mutex
-				var claims []quota.Claim
+				var claims []quota.ClaimResult
 				var errs []error
 				concurrently(copies, func(i int) {
-					var c quota.Claim
+					var c quota.ClaimResult
 					var err error
 					if keyed {
 						c, err = b.client.ClaimCodeWithKey(b.ctx, campaign, "m", quota.IdempotencyKey{Key: fmt.Sprint("k", i)})

@@ -94,7 +94,7 @@ type Config struct {
 //
 // The calls that change quota, voucher, lease, fence, ledger and outbox
 // state have a twin XTx that runs inside the caller's pgx.Tx (GrantTx,
-// RevokeGrantTx, ClaimVoucherTx, AcquireTx, FenceWriteTx, EnqueueTx, ...),
+// CompensateGrantTx, ClaimVoucherTx, AcquireTx, WriteFencedRowTx, EnqueueTx, ...),
 // so the caller's own writes and pgquota's commit or roll back together.
 // The exceptions own their transactions or wait between them: AcquireWait,
 // GrantFenced, Keepalive, the Relay, ReapLedger, ReapOutbox and Migrate.

@@ -64,7 +64,7 @@ func TestBreakDefaultSerializable(t *testing.T) {
 	t.Parallel()
 	b := serializableSetup(t, 16)
 	b.define(t, quota.Definition{Name: "q", Window: quota.WindowNone, DefaultLimit: ptr[int64](1000)})
-	_, err := b.client.CreateVoucherPool(b.ctx, "pool", 100)
+	_, err := b.client.CreateCampaign(b.ctx, "pool", 100)
 	require.NoError(t, err)
 	codes := make([]string, 100)
 	for i := range codes {
@@ -101,7 +101,7 @@ func TestBreakDefaultSerializable(t *testing.T) {
 		}
 		acquires.add(err)
 		if err == nil && l.Token > 0 {
-			_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "res", Key: "k", Value: "v", Token: l.Token})
+			_, err = b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: "res", Key: "k", Value: "v", Token: l.Token})
 			if err != nil && errorsIsStale(err) {
 				err = nil
 			}
@@ -114,7 +114,7 @@ func TestBreakDefaultSerializable(t *testing.T) {
 	codeClaims.requireNone(t, "ClaimCode")
 	imports.requireNone(t, "ImportCodes")
 	acquires.requireNone(t, "Acquire")
-	writes.requireNone(t, "FenceWrite")
+	writes.requireNone(t, "WriteFencedRow")
 	sum, _ := b.usageRows(t, "q", "m")
 	require.Equal(t, granted-revoked, sum)
 }

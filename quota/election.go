@@ -128,7 +128,7 @@ func (t *Leadership) Done() <-chan struct{} { return t.k.Done() }
 func (t *Leadership) Lease() Lease { return t.k.Lease() }
 
 // Token returns the leader's fencing token: pass it on every write the
-// leader makes (FenceWriteRequest.Token, with Lease set to the election's
+// leader makes (WriteFencedRowRequest.Token, with Lease set to the election's
 // name).
 func (t *Leadership) Token() int64 { return t.k.Lease().Token }
 

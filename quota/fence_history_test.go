@@ -275,11 +275,11 @@ func (s clientStore) write(ctx context.Context, w historyWrite) error {
 	if w.pause != nil {
 		w.pause()
 	}
-	req := quota.FenceWriteRequest{Resource: w.resource, Key: w.key, Value: w.value, Token: w.token}
+	req := quota.WriteFencedRowRequest{Resource: w.resource, Key: w.key, Value: w.value, Token: w.token}
 	if w.leased {
 		req.Lease = w.resource
 	}
-	_, err := s.client.FenceWrite(ctx, req)
+	_, err := s.client.WriteFencedRow(ctx, req)
 	return err
 }
 

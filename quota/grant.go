@@ -57,7 +57,7 @@ type GrantResult struct {
 	WindowStart time.Time `json:"window_start,omitzero"`
 	WindowEnd   time.Time `json:"window_end,omitzero"`
 	// Keyed is the ledger record of a grant made with an idempotency key:
-	// its grant id (for RevokeGrant and outbox events), the key, and
+	// its grant id (for CompensateGrant and outbox events), the key, and
 	// whether this result was replayed. Zero for a grant without a key.
 	Keyed
 }
@@ -189,7 +189,7 @@ type RevokeRequest struct {
 	Amount int64
 	// Idempotency, when its Key is set, makes the revoke safe to repeat, as
 	// for GrantRequest. Its Scope defaults to Quota. To give back the units
-	// of one particular grant, use RevokeGrant instead.
+	// of one particular grant, use CompensateGrant instead.
 	Idempotency IdempotencyKey
 }
 

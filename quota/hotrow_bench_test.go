@@ -79,9 +79,9 @@ func BenchmarkClaimSharded(b *testing.B) {
 				campaign := fmt.Sprintf("bench-%d", seq.Add(1))
 				ctx := context.Background()
 				if shards == 1 {
-					_, err = setup.CreateVoucherPool(ctx, campaign, quota.MaxUnits)
+					_, err = setup.CreateCampaign(ctx, campaign, quota.MaxUnits)
 				} else {
-					_, err = setup.CreateShardedPool(ctx, campaign, quota.MaxUnits, shards)
+					_, err = setup.CreateShardedCampaign(ctx, campaign, quota.MaxUnits, shards)
 				}
 				if err != nil {
 					b.Fatal(err)

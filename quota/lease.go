@@ -210,8 +210,8 @@ func checkAcquire(req *AcquireRequest) error {
 // A lease's name is also a fence resource: taking the lease with token T
 // raises the highest token seen for the resource of the same name to T in
 // the same statement. From then on no write carrying an older token lands
-// on that resource (FenceWrite on it, or a table guarded by
-// AttachFenceGuard whose FenceGuard.Resource it is), even before the new
+// on that resource (WriteFencedRow on it, or a table guarded by
+// GuardTable whose GuardedTable.Resource it is), even before the new
 // holder writes anything: the storage half of Kleppmann's fencing (2016)
 // learns of the new holder when the lock half does.
 //

@@ -27,7 +27,7 @@ func TestBreaker3GateBlockedByDuplicateOfOpenTx(t *testing.T) {
 			b := setup(t, 6)
 			client, err := quota.New(b.pool, &quota.Config{ShardedClaimsInFlight: bound})
 			require.NoError(t, err)
-			_, err = client.CreateShardedPool(b.ctx, "p", 30, 3)
+			_, err = client.CreateShardedCampaign(b.ctx, "p", 30, 3)
 			require.NoError(t, err)
 			// Warm the client's caches, as a running service has.
 			warm, err := client.ClaimVoucher(b.ctx, "p", "warm")
@@ -77,7 +77,7 @@ func TestBreaker3GateBlockedBehindClaimWaitingForOpenTx(t *testing.T) {
 			b := setup(t, 6)
 			client, err := quota.New(b.pool, &quota.Config{ShardedClaimsInFlight: bound})
 			require.NoError(t, err)
-			_, err = client.CreateShardedPool(b.ctx, "p", 10, 2)
+			_, err = client.CreateShardedCampaign(b.ctx, "p", 10, 2)
 			require.NoError(t, err)
 			warm, err := client.ClaimVoucher(b.ctx, "p", "warm")
 			require.NoError(t, err)

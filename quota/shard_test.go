@@ -49,13 +49,13 @@ func TestShardedPool2000Claimers(t *testing.T) {
 		claimers = 2000
 	)
 	b := setup(t, 16)
-	p, err := b.client.CreateShardedPool(b.ctx, "flash", total, shards)
+	p, err := b.client.CreateShardedCampaign(b.ctx, "flash", total, shards)
 	require.NoError(t, err)
 	require.Equal(t, quota.KindSharded, p.Kind)
 	require.Equal(t, shards, p.Shards)
 	require.Equal(t, int64(total), p.Remaining)
 
-	results := make([]quota.Claim, claimers)
+	results := make([]quota.ClaimResult, claimers)
 	errs := make([]error, claimers)
 	var mu sync.Mutex
 	var early []string
@@ -65,14 +65,14 @@ func TestShardedPool2000Claimers(t *testing.T) {
 			// Sold out must mean sold out: every unit is claimed by now
 			// (claims only ever add up, so a later read that finds units
 			// left proves the report early).
-			st, err := b.client.VoucherStatus(b.ctx, "flash")
+			st, err := b.client.Campaign(b.ctx, "flash")
 			for try := 0; sqlState(err) == "53200" && try < 10; try++ {
 				// out_of_memory for predicate locks: with the server's
 				// default isolation at SERIALIZABLE (one CI pass), 2,000
 				// claims and the other tests of a shared server can fill
 				// the predicate lock table for a moment.
 				time.Sleep(50 * time.Millisecond)
-				st, err = b.client.VoucherStatus(b.ctx, "flash")
+				st, err = b.client.Campaign(b.ctx, "flash")
 			}
 			mu.Lock()
 			if err != nil || !st.SoldOut {
@@ -103,7 +103,7 @@ func TestShardedPool2000Claimers(t *testing.T) {
 	for i := range totals {
 		require.Equal(t, totals[i], claimed[i], "shard %d is full", i)
 	}
-	st, err := b.client.VoucherStatus(b.ctx, "flash")
+	st, err := b.client.Campaign(b.ctx, "flash")
 	require.NoError(t, err)
 	require.Equal(t, int64(total), st.Claimed)
 	require.True(t, st.SoldOut)
@@ -121,7 +121,7 @@ func TestShardedPoolEveryUnitReachable(t *testing.T) {
 		t.Run(fmt.Sprint(total), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, 2)
-			_, err := b.client.CreateShardedPool(b.ctx, "p", total, 32)
+			_, err := b.client.CreateShardedCampaign(b.ctx, "p", total, 32)
 			require.NoError(t, err)
 			totals, _ := b.shardCounters(t, "p")
 			var sum int64
@@ -151,9 +151,9 @@ func TestShardedPoolConcurrentClicks(t *testing.T) {
 		clicks  = 4
 	)
 	b := setup(t, 16)
-	_, err := b.client.CreateShardedPool(b.ctx, "bf", total, 4)
+	_, err := b.client.CreateShardedCampaign(b.ctx, "bf", total, 4)
 	require.NoError(t, err)
-	results := make([]quota.Claim, members*clicks)
+	results := make([]quota.ClaimResult, members*clicks)
 	errs := make([]error, members*clicks)
 	concurrently(members*clicks, func(i int) {
 		results[i], errs[i] = b.client.ClaimVoucher(b.ctx, "bf", fmt.Sprintf("m%02d", i%members))
@@ -171,7 +171,7 @@ func TestShardedPoolConcurrentClicks(t *testing.T) {
 	}
 	require.Len(t, seqByMember, total)
 	require.Equal(t, int64(total), b.countRows(t, "voucher_claim"))
-	st, err := b.client.VoucherStatus(b.ctx, "bf")
+	st, err := b.client.Campaign(b.ctx, "bf")
 	require.NoError(t, err)
 	require.Equal(t, int64(total), st.Claimed)
 
@@ -195,7 +195,7 @@ func TestShardedPoolWaitsForLockedShards(t *testing.T) {
 		t.Run(fmt.Sprint("commit ", commit), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, 4)
-			_, err := b.client.CreateShardedPool(b.ctx, "p", 2, 2)
+			_, err := b.client.CreateShardedCampaign(b.ctx, "p", 2, 2)
 			require.NoError(t, err)
 			tx, err := b.pool.BeginTx(b.ctx, readCommitted)
 			require.NoError(t, err)
@@ -209,7 +209,7 @@ func TestShardedPoolWaitsForLockedShards(t *testing.T) {
 			require.True(t, second.Claimed, "a locked shard is skipped, not waited for, while another has units")
 			require.NotEqual(t, held.Seq, second.Seq)
 
-			done := make(chan quota.Claim, 1)
+			done := make(chan quota.ClaimResult, 1)
 			go func() {
 				c, err := b.client.ClaimVoucher(b.ctx, "p", "third")
 				if err != nil {
@@ -230,7 +230,7 @@ func TestShardedPoolWaitsForLockedShards(t *testing.T) {
 				require.True(t, third.Claimed, "the rolled-back unit goes to the waiting claim")
 				require.Equal(t, held.Seq, third.Seq)
 			}
-			st, err := b.client.VoucherStatus(b.ctx, "p")
+			st, err := b.client.Campaign(b.ctx, "p")
 			require.NoError(t, err)
 			require.Equal(t, int64(2), st.Claimed)
 		})
@@ -253,34 +253,34 @@ func TestShardedPoolCreateAndKinds(t *testing.T) {
 		{"p", 10, 11, "shards"},
 		{"p", 5000, quota.MaxShards + 1, "shards"},
 	} {
-		_, err := b.client.CreateShardedPool(b.ctx, tc.campaign, tc.total, tc.shards)
+		_, err := b.client.CreateShardedCampaign(b.ctx, tc.campaign, tc.total, tc.shards)
 		require.ErrorAs(t, err, &ie, "%+v", tc)
 		require.Equal(t, tc.field, ie.Field)
 	}
 	require.Zero(t, b.countRows(t, "voucher_pool"))
 
-	p, err := b.client.CreateShardedPool(b.ctx, "p", 10, 3)
+	p, err := b.client.CreateShardedCampaign(b.ctx, "p", 10, 3)
 	require.NoError(t, err)
 	require.Equal(t, 3, p.Shards)
 	totals, _ := b.shardCounters(t, "p")
 	require.Equal(t, []int64{4, 3, 3}, totals)
-	again, err := b.client.CreateShardedPool(b.ctx, "p", 10, 3)
+	again, err := b.client.CreateShardedCampaign(b.ctx, "p", 10, 3)
 	require.NoError(t, err, "a repeated create is not an error")
 	require.Equal(t, p.CreatedAt, again.CreatedAt)
-	_, err = b.client.CreateShardedPool(b.ctx, "p", 10, 4)
+	_, err = b.client.CreateShardedCampaign(b.ctx, "p", 10, 4)
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
-	_, err = b.client.CreateShardedPool(b.ctx, "p", 11, 3)
+	_, err = b.client.CreateShardedCampaign(b.ctx, "p", 11, 3)
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
-	_, err = b.client.CreateVoucherPool(b.ctx, "p", 10)
+	_, err = b.client.CreateCampaign(b.ctx, "p", 10)
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
 	_, err = b.client.ImportCodes(b.ctx, "p", []string{"x"})
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
 	_, err = b.client.ClaimCode(b.ctx, "p", "m")
 	require.ErrorIs(t, err, quota.ErrCampaignKind)
 
-	_, err = b.client.CreateVoucherPool(b.ctx, "counted", 10)
+	_, err = b.client.CreateCampaign(b.ctx, "counted", 10)
 	require.NoError(t, err)
-	_, err = b.client.CreateShardedPool(b.ctx, "counted", 10, 2)
+	_, err = b.client.CreateShardedCampaign(b.ctx, "counted", 10, 2)
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
 
 	// The unit numbers of each shard are a consecutive range.
@@ -318,16 +318,16 @@ func TestShardedPoolKeyedClaims(t *testing.T) {
 		copies  = 3
 	)
 	b := setup(t, 16)
-	_, err := b.client.CreateShardedPool(b.ctx, "p", total, 8)
+	_, err := b.client.CreateShardedCampaign(b.ctx, "p", total, 8)
 	require.NoError(t, err)
-	results := make([]quota.Claim, members*copies)
+	results := make([]quota.ClaimResult, members*copies)
 	errs := make([]error, members*copies)
 	concurrently(members*copies, func(i int) {
 		m := i % members
 		results[i], errs[i] = b.client.ClaimVoucherWithKey(b.ctx, "p", fmt.Sprint("m", m), quota.IdempotencyKey{Key: fmt.Sprint("click-", m)})
 	})
 	held := 0
-	byMember := map[string][]quota.Claim{}
+	byMember := map[string][]quota.ClaimResult{}
 	for i, r := range results {
 		require.NoError(t, errs[i])
 		byMember[r.Member] = append(byMember[r.Member], r)
@@ -352,7 +352,7 @@ func TestShardedPoolKeyedClaims(t *testing.T) {
 	}
 	require.Equal(t, total, held)
 	require.Equal(t, int64(members), b.ledgerRows(t))
-	st, err := b.client.VoucherStatus(b.ctx, "p")
+	st, err := b.client.Campaign(b.ctx, "p")
 	require.NoError(t, err)
 	require.Equal(t, int64(total), st.Claimed)
 
@@ -384,7 +384,7 @@ func TestShardedClaimsInFlight(t *testing.T) {
 			b := setup(t, 6)
 			client, err := quota.New(b.pool, &quota.Config{ShardedClaimsInFlight: bound})
 			require.NoError(t, err)
-			_, err = client.CreateShardedPool(b.ctx, "p", 2, 2)
+			_, err = client.CreateShardedCampaign(b.ctx, "p", 2, 2)
 			require.NoError(t, err)
 			tx, err := b.pool.BeginTx(b.ctx, readCommitted)
 			require.NoError(t, err)
@@ -443,7 +443,7 @@ func TestShardedClaimsInFlight(t *testing.T) {
 			require.Contains(t, members, "second")
 			require.NotContains(t, members, "fourth", "a claim given up at the gate wrote nothing")
 			require.NotContains(t, members, "holder", "the holder's transaction rolled back")
-			st, err := client.VoucherStatus(b.ctx, "p")
+			st, err := client.Campaign(b.ctx, "p")
 			require.NoError(t, err)
 			require.Equal(t, int64(2), st.Claimed)
 			require.True(t, st.SoldOut)
@@ -471,9 +471,9 @@ func waitForLockWaits(t *testing.T, b *testBundle, n int) {
 
 // claimAsync runs ClaimVoucher in a goroutine and returns where its claim
 // arrives; an error fails the test.
-func claimAsync(t *testing.T, ctx context.Context, client *quota.Client, campaign, member string) <-chan quota.Claim {
+func claimAsync(t *testing.T, ctx context.Context, client *quota.Client, campaign, member string) <-chan quota.ClaimResult {
 	t.Helper()
-	out := make(chan quota.Claim, 1)
+	out := make(chan quota.ClaimResult, 1)
 	go func() {
 		c, err := client.ClaimVoucher(ctx, campaign, member)
 		if err != nil {

@@ -50,7 +50,7 @@ func (voucherSharded) Setup(ctx context.Context, env Env) (Op, error) {
 	if _, err := env.Pool.Exec(ctx, `TRUNCATE pgquota.voucher_pool CASCADE`); err != nil {
 		return Op{}, fmt.Errorf("reset voucher pools: %w", err)
 	}
-	if _, err := env.Client.CreateShardedPool(ctx, benchCampaign, quota.MaxUnits, ShardedPoolShards); err != nil {
+	if _, err := env.Client.CreateShardedCampaign(ctx, benchCampaign, quota.MaxUnits, ShardedPoolShards); err != nil {
 		return Op{}, err
 	}
 	return Op{

@@ -256,7 +256,7 @@ func (voucherClaim) Setup(ctx context.Context, env Env) (Op, error) {
 	if _, err := env.Pool.Exec(ctx, `TRUNCATE pgquota.voucher_pool CASCADE`); err != nil {
 		return Op{}, fmt.Errorf("reset voucher pools: %w", err)
 	}
-	if _, err := env.Client.CreateVoucherPool(ctx, benchCampaign, quota.MaxUnits); err != nil {
+	if _, err := env.Client.CreateCampaign(ctx, benchCampaign, quota.MaxUnits); err != nil {
 		return Op{}, err
 	}
 	return Op{
