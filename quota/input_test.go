@@ -555,9 +555,9 @@ var schemaCalls = map[string]func(ctx context.Context, c *quota.Client) error{
 		_, err := c.CreateCampaign(ctx, "p", 1)
 		return err
 	},
-	"Campaign": func(ctx context.Context, c *quota.Client) error { _, err := c.Campaign(ctx, "p"); return err },
-	"ClaimVoucher":  func(ctx context.Context, c *quota.Client) error { _, err := c.ClaimVoucher(ctx, "p", "m"); return err },
-	"ClaimCode":     func(ctx context.Context, c *quota.Client) error { _, err := c.ClaimCode(ctx, "p", "m"); return err },
+	"Campaign":     func(ctx context.Context, c *quota.Client) error { _, err := c.Campaign(ctx, "p"); return err },
+	"ClaimVoucher": func(ctx context.Context, c *quota.Client) error { _, err := c.ClaimVoucher(ctx, "p", "m"); return err },
+	"ClaimCode":    func(ctx context.Context, c *quota.Client) error { _, err := c.ClaimCode(ctx, "p", "m"); return err },
 	"ImportCodes": func(ctx context.Context, c *quota.Client) error {
 		_, err := c.ImportCodes(ctx, "p", []string{"a"})
 		return err

@@ -28,7 +28,7 @@ const (
 // Campaign is a voucher campaign and its totals.
 type Campaign struct {
 	Name string       `json:"campaign"`
-	Kind     CampaignKind `json:"kind"`
+	Kind CampaignKind `json:"kind"`
 	// Total is the number of units (counted pool) or imported codes.
 	Total int64 `json:"total"`
 	// Claimed is the number of units or codes handed out.
@@ -127,7 +127,7 @@ func (c *Client) createVoucherPool(ctx context.Context, x db.DBTX, campaign stri
 
 func poolFromRow(r db.PgquotaVoucherPool, claimed int64) Campaign {
 	return Campaign{
-		Name:  r.Campaign,
+		Name:      r.Campaign,
 		Kind:      CampaignKind(r.Kind),
 		Total:     r.Total,
 		Claimed:   claimed,
