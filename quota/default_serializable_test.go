@@ -89,9 +89,9 @@ func TestBreakDefaultSerializable(t *testing.T) {
 			revoked += r.Revoked
 			mu.Unlock()
 		}
-		_, err := b.client.ClaimVoucher(b.ctx, "pool", fmt.Sprint("member-", i))
+		_, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "pool", Member: fmt.Sprint("member-", i)})
 		claims.add(err)
-		_, err = b.client.ClaimCode(b.ctx, "codes", fmt.Sprint("member-", i))
+		_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "codes", Member: fmt.Sprint("member-", i)})
 		codeClaims.add(err)
 		_, err = b.client.ImportCodes(b.ctx, "codes", []string{fmt.Sprint("new-", i), "shared"})
 		imports.add(err)
@@ -110,8 +110,8 @@ func TestBreakDefaultSerializable(t *testing.T) {
 	})
 	grants.requireNone(t, "Grant")
 	revokes.requireNone(t, "Revoke")
-	claims.requireNone(t, "ClaimVoucher")
-	codeClaims.requireNone(t, "ClaimCode")
+	claims.requireNone(t, "Claim counted")
+	codeClaims.requireNone(t, "Claim codes")
 	imports.requireNone(t, "ImportCodes")
 	acquires.requireNone(t, "Acquire")
 	writes.requireNone(t, "WriteFencedRow")

@@ -9,7 +9,7 @@
 //
 // # Conditional updates (no lock)
 //
-// Grant, ClaimVoucher and ClaimCode each run ONE SQL statement in which the
+// Grant and Claim each run ONE SQL statement in which the
 // check is the WHERE clause of the row being written, for example
 //
 //	UPDATE pgquota.usage SET used = used + $amount

@@ -31,8 +31,8 @@ var (
 	// HasLimit false.)
 	ErrNoLimit = errors.New("pgquota: no limit: give one in the call, set a member limit, or define the quota with a default limit")
 
-	// ErrCampaignNotFound is returned by ClaimVoucher, ClaimVoucherTx,
-	// ClaimCode, ClaimCodeTx and Campaign when no campaign of that name
+	// ErrCampaignNotFound is returned by Claim, ClaimTx
+	// and Campaign when no campaign of that name
 	// exists.
 	ErrCampaignNotFound = errors.New("pgquota: voucher campaign not found")
 
@@ -44,11 +44,6 @@ var (
 	// sharded pool. A repeated create with the same total (and shards) is
 	// not an error.
 	ErrCampaignExists = errors.New("pgquota: voucher campaign already exists")
-
-	// ErrCampaignKind is returned by ClaimVoucher and ClaimVoucherTx for a
-	// code campaign, and by ClaimCode and ClaimCodeTx for a counted or
-	// sharded pool.
-	ErrCampaignKind = errors.New("pgquota: wrong kind of voucher campaign")
 
 	// ErrSchemaMissing is returned by every call that reaches the database
 	// when the pgquota schema is missing or older than this build needs
@@ -83,8 +78,7 @@ var (
 	ErrPermissionDenied = errors.New("pgquota: permission denied")
 
 	// ErrIdempotencyKeyReused is returned by Grant, GrantTx, Revoke,
-	// RevokeTx, ClaimVoucherWithKey, ClaimVoucherWithKeyTx, ClaimCodeWithKey
-	// and ClaimCodeWithKeyTx when the idempotency key (in its scope) was
+	// RevokeTx, Claim and ClaimTx when the idempotency key (in its scope) was
 	// first used for a different request: another operation, quota or
 	// campaign, member, amount or limit. Nothing is written. The message
 	// names the first request's grant id and the field that differs. (The
@@ -109,8 +103,8 @@ var (
 // net.Error, io.ErrUnexpectedEOF, context.Canceled, ...).
 //
 // The calls without a Tx suffix that change state can return it: Grant,
-// GrantBatch, Revoke, CompensateGrant, GrantFenced, ClaimVoucher,
-// ClaimVoucherWithKey, ClaimCode, ClaimCodeWithKey, CreateCampaign,
+// GrantBatch, Revoke, CompensateGrant, GrantFenced, Claim,
+// CreateCampaign,
 // CreateShardedCampaign, ImportCodes, DefineQuota, SetMemberLimit,
 // ClearMemberLimit, Acquire, AcquireWait, Renew, Release, WriteFencedRow,
 // GuardTable, Enqueue, ReapLedger, ReapOutbox, and RunInTx (for its

@@ -77,10 +77,10 @@ func TestGrantsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 			require.NoError(t, o.Err)
 			require.True(t, o.Granted)
 		}
-		counted, err := client.ClaimVoucher(ctx, "counted", member("v"))
+		counted, err := client.Claim(ctx, quota.ClaimRequest{Campaign: "counted", Member: member("v")})
 		require.NoError(t, err)
 		require.True(t, counted.Claimed)
-		code, err := client.ClaimCode(ctx, "codes", member("v"))
+		code, err := client.Claim(ctx, quota.ClaimRequest{Campaign: "codes", Member: member("v")})
 		require.NoError(t, err)
 		require.True(t, code.Claimed)
 		event, err := client.Enqueue(ctx, "granted", []byte(member("e")), nil)

@@ -92,11 +92,11 @@ func TestBadInput(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.client.CreateCampaign(b.ctx, "pool", 3)
 	require.NoError(t, err)
-	_, err = b.client.ClaimVoucher(b.ctx, "pool", "m")
+	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "pool", Member: "m"})
 	require.NoError(t, err)
 	_, err = b.client.ImportCodes(b.ctx, "codes", []string{"c1", "c2", "c3"})
 	require.NoError(t, err)
-	_, err = b.client.ClaimCode(b.ctx, "codes", "m")
+	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "codes", Member: "m"})
 	require.NoError(t, err)
 
 	type call = func(context.Context, *quota.Client, pgx.Tx) error
@@ -225,39 +225,39 @@ func TestBadInput(t *testing.T) {
 			return err
 		}
 	})...)
-	add(nameCases("ClaimVoucher", "campaign", func(v string) call {
+	add(nameCases("Claim counted", "campaign", func(v string) call {
 		return func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.ClaimVoucher(ctx, v, "new")
+			_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: v, Member: "new"})
 			return err
 		}
 	})...)
-	add(nameCases("ClaimVoucher", "member", func(v string) call {
+	add(nameCases("Claim counted", "member", func(v string) call {
 		return func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.ClaimVoucher(ctx, "pool", v)
+			_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: "pool", Member: v})
 			return err
 		}
 	})...)
-	add(nameCases("ClaimVoucherTx", "member", func(v string) call {
+	add(nameCases("ClaimTx counted", "member", func(v string) call {
 		return func(ctx context.Context, c *quota.Client, tx pgx.Tx) error {
-			_, err := c.ClaimVoucherTx(ctx, tx, "pool", v)
+			_, err := c.ClaimTx(ctx, tx, quota.ClaimRequest{Campaign: "pool", Member: v})
 			return err
 		}
 	})...)
-	add(nameCases("ClaimCode", "campaign", func(v string) call {
+	add(nameCases("Claim codes", "campaign", func(v string) call {
 		return func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.ClaimCode(ctx, v, "new")
+			_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: v, Member: "new"})
 			return err
 		}
 	})...)
-	add(nameCases("ClaimCode", "member", func(v string) call {
+	add(nameCases("Claim codes", "member", func(v string) call {
 		return func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.ClaimCode(ctx, "codes", v)
+			_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: "codes", Member: v})
 			return err
 		}
 	})...)
-	add(nameCases("ClaimCodeTx", "member", func(v string) call {
+	add(nameCases("ClaimTx codes", "member", func(v string) call {
 		return func(ctx context.Context, c *quota.Client, tx pgx.Tx) error {
-			_, err := c.ClaimCodeTx(ctx, tx, "codes", v)
+			_, err := c.ClaimTx(ctx, tx, quota.ClaimRequest{Campaign: "codes", Member: v})
 			return err
 		}
 	})...)
@@ -328,26 +328,14 @@ func TestBadInput(t *testing.T) {
 		}, quota.ErrQuotaNotFound, ""},
 		inputCase{"Grant/no limit anywhere", grant(quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}), quota.ErrNoLimit, ""},
 		inputCase{"GrantTx/no limit anywhere", grantTx(quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}), quota.ErrNoLimit, ""},
-		inputCase{"ClaimVoucher/undefined campaign", func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.ClaimVoucher(ctx, "nope", "m")
-			return err
-		}, quota.ErrCampaignNotFound, ""},
-		inputCase{"ClaimCode/undefined campaign", func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.ClaimCode(ctx, "nope", "m")
+		inputCase{"Claim/undefined campaign", func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
+			_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: "nope", Member: "m"})
 			return err
 		}, quota.ErrCampaignNotFound, ""},
 		inputCase{"Campaign/undefined campaign", func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
 			_, err := c.Campaign(ctx, "nope")
 			return err
 		}, quota.ErrCampaignNotFound, ""},
-		inputCase{"ClaimVoucher/code campaign", func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.ClaimVoucher(ctx, "codes", "new")
-			return err
-		}, quota.ErrCampaignKind, ""},
-		inputCase{"ClaimCodeTx/counted pool", func(ctx context.Context, c *quota.Client, tx pgx.Tx) error {
-			_, err := c.ClaimCodeTx(ctx, tx, "pool", "new")
-			return err
-		}, quota.ErrCampaignKind, ""},
 		inputCase{"CreateCampaign/other total", createPool("pool", 4), quota.ErrCampaignExists, ""},
 		inputCase{"CreateCampaign/code campaign", createPool("codes", 3), quota.ErrCampaignExists, ""},
 		inputCase{"ImportCodes/counted pool", importCodes("pool", []string{"x"}), quota.ErrCampaignExists, ""},
@@ -454,12 +442,12 @@ func TestEdgeValuesAreValid(t *testing.T) {
 
 	_, err = b.client.CreateCampaign(b.ctx, long, quota.MaxUnits)
 	require.NoError(t, err)
-	c, err := b.client.ClaimVoucher(b.ctx, long, long)
+	c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: long, Member: long})
 	require.NoError(t, err)
 	require.True(t, c.Claimed)
 	_, err = b.client.ImportCodes(b.ctx, "codes", []string{long})
 	require.NoError(t, err)
-	c, err = b.client.ClaimCode(b.ctx, "codes", long)
+	c, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "codes", Member: long})
 	require.NoError(t, err)
 	require.Equal(t, long, c.Code)
 }
@@ -492,9 +480,15 @@ func TestDatabaseErrorsKeepSQLState(t *testing.T) {
 			_, err := b.client.CreateCampaignTx(b.ctx, tx, "pool2", 1)
 			return err
 		},
-		"ClaimVoucherTx": func(tx pgx.Tx) error { _, err := b.client.ClaimVoucherTx(b.ctx, tx, "pool", "m"); return err },
-		"ClaimCodeTx":    func(tx pgx.Tx) error { _, err := b.client.ClaimCodeTx(b.ctx, tx, "codes", "m"); return err },
-		"ImportCodesTx":  func(tx pgx.Tx) error { _, err := b.client.ImportCodesTx(b.ctx, tx, "codes", []string{"b"}); return err },
+		"ClaimTx counted": func(tx pgx.Tx) error {
+			_, err := b.client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "pool", Member: "m"})
+			return err
+		},
+		"ClaimTx codes": func(tx pgx.Tx) error {
+			_, err := b.client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "codes", Member: "m"})
+			return err
+		},
+		"ImportCodesTx": func(tx pgx.Tx) error { _, err := b.client.ImportCodesTx(b.ctx, tx, "codes", []string{"b"}); return err },
 	}
 	before := b.snapshot(t)
 	for name, call := range calls {
@@ -555,9 +549,15 @@ var schemaCalls = map[string]func(ctx context.Context, c *quota.Client) error{
 		_, err := c.CreateCampaign(ctx, "p", 1)
 		return err
 	},
-	"Campaign":     func(ctx context.Context, c *quota.Client) error { _, err := c.Campaign(ctx, "p"); return err },
-	"ClaimVoucher": func(ctx context.Context, c *quota.Client) error { _, err := c.ClaimVoucher(ctx, "p", "m"); return err },
-	"ClaimCode":    func(ctx context.Context, c *quota.Client) error { _, err := c.ClaimCode(ctx, "p", "m"); return err },
+	"Campaign": func(ctx context.Context, c *quota.Client) error { _, err := c.Campaign(ctx, "p"); return err },
+	"Claim counted": func(ctx context.Context, c *quota.Client) error {
+		_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: "p", Member: "m"})
+		return err
+	},
+	"Claim codes": func(ctx context.Context, c *quota.Client) error {
+		_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: "p", Member: "m"})
+		return err
+	},
 	"ImportCodes": func(ctx context.Context, c *quota.Client) error {
 		_, err := c.ImportCodes(ctx, "p", []string{"a"})
 		return err
@@ -623,7 +623,7 @@ func TestSchemaBehind(t *testing.T) {
 	// Quotas work (migration 1); vouchers (migration 2) say the schema is behind.
 	_, err = client.DefineQuota(ctx, quota.Definition{Name: "q", Window: quota.WindowDay})
 	require.NoError(t, err)
-	for _, name := range []string{"CreateCampaign", "Campaign", "ClaimVoucher", "ClaimCode", "ImportCodes"} {
+	for _, name := range []string{"CreateCampaign", "Campaign", "Claim counted", "Claim codes", "ImportCodes"} {
 		err := schemaCalls[name](ctx, client)
 		require.ErrorIs(t, err, quota.ErrSchemaMissing, name)
 	}

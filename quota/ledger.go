@@ -252,55 +252,11 @@ func (c *Client) revokeKeyed(ctx context.Context, x db.DBTX, req RevokeRequest) 
 	})
 }
 
-// ClaimVoucherWithKey is ClaimVoucher with an idempotency key (its Scope
-// defaults to the campaign): the claim and its ledger row are one
-// statement, a repeat with the same key and request returns the first
-// outcome (a sold-out result included) with Replayed set, and the same key
-// with another campaign or member fails with ErrIdempotencyKeyReused. On a
-// sharded pool the claim waits for a locked shard rather than skipping it
-// (queries/voucher_shard.sql, LedgerClaimShard), so that a stored sold-out
-// outcome is exact; the first keyed claim of a sharded campaign by a client
-// takes two more statements, to learn its kind and number of shards.
-// Serialization failures and deadlocks are retried as for Grant.
-//
-// On ErrOutcomeUnknown, repeat the call with the same key to learn the
-// outcome.
-//
-// Errors: those of ClaimVoucher, an *InputError for a bad key, and
-// ErrIdempotencyKeyReused.
-func (c *Client) ClaimVoucherWithKey(ctx context.Context, campaign, member string, key IdempotencyKey) (ClaimResult, error) {
-	return c.claimVoucherKeyed(ctx, c.db, campaign, member, key)
-}
-
-// ClaimVoucherWithKeyTx is ClaimVoucherWithKey inside the caller's
-// transaction. Serialization failures and deadlocks are returned unchanged,
-// as for GrantTx.
-func (c *Client) ClaimVoucherWithKeyTx(ctx context.Context, tx pgx.Tx, campaign, member string, key IdempotencyKey) (ClaimResult, error) {
-	return c.claimVoucherKeyed(ctx, tx, campaign, member, key)
-}
-
-// checkClaim validates a keyed claim's arguments and returns its
-// fingerprint.
-func checkClaim(campaign, member string, key IdempotencyKey) (request, error) {
-	if err := checkName("campaign", campaign); err != nil {
-		return request{}, err
-	}
-	if err := checkName("member", member); err != nil {
-		return request{}, err
-	}
-	key, err := checkKey(key, campaign)
-	if err != nil {
-		return request{}, err
-	}
-	return request{key: key, operation: OpClaim, target: campaign, member: member, amount: 1}, nil
-}
-
-func (c *Client) claimVoucherKeyed(ctx context.Context, x db.DBTX, campaign, member string, key IdempotencyKey) (ClaimResult, error) {
-	fp, err := checkClaim(campaign, member, key)
-	if err != nil {
-		return ClaimResult{}, err
-	}
-	key = fp.key
+// claimVoucherKeyed is claimVoucher with an idempotency key: the claim and
+// its ledger row are one statement. fp is the request's fingerprint
+// (checkClaimRequest).
+func (c *Client) claimVoucherKeyed(ctx context.Context, x db.DBTX, fp request) (ClaimResult, error) {
+	campaign, member, key := fp.target, fp.member, fp.key
 	if _, ok := c.shardCounts.Load(campaign); ok {
 		return c.claimShardedKeyed(ctx, x, campaign, member, fp)
 	}
@@ -318,7 +274,7 @@ func (c *Client) claimVoucherKeyed(ctx context.Context, x db.DBTX, campaign, mem
 		case CampaignKind(row.Kind) == KindSharded:
 			return ClaimResult{}, 0, errShardedPool // nothing was written
 		case CampaignKind(row.Kind) != KindCounted:
-			return ClaimResult{}, 0, fmt.Errorf("%w: %q holds codes: use ClaimCodeWithKey", ErrCampaignKind, campaign)
+			return ClaimResult{}, 0, fmt.Errorf("%w: %q holds codes", errOtherKind, campaign)
 		}
 		return ClaimResult{
 			Campaign:  campaign,
@@ -337,33 +293,11 @@ func (c *Client) claimVoucherKeyed(ctx context.Context, x db.DBTX, campaign, mem
 	return claim, err
 }
 
-// ClaimCodeWithKey is ClaimCode with an idempotency key, as
-// ClaimVoucherWithKey describes. While unclaimed codes exist but all are
-// locked by claims in progress, nothing is recorded and the claim is tried
-// again, as ClaimCode does.
-//
-// On ErrOutcomeUnknown, repeat the call with the same key to learn the
-// outcome.
-//
-// Errors: those of ClaimCode, an *InputError for a bad key, and
-// ErrIdempotencyKeyReused.
-func (c *Client) ClaimCodeWithKey(ctx context.Context, campaign, member string, key IdempotencyKey) (ClaimResult, error) {
-	return c.claimCodeKeyed(ctx, c.db, campaign, member, key)
-}
-
-// ClaimCodeWithKeyTx is ClaimCodeWithKey inside the caller's transaction.
-// Serialization failures and deadlocks are returned unchanged, as for
-// GrantTx.
-func (c *Client) ClaimCodeWithKeyTx(ctx context.Context, tx pgx.Tx, campaign, member string, key IdempotencyKey) (ClaimResult, error) {
-	return c.claimCodeKeyed(ctx, tx, campaign, member, key)
-}
-
-func (c *Client) claimCodeKeyed(ctx context.Context, x db.DBTX, campaign, member string, key IdempotencyKey) (ClaimResult, error) {
-	fp, err := checkClaim(campaign, member, key)
-	if err != nil {
-		return ClaimResult{}, err
-	}
-	key = fp.key
+// claimCodeKeyed is claimCode with an idempotency key. While unclaimed
+// codes exist but all are locked by claims in progress, nothing is recorded
+// and the claim is tried again, as claimCode does.
+func (c *Client) claimCodeKeyed(ctx context.Context, x db.DBTX, fp request) (ClaimResult, error) {
+	campaign, member, key := fp.target, fp.member, fp.key
 	return c.whileCodesLocked(ctx, campaign, func() (ClaimResult, error) {
 		claim, err := runKeyed(ctx, c, x, fp, func() (ClaimResult, int64, error) {
 			row, err := c.queries.LedgerClaimCode(ctx, x, db.LedgerClaimCodeParams{
@@ -377,7 +311,7 @@ func (c *Client) claimCodeKeyed(ctx context.Context, x db.DBTX, campaign, member
 			case !row.CampaignFound:
 				return ClaimResult{}, 0, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
 			case CampaignKind(row.Kind) != KindCodes:
-				return ClaimResult{}, 0, fmt.Errorf("%w: %q is a %s pool: use ClaimVoucherWithKey", ErrCampaignKind, campaign, row.Kind)
+				return ClaimResult{}, 0, fmt.Errorf("%w: %q is a %s pool", errOtherKind, campaign, row.Kind)
 			case row.GrantID == 0:
 				return ClaimResult{}, 0, errCodesLocked
 			}

@@ -122,7 +122,7 @@ func TestGrantKeyReusedWithAnotherRequest(t *testing.T) {
 	require.ErrorIs(t, err, quota.ErrIdempotencyKeyReused)
 	_, err = b.client.CreateCampaign(b.ctx, "camp", 5)
 	require.NoError(t, err)
-	_, err = b.client.ClaimVoucherWithKey(b.ctx, "camp", "m", shared)
+	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "camp", Member: "m", Idempotency: shared})
 	require.ErrorIs(t, err, quota.ErrIdempotencyKeyReused)
 
 	// Nothing was written by any of them.
@@ -466,7 +466,7 @@ func TestClaimVoucherWithKey(t *testing.T) {
 	results := make([]quota.ClaimResult, 30)
 	errs := make([]error, 30)
 	concurrently(30, func(i int) {
-		results[i], errs[i] = b.client.ClaimVoucherWithKey(b.ctx, "camp", "alice", key("click-1"))
+		results[i], errs[i] = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "camp", Member: "alice", Idempotency: key("click-1")})
 	})
 	replayed := 0
 	for i, r := range results {
@@ -482,7 +482,7 @@ func TestClaimVoucherWithKey(t *testing.T) {
 
 	// Another key for the same member: the member's first claim comes back
 	// as a repeat, recorded under the new key.
-	r, err := b.client.ClaimVoucherWithKey(b.ctx, "camp", "alice", key("click-2"))
+	r, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "camp", Member: "alice", Idempotency: key("click-2")})
 	require.NoError(t, err)
 	require.True(t, r.Claimed)
 	require.True(t, r.Repeat)
@@ -491,12 +491,12 @@ func TestClaimVoucherWithKey(t *testing.T) {
 
 	// Sold out is an outcome, replayed after units... never come back, but
 	// the key keeps its first answer.
-	_, err = b.client.ClaimVoucherWithKey(b.ctx, "camp", "bob", key("b"))
+	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "camp", Member: "bob", Idempotency: key("b")})
 	require.NoError(t, err)
-	r, err = b.client.ClaimVoucherWithKey(b.ctx, "camp", "carol", key("c"))
+	r, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "camp", Member: "carol", Idempotency: key("c")})
 	require.NoError(t, err)
 	require.False(t, r.Claimed)
-	r, err = b.client.ClaimVoucherWithKey(b.ctx, "camp", "carol", key("c"))
+	r, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "camp", Member: "carol", Idempotency: key("c")})
 	require.NoError(t, err)
 	require.False(t, r.Claimed)
 	require.True(t, r.Replayed)
@@ -506,12 +506,10 @@ func TestClaimVoucherWithKey(t *testing.T) {
 	require.Equal(t, int64(2), p.Claimed)
 	require.Equal(t, int64(4), b.ledgerRows(t))
 
-	_, err = b.client.ClaimVoucherWithKey(b.ctx, "nope", "m", key("x"))
+	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "nope", Member: "m", Idempotency: key("x")})
 	require.ErrorIs(t, err, quota.ErrCampaignNotFound)
 	_, err = b.client.ImportCodes(b.ctx, "codes", []string{"A"})
 	require.NoError(t, err)
-	_, err = b.client.ClaimVoucherWithKey(b.ctx, "codes", "m", key("x"))
-	require.ErrorIs(t, err, quota.ErrCampaignKind)
 	require.Equal(t, int64(4), b.ledgerRows(t), "errors write nothing")
 }
 
@@ -526,7 +524,7 @@ func TestClaimCodeWithKey(t *testing.T) {
 	errs := make([]error, 20)
 	concurrently(20, func(i int) {
 		member := fmt.Sprint("m", i%2)
-		results[i], errs[i] = b.client.ClaimCodeWithKey(b.ctx, "spring", member, key("k-"+member))
+		results[i], errs[i] = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "spring", Member: member, Idempotency: key("k-" + member)})
 	})
 	codes := map[string]string{}
 	for i, r := range results {
@@ -540,13 +538,13 @@ func TestClaimCodeWithKey(t *testing.T) {
 	require.NotEqual(t, codes["m0"], codes["m1"])
 	require.Equal(t, int64(2), b.ledgerRows(t))
 
-	r, err := b.client.ClaimCodeWithKey(b.ctx, "spring", "m2", key("k-m2"))
+	r, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "spring", Member: "m2", Idempotency: key("k-m2")})
 	require.NoError(t, err)
 	require.True(t, r.Claimed)
-	r, err = b.client.ClaimCodeWithKey(b.ctx, "spring", "m3", key("k-m3"))
+	r, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "spring", Member: "m3", Idempotency: key("k-m3")})
 	require.NoError(t, err)
 	require.False(t, r.Claimed, "sold out")
-	r, err = b.client.ClaimCodeWithKey(b.ctx, "spring", "m3", key("k-m3"))
+	r, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "spring", Member: "m3", Idempotency: key("k-m3")})
 	require.NoError(t, err)
 	require.True(t, r.Replayed)
 	require.False(t, r.Claimed)

@@ -98,14 +98,14 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			},
 		},
 		{
-			name: "ClaimVoucher",
+			name: "Claim counted",
 			prepare: func(t *testing.T, b *testBundle) any {
 				_, err := b.client.CreateCampaign(b.ctx, "launch", 5)
 				require.NoError(t, err)
 				return nil
 			},
 			call: func(ctx context.Context, c *quota.Client, _ any) error {
-				_, err := c.ClaimVoucher(ctx, "launch", "alice")
+				_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: "launch", Member: "alice"})
 				return err
 			},
 			landed: func(t *testing.T, b *testBundle, _ any) bool {

@@ -29,7 +29,7 @@ import (
 // shard is full (see queries/voucher_shard.sql).
 
 // KindSharded is a counted pool whose total is split across shards:
-// created by CreateShardedCampaign, claimed with ClaimVoucher.
+// created by CreateShardedCampaign, claimed with Claim.
 const KindSharded CampaignKind = "sharded"
 
 // MaxShards is the largest number of shards of a sharded pool.
@@ -38,7 +38,7 @@ const MaxShards = 1024
 // CreateShardedCampaign creates a voucher pool of total units split across
 // shards rows (shards between 1 and MaxShards, and at most total): the
 // first total % shards shards hold one unit more than the others. A pool is
-// claimed with ClaimVoucher, like a counted pool, and reports its totals
+// claimed with Claim, like a counted pool, and reports its totals
 // with Campaign (the sum of its shards). Unit numbers (ClaimResult.Seq) run
 // from 1 to total, each shard holding a consecutive range. Creating a pool
 // that exists with the same total and shards returns it unchanged.
@@ -213,7 +213,7 @@ func (c *Client) claimSharded(ctx context.Context, x db.DBTX, campaign, member s
 // pool: the counted pool's keyed statement wrote nothing.
 var errShardedPool = errors.New("sharded pool")
 
-// claimShardedKeyed is ClaimVoucherWithKey on a sharded pool: one
+// claimShardedKeyed is Claim on a sharded pool: one
 // statement (LedgerClaimShard) that records the key, waits for a shard with
 // units left if all of them are locked, and stores the outcome.
 func (c *Client) claimShardedKeyed(ctx context.Context, x db.DBTX, campaign, member string, fp request) (ClaimResult, error) {

@@ -60,7 +60,7 @@ func TestShardedPool2000Claimers(t *testing.T) {
 	var mu sync.Mutex
 	var early []string
 	concurrently(claimers, func(i int) {
-		results[i], errs[i] = b.client.ClaimVoucher(b.ctx, "flash", fmt.Sprint("member-", i))
+		results[i], errs[i] = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "flash", Member: fmt.Sprint("member-", i)})
 		if errs[i] == nil && !results[i].Claimed {
 			// Sold out must mean sold out: every unit is claimed by now
 			// (claims only ever add up, so a later read that finds units
@@ -130,11 +130,11 @@ func TestShardedPoolEveryUnitReachable(t *testing.T) {
 			}
 			require.Equal(t, total, sum, "the shards' totals add up to the pool's")
 			for i := range total {
-				c, err := b.client.ClaimVoucher(b.ctx, "p", fmt.Sprint("m", i))
+				c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: fmt.Sprint("m", i)})
 				require.NoError(t, err)
 				require.True(t, c.Claimed, "claim %d of %d", i+1, total)
 			}
-			c, err := b.client.ClaimVoucher(b.ctx, "p", "late")
+			c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "late"})
 			require.NoError(t, err)
 			require.False(t, c.Claimed)
 			_, claimed := b.shardCounters(t, "p")
@@ -156,7 +156,7 @@ func TestShardedPoolConcurrentClicks(t *testing.T) {
 	results := make([]quota.ClaimResult, members*clicks)
 	errs := make([]error, members*clicks)
 	concurrently(members*clicks, func(i int) {
-		results[i], errs[i] = b.client.ClaimVoucher(b.ctx, "bf", fmt.Sprintf("m%02d", i%members))
+		results[i], errs[i] = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "bf", Member: fmt.Sprintf("m%02d", i%members)})
 	})
 	seqByMember := map[string]int64{}
 	for i, r := range results {
@@ -175,7 +175,7 @@ func TestShardedPoolConcurrentClicks(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(total), st.Claimed)
 
-	again, err := b.client.ClaimVoucher(b.ctx, "bf", "m00")
+	again, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "bf", Member: "m00"})
 	require.NoError(t, err)
 	if s, ok := seqByMember["m00"]; ok {
 		require.True(t, again.Repeat)
@@ -200,18 +200,18 @@ func TestShardedPoolWaitsForLockedShards(t *testing.T) {
 			tx, err := b.pool.BeginTx(b.ctx, readCommitted)
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback(b.ctx) }()
-			held, err := b.client.ClaimVoucherTx(b.ctx, tx, "p", "holder")
+			held, err := b.client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "p", Member: "holder"})
 			require.NoError(t, err)
 			require.True(t, held.Claimed)
 
-			second, err := b.client.ClaimVoucher(b.ctx, "p", "second")
+			second, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "second"})
 			require.NoError(t, err)
 			require.True(t, second.Claimed, "a locked shard is skipped, not waited for, while another has units")
 			require.NotEqual(t, held.Seq, second.Seq)
 
 			done := make(chan quota.ClaimResult, 1)
 			go func() {
-				c, err := b.client.ClaimVoucher(b.ctx, "p", "third")
+				c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "third"})
 				if err != nil {
 					t.Errorf("third claim: %v", err)
 				}
@@ -275,8 +275,6 @@ func TestShardedPoolCreateAndKinds(t *testing.T) {
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
 	_, err = b.client.ImportCodes(b.ctx, "p", []string{"x"})
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
-	_, err = b.client.ClaimCode(b.ctx, "p", "m")
-	require.ErrorIs(t, err, quota.ErrCampaignKind)
 
 	_, err = b.client.CreateCampaign(b.ctx, "counted", 10)
 	require.NoError(t, err)
@@ -286,7 +284,7 @@ func TestShardedPoolCreateAndKinds(t *testing.T) {
 	// The unit numbers of each shard are a consecutive range.
 	seen := map[int64]bool{}
 	for i := range 10 {
-		c, err := b.client.ClaimVoucher(b.ctx, "p", fmt.Sprint("m", i))
+		c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: fmt.Sprint("m", i)})
 		require.NoError(t, err)
 		require.True(t, c.Claimed)
 		require.GreaterOrEqual(t, c.Seq, int64(1))
@@ -298,10 +296,10 @@ func TestShardedPoolCreateAndKinds(t *testing.T) {
 	// A fresh client learns the kind from its first claim.
 	fresh, err := quota.New(b.pool, nil)
 	require.NoError(t, err)
-	c, err := fresh.ClaimVoucher(b.ctx, "p", "m3")
+	c, err := fresh.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "m3"})
 	require.NoError(t, err)
 	require.True(t, c.Repeat)
-	c, err = fresh.ClaimVoucher(context.Background(), "p", "other")
+	c, err = fresh.Claim(context.Background(), quota.ClaimRequest{Campaign: "p", Member: "other"})
 	require.NoError(t, err)
 	require.False(t, c.Claimed)
 }
@@ -324,7 +322,7 @@ func TestShardedPoolKeyedClaims(t *testing.T) {
 	errs := make([]error, members*copies)
 	concurrently(members*copies, func(i int) {
 		m := i % members
-		results[i], errs[i] = b.client.ClaimVoucherWithKey(b.ctx, "p", fmt.Sprint("m", m), quota.IdempotencyKey{Key: fmt.Sprint("click-", m)})
+		results[i], errs[i] = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: fmt.Sprint("m", m), Idempotency: quota.IdempotencyKey{Key: fmt.Sprint("click-", m)}})
 	})
 	held := 0
 	byMember := map[string][]quota.ClaimResult{}
@@ -356,17 +354,15 @@ func TestShardedPoolKeyedClaims(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(total), st.Claimed)
 
-	// A fresh client (no cached kind) replays, and a code claim is refused.
+	// A fresh client (no cached kind) replays.
 	fresh, err := quota.New(b.pool, nil)
 	require.NoError(t, err)
-	r, err := fresh.ClaimVoucherWithKey(b.ctx, "p", "m0", quota.IdempotencyKey{Key: "click-0"})
+	r, err := fresh.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "m0", Idempotency: quota.IdempotencyKey{Key: "click-0"}})
 	require.NoError(t, err)
 	require.True(t, r.Replayed)
 	require.Equal(t, byMember["m0"][0].GrantID, r.GrantID)
-	_, err = fresh.ClaimVoucherWithKey(b.ctx, "p", "m1", quota.IdempotencyKey{Key: "click-0"})
+	_, err = fresh.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "m1", Idempotency: quota.IdempotencyKey{Key: "click-0"}})
 	require.ErrorIs(t, err, quota.ErrIdempotencyKeyReused)
-	_, err = fresh.ClaimCodeWithKey(b.ctx, "p", "m1", quota.IdempotencyKey{Key: "code-1"})
-	require.ErrorIs(t, err, quota.ErrCampaignKind)
 }
 
 func TestShardedClaimsInFlight(t *testing.T) {
@@ -389,10 +385,10 @@ func TestShardedClaimsInFlight(t *testing.T) {
 			tx, err := b.pool.BeginTx(b.ctx, readCommitted)
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback(b.ctx) }()
-			held, err := client.ClaimVoucherTx(b.ctx, tx, "p", "holder")
+			held, err := client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "p", Member: "holder"})
 			require.NoError(t, err)
 			require.True(t, held.Claimed)
-			second, err := client.ClaimVoucher(b.ctx, "p", "second")
+			second, err := client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "second"})
 			require.NoError(t, err)
 			require.True(t, second.Claimed)
 
@@ -405,7 +401,7 @@ func TestShardedClaimsInFlight(t *testing.T) {
 				ctx, cancel := context.WithCancel(b.ctx)
 				fourthErr := make(chan error, 1)
 				go func() {
-					_, err := client.ClaimVoucher(ctx, "p", "fourth")
+					_, err := client.Claim(ctx, quota.ClaimRequest{Campaign: "p", Member: "fourth"})
 					fourthErr <- err
 				}()
 				time.Sleep(30 * time.Millisecond)
@@ -469,13 +465,13 @@ func waitForLockWaits(t *testing.T, b *testBundle, n int) {
 	waitFor(t, fmt.Sprintf("%d lock waits", n), func() bool { return lockWaits(t, b) >= n })
 }
 
-// claimAsync runs ClaimVoucher in a goroutine and returns where its claim
+// claimAsync runs Claim in a goroutine and returns where its claim
 // arrives; an error fails the test.
 func claimAsync(t *testing.T, ctx context.Context, client *quota.Client, campaign, member string) <-chan quota.ClaimResult {
 	t.Helper()
 	out := make(chan quota.ClaimResult, 1)
 	go func() {
-		c, err := client.ClaimVoucher(ctx, campaign, member)
+		c, err := client.Claim(ctx, quota.ClaimRequest{Campaign: campaign, Member: member})
 		if err != nil {
 			t.Errorf("%s's claim: %v", member, err)
 		}

@@ -63,7 +63,7 @@ type ClaimResult struct {
 	// Total is the campaign's total (units, or imported codes).
 	Total int64 `json:"total"`
 	// Keyed is the ledger record of a claim made with an idempotency key
-	// (ClaimVoucherWithKey, ClaimCodeWithKey).
+	// (Claim, Claim).
 	Keyed
 }
 
@@ -157,43 +157,10 @@ func (c *Client) Campaign(ctx context.Context, campaign string) (Campaign, error
 	return poolFromStatus(row), nil
 }
 
-// ClaimVoucher claims one unit of a counted pool for member, in one SQL
-// statement. A member holds at most one unit per campaign: a repeated claim
-// (a double-click, a retry, a concurrent duplicate) returns the first claim
-// with Repeat set and takes nothing. The pool's total is never exceeded.
-//
-// For a sharded pool (CreateShardedCampaign) the claim takes a unit from a
-// shard with units left, starting at a random shard and skipping locked
-// ones (FOR UPDATE SKIP LOCKED); when every shard with units left is locked
-// by claims in progress, the same statement waits for one of them. The
-// result is sold out only when every shard is full. The first claim of a
-// sharded campaign by a client takes one more statement, to learn its kind
-// and number of shards.
-//
-// Errors: *InputError for a bad campaign or member; ErrCampaignNotFound;
-// ErrCampaignKind for a code campaign; ErrSchemaMissing; database errors.
-//
-// ErrOutcomeUnknown: the request (its statement, or its transaction's
-// COMMIT) was sent and no reply said how it ended, so it may have been
-// applied; to learn the outcome, repeat the call: a member holds at most one
-// voucher, so the repeat returns the first claim (Repeat) or claims once.
-func (c *Client) ClaimVoucher(ctx context.Context, campaign, member string) (ClaimResult, error) {
-	return c.claimVoucher(ctx, c.db, campaign, member)
-}
-
-// ClaimVoucherTx is ClaimVoucher inside the caller's transaction. The unit
-// stays locked by tx until it ends; other claimers of the pool wait for it.
-func (c *Client) ClaimVoucherTx(ctx context.Context, tx pgx.Tx, campaign, member string) (ClaimResult, error) {
-	return c.claimVoucher(ctx, tx, campaign, member)
-}
-
+// claimVoucher claims a unit of a counted or sharded pool (Claim without
+// an idempotency key). The request was validated by Claim. A code campaign
+// returns errOtherKind, with nothing written.
 func (c *Client) claimVoucher(ctx context.Context, x db.DBTX, campaign, member string) (ClaimResult, error) {
-	if err := checkName("campaign", campaign); err != nil {
-		return ClaimResult{}, err
-	}
-	if err := checkName("member", member); err != nil {
-		return ClaimResult{}, err
-	}
 	if n, ok := c.shardCounts.Load(campaign); ok {
 		claim, kind, err := c.claimSharded(ctx, x, campaign, member, n.(int))
 		if err != nil || kind == KindSharded {
@@ -220,7 +187,7 @@ func (c *Client) claimVoucher(ctx context.Context, x db.DBTX, campaign, member s
 		return claim, err
 	}
 	if CampaignKind(row.Kind) != KindCounted {
-		return ClaimResult{}, fmt.Errorf("%w: %q holds codes: use ClaimCode", ErrCampaignKind, campaign)
+		return ClaimResult{}, fmt.Errorf("%w: %q holds codes", errOtherKind, campaign)
 	}
 	return ClaimResult{
 		Campaign:  campaign,
@@ -233,48 +200,20 @@ func (c *Client) claimVoucher(ctx context.Context, x db.DBTX, campaign, member s
 	}, nil
 }
 
-// ErrCodesBusy is returned by ClaimCode and ClaimCodeTx when unclaimed codes
-// remain but every one of them stayed locked by other claims in progress for
-// longer than Config.CodeClaimWait (or the context's deadline). The
-// campaign is not sold out; try again.
+// ErrCodesBusy is returned by Claim and ClaimTx on a code campaign when
+// unclaimed codes remain but every one of them stayed locked by other claims
+// in progress for longer than Config.CodeClaimWait (or the context's
+// deadline). The campaign is not sold out; try again.
 var ErrCodesBusy = errors.New("pgquota: every unclaimed code is locked by a claim in progress")
-
-// ClaimCode hands one unclaimed code of a code campaign to member. Concurrent
-// claimers take different codes (FOR UPDATE SKIP LOCKED) instead of queueing.
-// A member holds at most one code per campaign: a repeated claim returns the
-// first code with Repeat set. The result is sold out (Claimed false) only
-// when no unclaimed code is left: codes passed over because another claim
-// holds them locked are waited for, since that claim may roll back.
-//
-// Errors: *InputError for a bad campaign or member; ErrCampaignNotFound;
-// ErrCampaignKind for a counted pool; ErrCodesBusy; the context's error;
-// ErrSchemaMissing; database errors.
-//
-// ErrOutcomeUnknown: the request (its statement, or its transaction's
-// COMMIT) was sent and no reply said how it ended, so it may have been
-// applied; to learn the outcome, repeat the call: a member holds at most one
-// code, so the repeat returns the first code (Repeat) or claims once.
-func (c *Client) ClaimCode(ctx context.Context, campaign, member string) (ClaimResult, error) {
-	return c.claimCode(ctx, c.db, campaign, member)
-}
-
-// ClaimCodeTx is ClaimCode inside the caller's transaction. The code stays
-// locked by tx until it ends; other claimers take other codes meanwhile.
-func (c *Client) ClaimCodeTx(ctx context.Context, tx pgx.Tx, campaign, member string) (ClaimResult, error) {
-	return c.claimCode(ctx, tx, campaign, member)
-}
 
 // errCodesLocked marks an attempt that found only locked codes; it is
 // retried with backoff.
 var errCodesLocked = errors.New("codes locked")
 
+// claimCode hands one unclaimed code of a code campaign to member (Claim
+// without an idempotency key). Another kind of campaign returns
+// errOtherKind, with nothing written.
 func (c *Client) claimCode(ctx context.Context, x db.DBTX, campaign, member string) (ClaimResult, error) {
-	if err := checkName("campaign", campaign); err != nil {
-		return ClaimResult{}, err
-	}
-	if err := checkName("member", member); err != nil {
-		return ClaimResult{}, err
-	}
 	return c.whileCodesLocked(ctx, campaign, func() (ClaimResult, error) {
 		row, err := c.queries.VoucherCodeClaim(ctx, x, db.VoucherCodeClaimParams{Campaign: campaign, Member: member})
 		if isNoRows(err) {
@@ -284,7 +223,7 @@ func (c *Client) claimCode(ctx context.Context, x db.DBTX, campaign, member stri
 			return ClaimResult{}, backoff.Permanent(dbError("claim code", err))
 		}
 		if CampaignKind(row.Kind) != KindCodes {
-			return ClaimResult{}, backoff.Permanent(fmt.Errorf("%w: %q is a %s pool: use ClaimVoucher", ErrCampaignKind, campaign, row.Kind))
+			return ClaimResult{}, backoff.Permanent(fmt.Errorf("%w: %q is a %s pool", errOtherKind, campaign, row.Kind))
 		}
 		if row.CodesLeft {
 			return ClaimResult{}, errCodesLocked

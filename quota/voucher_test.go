@@ -23,7 +23,7 @@ func codeList(prefix string, n int) []string {
 	return codes
 }
 
-// waitClient returns a client on b's pool whose ClaimCode waits up to d for
+// waitClient returns a client on b's pool whose Claim waits up to d for
 // locked codes, so that a loaded test machine never turns a slow commit into
 // ErrCodesBusy.
 func (b *testBundle) waitClient(t *testing.T, d time.Duration) *quota.Client {
@@ -50,7 +50,7 @@ func TestVoucherPoolConcurrentClicks(t *testing.T) {
 	results := make([]quota.ClaimResult, members*clicks)
 	errs := make([]error, members*clicks)
 	concurrently(members*clicks, func(i int) {
-		results[i], errs[i] = b.client.ClaimVoucher(b.ctx, "bf", fmt.Sprintf("m%02d", i%members))
+		results[i], errs[i] = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "bf", Member: fmt.Sprintf("m%02d", i%members)})
 	})
 
 	byMember := map[string][]quota.ClaimResult{}
@@ -116,7 +116,7 @@ func TestVoucherPoolConcurrentClicks(t *testing.T) {
 
 	// A newcomer finds it sold out; a winner clicking later sees the first
 	// claim again.
-	c, err := b.client.ClaimVoucher(b.ctx, "bf", "late")
+	c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "bf", Member: "late"})
 	require.NoError(t, err)
 	require.False(t, c.Claimed)
 	require.False(t, c.Repeat)
@@ -125,7 +125,7 @@ func TestVoucherPoolConcurrentClicks(t *testing.T) {
 		if !rs[0].Claimed {
 			continue
 		}
-		again, err := b.client.ClaimVoucher(b.ctx, "bf", m)
+		again, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "bf", Member: m})
 		require.NoError(t, err)
 		require.True(t, again.Claimed)
 		require.True(t, again.Repeat)
@@ -141,26 +141,26 @@ func TestVoucherPoolSequential(t *testing.T) {
 	_, err := b.client.CreateCampaign(b.ctx, "p", 2)
 	require.NoError(t, err)
 
-	c1, err := b.client.ClaimVoucher(b.ctx, "p", "alice")
+	c1, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "alice"})
 	require.NoError(t, err)
 	require.True(t, c1.Claimed)
 	require.False(t, c1.Repeat)
 	require.Equal(t, int64(1), c1.Seq)
 
-	again, err := b.client.ClaimVoucher(b.ctx, "p", "alice")
+	again, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "alice"})
 	require.NoError(t, err)
 	require.True(t, again.Repeat)
 	require.Equal(t, int64(1), again.Seq)
 
-	c2, err := b.client.ClaimVoucher(b.ctx, "p", "bob")
+	c2, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "bob"})
 	require.NoError(t, err)
 	require.Equal(t, int64(2), c2.Seq)
 
-	out, err := b.client.ClaimVoucher(b.ctx, "p", "carol")
+	out, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "carol"})
 	require.NoError(t, err)
 	require.False(t, out.Claimed)
 	// A holder's repeat still works on a sold-out pool.
-	again, err = b.client.ClaimVoucher(b.ctx, "p", "bob")
+	again, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "bob"})
 	require.NoError(t, err)
 	require.True(t, again.Claimed)
 	require.True(t, again.Repeat)
@@ -171,7 +171,7 @@ func TestVoucherPoolSequential(t *testing.T) {
 	require.NoError(t, err)
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
-	c, err := b.client.ClaimVoucherTx(b.ctx, tx, "tx", "dave")
+	c, err := b.client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "tx", Member: "dave"})
 	require.NoError(t, err)
 	require.True(t, c.Claimed)
 	require.NoError(t, tx.Rollback(b.ctx))
@@ -179,7 +179,7 @@ func TestVoucherPoolSequential(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, st.Claimed)
 	require.False(t, st.SoldOut)
-	c, err = b.client.ClaimVoucher(b.ctx, "tx", "erin")
+	c, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "tx", Member: "erin"})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), c.Seq)
 }
@@ -194,7 +194,7 @@ func TestVoucherCampaignErrors(t *testing.T) {
 	again, err := b.client.CreateCampaign(b.ctx, "counted", 5)
 	require.NoError(t, err)
 	require.Equal(t, p, again)
-	_, err = b.client.ClaimVoucher(b.ctx, "counted", "m")
+	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "counted", Member: "m"})
 	require.NoError(t, err)
 	again, err = b.client.CreateCampaign(b.ctx, "counted", 5)
 	require.NoError(t, err)
@@ -210,21 +210,11 @@ func TestVoucherCampaignErrors(t *testing.T) {
 	_, err = b.client.ImportCodes(b.ctx, "counted", []string{"x"})
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
 
-	claimsBefore := b.countRows(t, "voucher_claim")
-	codesBefore := b.countRows(t, "voucher_code")
-	_, err = b.client.ClaimVoucher(b.ctx, "codes", "m2")
-	require.ErrorIs(t, err, quota.ErrCampaignKind)
-	_, err = b.client.ClaimCode(b.ctx, "counted", "m2")
-	require.ErrorIs(t, err, quota.ErrCampaignKind)
-	require.Equal(t, claimsBefore, b.countRows(t, "voucher_claim"), "a wrong-kind claim writes nothing")
-	require.Equal(t, codesBefore, b.countRows(t, "voucher_code"))
 	var unclaimed int64
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pgquota.voucher_code WHERE member IS NULL`).Scan(&unclaimed))
 	require.Equal(t, int64(2), unclaimed)
 
-	_, err = b.client.ClaimVoucher(b.ctx, "nope", "m")
-	require.ErrorIs(t, err, quota.ErrCampaignNotFound)
-	_, err = b.client.ClaimCode(b.ctx, "nope", "m")
+	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "nope", Member: "m"})
 	require.ErrorIs(t, err, quota.ErrCampaignNotFound)
 	_, err = b.client.Campaign(b.ctx, "nope")
 	require.ErrorIs(t, err, quota.ErrCampaignNotFound)
@@ -276,7 +266,7 @@ func TestImportCodes(t *testing.T) {
 
 	// A campaign's claims show in its status.
 	for i := range 7 {
-		c, err := b.client.ClaimCode(b.ctx, "autumn", fmt.Sprintf("m%d", i))
+		c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "autumn", Member: fmt.Sprintf("m%d", i)})
 		require.NoError(t, err)
 		require.True(t, c.Claimed)
 	}
@@ -324,7 +314,7 @@ func TestImportCodesTxRollback(t *testing.T) {
 	require.Equal(t, int64(3), b.countRows(t, "voucher_code"))
 }
 
-// claimCodes runs n concurrent ClaimCode calls by distinct members and
+// claimCodes runs n concurrent Claim calls by distinct members and
 // checks the invariants every run must keep: no code twice, no member
 // twice, every code handed out belongs to the campaign, and the database
 // agrees with what the callers were told. It returns the number of codes
@@ -388,7 +378,9 @@ func TestClaimCodeConcurrent(t *testing.T) {
 			_, err := b.client.ImportCodes(b.ctx, "drop", list)
 			require.NoError(t, err)
 			client := b.waitClient(t, 30*time.Second)
-			claim := func(_ int, member string) (quota.ClaimResult, error) { return client.ClaimCode(b.ctx, "drop", member) }
+			claim := func(_ int, member string) (quota.ClaimResult, error) {
+				return client.Claim(b.ctx, quota.ClaimRequest{Campaign: "drop", Member: member})
+			}
 			committing := tc.claimers
 			if tc.inTx {
 				// Each claimer holds its code locked a while, as an
@@ -406,7 +398,7 @@ func TestClaimCodeConcurrent(t *testing.T) {
 						return quota.ClaimResult{}, err
 					}
 					defer func() { _ = tx.Rollback(b.ctx) }()
-					c, err := client.ClaimCodeTx(b.ctx, tx, "drop", member)
+					c, err := client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "drop", Member: member})
 					if err != nil {
 						return quota.ClaimResult{}, err
 					}
@@ -438,11 +430,11 @@ func TestClaimCodeRepeat(t *testing.T) {
 	_, err := b.client.ImportCodes(b.ctx, "c", codeList("x", 20))
 	require.NoError(t, err)
 
-	first, err := b.client.ClaimCode(b.ctx, "c", "alice")
+	first, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "c", Member: "alice"})
 	require.NoError(t, err)
 	require.True(t, first.Claimed)
 	require.False(t, first.Repeat)
-	again, err := b.client.ClaimCode(b.ctx, "c", "alice")
+	again, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "c", Member: "alice"})
 	require.NoError(t, err)
 	require.True(t, again.Claimed)
 	require.True(t, again.Repeat)
@@ -455,7 +447,9 @@ func TestClaimCodeRepeat(t *testing.T) {
 	results := make([]quota.ClaimResult, dups)
 	errs := make([]error, dups)
 	client := b.waitClient(t, 30*time.Second)
-	concurrently(dups, func(i int) { results[i], errs[i] = client.ClaimCode(b.ctx, "c", "bob") })
+	concurrently(dups, func(i int) {
+		results[i], errs[i] = client.Claim(b.ctx, quota.ClaimRequest{Campaign: "c", Member: "bob"})
+	})
 	firsts := 0
 	for i, r := range results {
 		require.NoError(t, errs[i])
@@ -497,13 +491,13 @@ func TestClaimCodeWaitsForLockedCode(t *testing.T) {
 			tx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = tx.Rollback(b.ctx) })
-			held, err := client.ClaimCodeTx(b.ctx, tx, "last", "holder")
+			held, err := client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "last", Member: "holder"})
 			require.NoError(t, err)
 			require.True(t, held.Claimed)
 
 			// The other code is free: a second member gets it at once
 			// (SKIP LOCKED), without waiting for the holder.
-			other, err := client.ClaimCode(b.ctx, "last", "second")
+			other, err := client.Claim(b.ctx, quota.ClaimRequest{Campaign: "last", Member: "second"})
 			require.NoError(t, err)
 			require.True(t, other.Claimed)
 			require.NotEqual(t, held.Code, other.Code)
@@ -515,7 +509,7 @@ func TestClaimCodeWaitsForLockedCode(t *testing.T) {
 			}
 			done := make(chan outcome, 1)
 			go func() {
-				c, err := client.ClaimCode(b.ctx, "last", "third")
+				c, err := client.Claim(b.ctx, quota.ClaimRequest{Campaign: "last", Member: "third"})
 				done <- outcome{c, err}
 			}()
 			select {
@@ -566,7 +560,7 @@ func TestClaimCodeWaitsForRollbacks(t *testing.T) {
 		tx, err := b.pool.Begin(b.ctx)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = tx.Rollback(b.ctx) })
-		c, err := client.ClaimCodeTx(b.ctx, tx, "c", fmt.Sprintf("holder-%d", i))
+		c, err := client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "c", Member: fmt.Sprintf("holder-%d", i)})
 		require.NoError(t, err)
 		require.True(t, c.Claimed)
 		holders[i] = tx
@@ -579,7 +573,7 @@ func TestClaimCodeWaitsForRollbacks(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i], errs[i] = client.ClaimCode(b.ctx, "c", fmt.Sprintf("member-%d", i))
+			results[i], errs[i] = client.Claim(b.ctx, quota.ClaimRequest{Campaign: "c", Member: fmt.Sprintf("member-%d", i)})
 		}()
 	}
 	time.Sleep(300 * time.Millisecond)
@@ -599,7 +593,7 @@ func TestClaimCodeWaitsForRollbacks(t *testing.T) {
 }
 
 // With every remaining code locked for longer than Config.CodeClaimWait,
-// ClaimCode gives up with ErrCodesBusy, not a false "sold out".
+// Claim gives up with ErrCodesBusy, not a false "sold out".
 func TestClaimCodeBusy(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
@@ -608,12 +602,12 @@ func TestClaimCodeBusy(t *testing.T) {
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(b.ctx) }()
-	_, err = b.client.ClaimCodeTx(b.ctx, tx, "one", "holder")
+	_, err = b.client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "one", Member: "holder"})
 	require.NoError(t, err)
 
 	impatient, err := quota.New(b.pool, &quota.Config{CodeClaimWait: 200 * time.Millisecond})
 	require.NoError(t, err)
-	_, err = impatient.ClaimCode(b.ctx, "one", "other")
+	_, err = impatient.Claim(b.ctx, quota.ClaimRequest{Campaign: "one", Member: "other"})
 	require.ErrorIs(t, err, quota.ErrCodesBusy)
 	require.Zero(t, b.countRowsWhere(t, "voucher_claim", "member = 'other'"))
 }
@@ -640,17 +634,17 @@ func TestVoucherStatusBothKinds(t *testing.T) {
 	check("counted", want(quota.KindCounted, 3, 0))
 	check("codes", want(quota.KindCodes, 4, 0))
 	for i := range 5 {
-		_, err := b.client.ClaimVoucher(b.ctx, "counted", fmt.Sprintf("m%d", i))
+		_, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "counted", Member: fmt.Sprintf("m%d", i)})
 		require.NoError(t, err)
-		_, err = b.client.ClaimCode(b.ctx, "codes", fmt.Sprintf("m%d", i))
+		_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "codes", Member: fmt.Sprintf("m%d", i)})
 		require.NoError(t, err)
 		check("counted", want(quota.KindCounted, 3, min(int64(i+1), 3)))
 		check("codes", want(quota.KindCodes, 4, min(int64(i+1), 4)))
 	}
 	// Repeats change nothing.
-	_, err = b.client.ClaimVoucher(b.ctx, "counted", "m0")
+	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "counted", Member: "m0"})
 	require.NoError(t, err)
-	_, err = b.client.ClaimCode(b.ctx, "codes", "m0")
+	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "codes", Member: "m0"})
 	require.NoError(t, err)
 	check("counted", want(quota.KindCounted, 3, 3))
 	check("codes", want(quota.KindCodes, 4, 4))
@@ -668,12 +662,12 @@ func TestVoucherCampaignsIndependent(t *testing.T) {
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(b.ctx) }()
-	_, err = b.client.ClaimVoucherTx(b.ctx, tx, "a", "m")
+	_, err = b.client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "a", Member: "m"})
 	require.NoError(t, err)
 
 	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
 	defer cancel()
-	c, err := b.client.ClaimVoucher(ctx, "b", "m")
+	c, err := b.client.Claim(ctx, quota.ClaimRequest{Campaign: "b", Member: "m"})
 	require.NoError(t, err, "a claim on another campaign must not wait for this one's lock")
 	require.True(t, c.Claimed)
 }

@@ -43,7 +43,7 @@ type voucherSharded struct{}
 
 func (voucherSharded) Name() string { return "voucher-sharded" }
 func (voucherSharded) Describe() string {
-	return fmt.Sprintf("pgquota ClaimVoucher, a new member every call, on a pool of %d shard rows (pgbench: voucher-claim's statement)", ShardedPoolShards)
+	return fmt.Sprintf("pgquota Claim, a new member every call, on a pool of %d shard rows (pgbench: voucher-claim's statement)", ShardedPoolShards)
 }
 func (voucherSharded) PgbenchBaseline() Strategy { return voucherClaim{} }
 func (voucherSharded) Setup(ctx context.Context, env Env) (Op, error) {
@@ -56,7 +56,7 @@ func (voucherSharded) Setup(ctx context.Context, env Env) (Op, error) {
 	return Op{
 		Vars: []Var{{Name: "member", Min: 1, Max: uniqueMax}},
 		Do: func(ctx context.Context, vals []int64) (Outcome, error) {
-			c, err := env.Client.ClaimVoucher(ctx, benchCampaign, memberFromVar(vals))
+			c, err := env.Client.Claim(ctx, quota.ClaimRequest{Campaign: benchCampaign, Member: memberFromVar(vals)})
 			return Outcome{Granted: c.Claimed && !c.Repeat}, err
 		},
 	}, nil

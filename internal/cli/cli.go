@@ -146,7 +146,7 @@ func hint(err error) string {
 func isBadInput(err error) bool {
 	for _, target := range []error{
 		quota.ErrInvalidInput, quota.ErrQuotaNotFound, quota.ErrNoLimit,
-		quota.ErrCampaignNotFound, quota.ErrCampaignKind, quota.ErrCampaignExists,
+		quota.ErrCampaignNotFound, quota.ErrCampaignExists,
 		quota.ErrLeaseNotFound,
 		quota.ErrIdempotencyKeyReused, quota.ErrGrantNotFound,
 	} {

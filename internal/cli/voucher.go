@@ -79,18 +79,7 @@ unique within --idempotency-scope, which defaults to the campaign.`,
 			if err != nil {
 				return err
 			}
-			var cl quota.ClaimResult
-			if claimKey.Key != "" {
-				cl, err = c.ClaimVoucherWithKey(cmd.Context(), campaign, member, claimKey)
-				if errors.Is(err, quota.ErrCampaignKind) {
-					cl, err = c.ClaimCodeWithKey(cmd.Context(), campaign, member, claimKey)
-				}
-			} else {
-				cl, err = c.ClaimVoucher(cmd.Context(), campaign, member)
-				if errors.Is(err, quota.ErrCampaignKind) {
-					cl, err = c.ClaimCode(cmd.Context(), campaign, member)
-				}
-			}
+			cl, err := c.Claim(cmd.Context(), quota.ClaimRequest{Campaign: campaign, Member: member, Idempotency: claimKey})
 			if err != nil {
 				return err
 			}
