@@ -108,10 +108,10 @@ type GrantResult struct {
 // error; database errors (SQLSTATE kept); ErrOutcomeUnknown, as above. On
 // any other error nothing was written.
 func (c *Client) Grant(ctx context.Context, req GrantRequest) (GrantResult, error) {
+	if err := checkGrantRequest(req); err != nil {
+		return GrantResult{}, err
+	}
 	if c.coalescer != nil {
-		if err := checkGrantRequest(req); err != nil {
-			return GrantResult{}, err
-		}
 		return c.coalescer.grant(ctx, req)
 	}
 	return c.grant(ctx, c.db, req)
@@ -129,28 +129,22 @@ func (c *Client) Grant(ctx context.Context, req GrantRequest) (GrantResult, erro
 // concurrent call with the same key waits for tx, then replays its outcome
 // if tx committed, or grants itself if tx rolled back.
 func (c *Client) GrantTx(ctx context.Context, tx pgx.Tx, req GrantRequest) (GrantResult, error) {
+	if err := checkGrantRequest(req); err != nil {
+		return GrantResult{}, err
+	}
 	return c.grant(ctx, tx, req)
 }
 
+// grant runs one grant request, validated by its caller (checkGrantRequest:
+// Grant, GrantTx, GrantBatch), which is the only place requests are
+// checked.
 func (c *Client) grant(ctx context.Context, x db.DBTX, req GrantRequest) (GrantResult, error) {
-	if err := checkName("quota name", req.Quota); err != nil {
-		return GrantResult{}, err
-	}
-	if err := checkName("member", req.Member); err != nil {
-		return GrantResult{}, err
-	}
-	if err := checkUnits("amount", req.Amount, 1); err != nil {
-		return GrantResult{}, err
+	if req.Idempotency.Key != "" {
+		return c.grantKeyed(ctx, x, fingerprint(req))
 	}
 	var limit pgtype.Int8
 	if req.Limit != nil {
-		if err := checkUnits("limit", *req.Limit, 0); err != nil {
-			return GrantResult{}, err
-		}
 		limit = pgtype.Int8{Int64: *req.Limit, Valid: true}
-	}
-	if req.Idempotency.Key != "" {
-		return c.grantKeyed(ctx, x, req, limit)
 	}
 	row, err := c.queries.UsageGrant(ctx, x, db.UsageGrantParams{
 		QuotaName:  req.Quota,

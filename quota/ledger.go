@@ -166,12 +166,10 @@ func keyedFromEntry(e db.PgquotaLedgerEntry) Keyed {
 	return Keyed{GrantID: e.GrantID, IdempotencyScope: e.Scope, IdempotencyKey: e.IdempotencyKey, Replayed: true}
 }
 
-func (c *Client) grantKeyed(ctx context.Context, x db.DBTX, req GrantRequest, limit pgtype.Int8) (GrantResult, error) {
-	key, err := checkKey(req.Idempotency, req.Quota)
-	if err != nil {
-		return GrantResult{}, err
-	}
-	fp := request{key: key, operation: OpGrant, target: req.Quota, member: req.Member, amount: req.Amount, limit: limit}
+// grantKeyed runs a validated keyed grant request, given its fingerprint.
+func (c *Client) grantKeyed(ctx context.Context, x db.DBTX, fp request) (GrantResult, error) {
+	key, limit := fp.key, fp.limit
+	req := GrantRequest{Quota: fp.target, Member: fp.member, Amount: fp.amount}
 	return runKeyed(ctx, c, x, fp, func() (GrantResult, int64, error) {
 		row, err := c.queries.LedgerGrant(ctx, x, db.LedgerGrantParams{
 			Scope:          key.Scope,
