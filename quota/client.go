@@ -80,7 +80,7 @@ type Config struct {
 	// PoolerTransaction behind a pooler in transaction mode (PgBouncer's
 	// pool_mode = transaction and the like): every call then keeps no
 	// session state on the server connections it borrows. AcquireWait
-	// (and GrantFenced, which waits through it) polls instead of LISTENing
+	// (and grantFenced, which waits through it) polls instead of LISTENing
 	// (see WaitOptions for the intervals), and New refuses a pool whose pgx
 	// query exec mode is unsafe behind such a pooler (see
 	// PoolerMode.CheckExecMode: use pgx.QueryExecModeExec). The pgquota
@@ -97,7 +97,7 @@ type Config struct {
 // CompensateGrantTx, ClaimTx, AcquireTx, WriteFencedRowTx, EnqueueTx, ...),
 // so the caller's own writes and pgquota's commit or roll back together.
 // The exceptions own their transactions or wait between them: AcquireWait,
-// GrantFenced, Keepalive, the Relay, ReapLedger, ReapOutbox and Migrate.
+// grantFenced, Keepalive, the Relay, ReapLedger, ReapOutbox and Migrate.
 type Client struct {
 	pool *pgxpool.Pool
 	// db runs single statements on pool and retries serialization failures
@@ -127,11 +127,11 @@ type Client struct {
 	// testShardGateMaxWait replaces shardGateMaxWait when not zero (tests).
 	testShardGateMaxWait time.Duration
 
-	// testHookFencedGrantPause, set by tests only, runs in GrantFenced
+	// testHookFencedGrantPause, set by tests only, runs in grantFenced
 	// between the read and the fenced write.
 	testHookFencedGrantPause func(context.Context, Lease)
 
-	// testHookFencedGrantRelease, set by tests only, runs in GrantFenced
+	// testHookFencedGrantRelease, set by tests only, runs in grantFenced
 	// just before it releases its lease.
 	testHookFencedGrantRelease func(context.Context, Lease)
 

@@ -103,7 +103,7 @@ var (
 // net.Error, io.ErrUnexpectedEOF, context.Canceled, ...).
 //
 // The calls without a Tx suffix that change state can return it: Grant,
-// GrantBatch, Revoke, CompensateGrant, GrantFenced, Claim,
+// GrantBatch, Revoke, CompensateGrant, Claim,
 // CreateCampaign,
 // CreateShardedCampaign, ImportCodes, DefineQuota, SetMemberLimit,
 // ClearMemberLimit, Acquire, AcquireWait, Renew, Release, WriteFencedRow,
@@ -200,7 +200,7 @@ var (
 	// SetLeasePayload, SetLeasePayloadTx and Leadership.Proclaim when the
 	// lease is no longer held with the given token (it expired by
 	// the database clock, was released, or another holder took it over), by
-	// WriteFencedRow, WriteFencedRowTx, GrantFenced and PresentTokenTx when the
+	// WriteFencedRow, WriteFencedRowTx and PresentTokenTx when the
 	// lease the write is checked against is not held with the token
 	// (SQLSTATE PQ002), and is the cause of Keeper.Context (and so of the
 	// contexts Do and Campaign give) when a renewal found the lease lost. A deposed
@@ -215,7 +215,7 @@ var (
 	// row of that key.
 	ErrFencedRowNotFound = errors.New("pgquota: fenced row not found")
 
-	// ErrStaleToken is returned by WriteFencedRow, WriteFencedRowTx, GrantFenced and
+	// ErrStaleToken is returned by WriteFencedRow, WriteFencedRowTx and
 	// PresentTokenTx, and by MapFenceError for an error from a guarded
 	// application table, when
 	// the write's fencing token is below the highest token seen for the

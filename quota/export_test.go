@@ -42,3 +42,13 @@ func CoalesceQueued(c *Client, quota, member string) int {
 func SetShardGateMaxWait(c *Client, d time.Duration) {
 	c.testShardGateMaxWait = d
 }
+
+// GrantFenced is the comparison path Client.grantFenced (read, decide,
+// fenced write under a lease: four round trips), for the tests that pit it
+// against Grant.
+func GrantFenced(ctx context.Context, c *Client, req GrantRequest, ttl time.Duration) (GrantResult, error) {
+	return c.grantFenced(ctx, req, ttl)
+}
+
+// FencedGrantLease is the name of the lease grantFenced takes.
+func FencedGrantLease(quota, member string) string { return fencedGrantLease(quota, member) }

@@ -276,7 +276,7 @@ func TestGrantFencedConcurrent(t *testing.T) {
 			results := make([]quota.GrantResult, callers)
 			errs := make([]error, callers)
 			concurrently(callers, func(i int) {
-				results[i], errs[i] = b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: tc.amounts(i)}, 5*time.Second)
+				results[i], errs[i] = quota.GrantFenced(b.ctx, b.client, quota.GrantRequest{Quota: "q", Member: "m", Amount: tc.amounts(i)}, 5*time.Second)
 			})
 			var units, calls int64
 			for i, r := range results {
@@ -313,15 +313,15 @@ func TestGrantFencedErrors(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
 	b.define(t, quota.Definition{Name: "q", Window: quota.WindowDay})
-	_, err := b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "nope", Member: "m", Amount: 1}, 0)
+	_, err := quota.GrantFenced(b.ctx, b.client, quota.GrantRequest{Quota: "nope", Member: "m", Amount: 1}, 0)
 	require.ErrorIs(t, err, quota.ErrQuotaNotFound)
-	_, err = b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 0}, 0)
+	_, err = quota.GrantFenced(b.ctx, b.client, quota.GrantRequest{Quota: "q", Member: "m", Amount: 0}, 0)
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
-	_, err = b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, 0)
+	_, err = quota.GrantFenced(b.ctx, b.client, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, 0)
 	require.ErrorIs(t, err, quota.ErrNoLimit)
-	_, err = b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1, Limit: ptr[int64](1)}, 30)
+	_, err = quota.GrantFenced(b.ctx, b.client, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1, Limit: ptr[int64](1)}, 30)
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
-	res, err := b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 2, Limit: ptr[int64](3)}, 0)
+	res, err := quota.GrantFenced(b.ctx, b.client, quota.GrantRequest{Quota: "q", Member: "m", Amount: 2, Limit: ptr[int64](3)}, 0)
 	require.NoError(t, err)
 	require.True(t, res.Granted)
 	require.Equal(t, int64(2), res.Used)
@@ -355,7 +355,7 @@ func TestGrantFencedPausePastTTL(t *testing.T) {
 	granted := 0
 	var firstErr error
 	concurrently(callers, func(i int) {
-		r, err := b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, ttl)
+		r, err := quota.GrantFenced(b.ctx, b.client, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, ttl)
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil && firstErr == nil {

@@ -125,7 +125,7 @@ func TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 		if granted {
 			_, err = client.DefineQuota(ctx, quota.Definition{Name: name("q"), Window: quota.WindowNone, DefaultLimit: ptr[int64](10)})
 			require.NoError(t, err)
-			g, err := client.GrantFenced(ctx, quota.GrantRequest{Quota: name("q"), Member: "m", Amount: 3}, time.Minute)
+			g, err := quota.GrantFenced(ctx, client, quota.GrantRequest{Quota: name("q"), Member: "m", Amount: 3}, time.Minute)
 			require.NoError(t, err)
 			require.True(t, g.Granted)
 		}

@@ -29,7 +29,7 @@ type ReapLeasesRequest struct {
 	//
 	// Set it only when every write to these resources is checked against
 	// the lease of the resource's own name (WriteFencedRow with Lease equal to
-	// Resource, GrantFenced): such a write from a holder deposed long ago
+	// Resource, grantFenced): such a write from a holder deposed long ago
 	// finds no lease row held with its token and is rejected, as before.
 	// A write checked against the fence row alone (WriteFencedRow without
 	// Lease, or with another lease) carrying an old token would be admitted

@@ -101,9 +101,6 @@ func Exercise(t *testing.T, client *quota.Client, prefix string) {
 	require.NoError(t, err)
 	_, err = client.Release(ctx, lease, l.Token)
 	require.NoError(t, err)
-	fg, err := client.GrantFenced(ctx, quota.GrantRequest{Quota: q, Member: "f", Amount: 1}, time.Minute)
-	require.NoError(t, err)
-	require.True(t, fg.Granted)
 
 	id, err := client.Enqueue(ctx, prefix+"topic", []byte("x"), nil)
 	require.NoError(t, err)

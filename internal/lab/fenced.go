@@ -25,7 +25,7 @@ const (
 // has written (quota.Client.WriteFencedRow with Lease set). A holder paused
 // past its TTL wakes up to a rejected write instead of an overwrite; it
 // then starts over with a new lease and reads the counter again, as
-// quota.Client.GrantFenced does, until it gets an answer or gives up
+// quota.Client.grantFenced (quota/grant_fenced.go, a comparison path) does, until it gets an answer or gives up
 // waiting for the lease like the naive locks (denied). "Granted" means
 // that the fenced write landed, so the decision behind it was made on a
 // value read under the lease that wrote it.
