@@ -225,6 +225,7 @@ applied); 1 any other error.`,
 		a.benchCommand(),
 		needsSubcommand(a.ledgerCommand()),
 		needsSubcommand(a.outboxCommand()),
+		a.demoCommand(),
 		a.versionCommand(),
 	)
 	return root
