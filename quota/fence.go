@@ -187,7 +187,7 @@ type FencedRow struct {
 	Key      string `json:"key"`
 	Value    string `json:"value"`
 	// Token is the fencing token of the write that stored Value.
-	Token     int64     `json:"fence_token"`
+	Token     int64     `json:"token"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
@@ -197,7 +197,7 @@ type FenceState struct {
 	// Highest is the highest token admitted for the resource; 0 before the
 	// first fenced write.
 	Highest   int64     `json:"highest_token"`
-	UpdatedAt time.Time `json:"updated_at,omitzero"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 func checkFenceWrite(req WriteFencedRowRequest) error {

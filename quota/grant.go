@@ -54,8 +54,8 @@ type GrantResult struct {
 	// WindowStart and WindowEnd bound the window the counter belongs to,
 	// [WindowStart, WindowEnd), as computed by the database clock in the
 	// quota's time zone. Both are zero for WindowNone.
-	WindowStart time.Time `json:"window_start,omitzero"`
-	WindowEnd   time.Time `json:"window_end,omitzero"`
+	WindowStart time.Time `json:"window_start"`
+	WindowEnd   time.Time `json:"window_end"`
 	// Keyed is the ledger record of a grant made with an idempotency key:
 	// its grant id (for CompensateGrant and outbox events), the key, and
 	// whether this result was replayed. Zero for a grant without a key.
@@ -197,8 +197,8 @@ type RevokeResult struct {
 	Revoked int64 `json:"revoked"`
 	// Used is the member's counter in the window after the call.
 	Used        int64     `json:"used"`
-	WindowStart time.Time `json:"window_start,omitzero"`
-	WindowEnd   time.Time `json:"window_end,omitzero"`
+	WindowStart time.Time `json:"window_start"`
+	WindowEnd   time.Time `json:"window_end"`
 	// Keyed is the ledger record of a revoke made with an idempotency key.
 	Keyed
 }
@@ -268,8 +268,8 @@ type Usage struct {
 	Limit       int64     `json:"limit"`
 	HasLimit    bool      `json:"has_limit"`
 	Remaining   int64     `json:"remaining"`
-	WindowStart time.Time `json:"window_start,omitzero"`
-	WindowEnd   time.Time `json:"window_end,omitzero"`
+	WindowStart time.Time `json:"window_start"`
+	WindowEnd   time.Time `json:"window_end"`
 }
 
 // Usage reads a member's counter in the current window.

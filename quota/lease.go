@@ -107,7 +107,7 @@ type Lease struct {
 	// Payload is the data stored with this acquisition (AcquireRequest.
 	// Payload, SetLeasePayload); empty when none. Acquire, Lease, Leases
 	// and SetLeasePayload fill it; Renew and Release leave it empty.
-	Payload string `json:"payload,omitempty"`
+	Payload string `json:"payload"`
 
 	// sent is the local time, with its monotonic reading, at which the
 	// statement that returned this lease was sent. The database read its

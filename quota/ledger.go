@@ -56,16 +56,16 @@ type Keyed struct {
 	// events, and `pgquota ledger show --grant-id` prints the entry.
 	// Grant ids are positive and increase in the order entries were
 	// created.
-	GrantID int64 `json:"grant_id,omitempty"`
+	GrantID int64 `json:"grant_id"`
 	// IdempotencyScope and IdempotencyKey are the key the operation was
 	// recorded under.
-	IdempotencyScope string `json:"idempotency_scope,omitempty"`
-	IdempotencyKey   string `json:"idempotency_key,omitempty"`
+	IdempotencyScope string `json:"idempotency_scope"`
+	IdempotencyKey   string `json:"idempotency_key"`
 	// Replayed reports that an earlier call with this key made the
 	// operation: this result is the stored first outcome, and this call
 	// changed nothing. Usage figures (Used, Remaining, ...) are those of the
 	// first call.
-	Replayed bool `json:"replayed,omitempty"`
+	Replayed bool `json:"replayed"`
 }
 
 // Operations recorded in the ledger (LedgerEntry.Operation).
@@ -363,8 +363,8 @@ type CompensateGrantResult struct {
 	Used int64 `json:"used"`
 	// WindowStart and WindowEnd bound the grant's window: the units go
 	// back to that window's counter, not to the current window's.
-	WindowStart time.Time `json:"window_start,omitzero"`
-	WindowEnd   time.Time `json:"window_end,omitzero"`
+	WindowStart time.Time `json:"window_start"`
+	WindowEnd   time.Time `json:"window_end"`
 	// RevokedAt is when the grant was revoked, by the database clock.
 	RevokedAt time.Time `json:"revoked_at"`
 	// Replayed reports that an earlier call revoked the grant: this result
@@ -469,7 +469,7 @@ type LedgerEntry struct {
 	// Amount is the number of units asked for (1 for a claim).
 	Amount int64 `json:"amount"`
 	// RequestLimit is the limit the call gave, nil when it gave none.
-	RequestLimit *int64    `json:"request_limit,omitempty"`
+	RequestLimit *int64    `json:"request_limit"`
 	CreatedAt    time.Time `json:"created_at"`
 
 	// Granted is the outcome: units granted (grant), a voucher held
@@ -483,19 +483,19 @@ type LedgerEntry struct {
 	// total.
 	Limit int64 `json:"limit"`
 	// Revoked is the number of units a revoke gave back.
-	Revoked     int64     `json:"revoked,omitempty"`
-	WindowStart time.Time `json:"window_start,omitzero"`
-	WindowEnd   time.Time `json:"window_end,omitzero"`
+	Revoked     int64     `json:"revoked"`
+	WindowStart time.Time `json:"window_start"`
+	WindowEnd   time.Time `json:"window_end"`
 	// Seq, Code, Repeat and ClaimedAt describe a claim's voucher, as in
 	// Claim.
-	Seq       int64     `json:"seq,omitempty"`
-	Code      string    `json:"code,omitempty"`
-	Repeat    bool      `json:"repeat,omitempty"`
-	ClaimedAt time.Time `json:"claimed_at,omitzero"`
+	Seq       int64     `json:"seq"`
+	Code      string    `json:"code"`
+	Repeat    bool      `json:"repeat"`
+	ClaimedAt time.Time `json:"claimed_at"`
 	// DecidedAt is when the outcome was decided, by the database clock.
 	DecidedAt time.Time `json:"decided_at"`
 	// Compensation is the grant's CompensateGrant, nil while it has none.
-	Compensation *Compensation `json:"compensation,omitempty"`
+	Compensation *Compensation `json:"compensation"`
 }
 
 // Compensation records the CompensateGrant of a grant.

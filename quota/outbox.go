@@ -43,10 +43,10 @@ type Event struct {
 	Payload []byte `json:"payload"`
 	// GrantID, IdempotencyScope, IdempotencyKey and FencingToken are the
 	// EnqueueOpts the event was written with (zero when not set).
-	GrantID          int64  `json:"grant_id,omitempty"`
-	IdempotencyScope string `json:"idempotency_scope,omitempty"`
-	IdempotencyKey   string `json:"idempotency_key,omitempty"`
-	FencingToken     int64  `json:"fencing_token,omitempty"`
+	GrantID          int64  `json:"grant_id"`
+	IdempotencyScope string `json:"idempotency_scope"`
+	IdempotencyKey   string `json:"idempotency_key"`
+	FencingToken     int64  `json:"fencing_token"`
 	// Attempt is the delivery attempt, 1 for the first. A redelivery after a
 	// handler failure has a higher Attempt; after a relay crashed mid-batch
 	// the same Attempt can be delivered again.

@@ -39,7 +39,7 @@ type Campaign struct {
 	SoldOut bool `json:"sold_out"`
 	// Shards is the number of shards of a sharded pool (KindSharded), 0
 	// for other kinds.
-	Shards    int       `json:"shards,omitempty"`
+	Shards    int       `json:"shards"`
 	CreatedAt time.Time `json:"created_at"`
 }
 
@@ -59,7 +59,7 @@ type ClaimResult struct {
 	Seq int64 `json:"seq"`
 	// Code is the code handed out by a code campaign; "" for counted pools.
 	Code      string    `json:"code"`
-	ClaimedAt time.Time `json:"claimed_at,omitzero"`
+	ClaimedAt time.Time `json:"claimed_at"`
 	// Total is the campaign's total (units, or imported codes).
 	Total int64 `json:"total"`
 	// Keyed is the ledger record of a claim made with an idempotency key

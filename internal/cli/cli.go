@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 
 	"github.com/pgquota/pgquota/quota"
@@ -86,17 +87,51 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return ExitDenied
 	}
 	if errors.Is(err, quota.ErrOutcomeUnknown) {
-		fmt.Fprintln(stderr, "pgquota: "+outcomeUnknownLine(cmd)+" ("+oneLine(strings.TrimPrefix(a.placeError(err).Error(), "pgquota: "))+")")
+		a.printError(err, ExitOutcomeUnknown, outcomeUnknownLine(cmd)+" ("+oneLine(strings.TrimPrefix(a.placeError(err).Error(), "pgquota: "))+")")
 		return ExitOutcomeUnknown
 	}
 	msg := a.placeError(err).Error() + hint(err)
-	fmt.Fprintln(stderr, "pgquota: "+oneLine(strings.TrimPrefix(msg, "pgquota: ")))
+	code := ExitError
 	var ue usageError
 	switch {
 	case errors.As(err, &ue), isCobraUsageError(err), isBadInput(err):
-		return ExitUsage
+		code = ExitUsage
 	}
-	return ExitError
+	a.printError(err, code, oneLine(strings.TrimPrefix(msg, "pgquota: ")))
+	return code
+}
+
+// errorJSON is the one object `--json` prints on stderr for a failed
+// command. Code names the exit status (usage, error, outcome_unknown);
+// SQLState is the PostgreSQL error code when the failure came from the
+// server, else null.
+type errorJSON struct {
+	Code       string  `json:"code"`
+	ExitStatus int     `json:"exit_status"`
+	Message    string  `json:"message"`
+	SQLState   *string `json:"sqlstate"`
+}
+
+// printError prints a failed command's one line on stderr: "pgquota: msg",
+// or with --json one errorJSON object.
+func (a *app) printError(err error, code int, msg string) {
+	if !a.json {
+		fmt.Fprintln(a.stderr, "pgquota: "+msg)
+		return
+	}
+	e := errorJSON{Code: "error", ExitStatus: code, Message: msg}
+	switch code {
+	case ExitUsage:
+		e.Code = "usage"
+	case ExitOutcomeUnknown:
+		e.Code = "outcome_unknown"
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		e.SQLState = &pgErr.Code
+	}
+	b, _ := jsonValue(e, "")
+	_, _ = a.stderr.Write(b)
 }
 
 // outcomeUnknownLine says, for the command cmd that failed with
