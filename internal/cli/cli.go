@@ -296,6 +296,9 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	}
 	dsn, source, settings := settingsSource(a.databaseURL)
 	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil && dsn == "" && os.Getenv("PGSERVICE") != "" {
+		return nil, usageError{serviceError(err)}
+	}
 	if err != nil {
 		return nil, usagef("invalid %s: %v (expected a URL like postgres://user@host:5432/dbname, or libpq key=value settings)", source, unwrapAll(err))
 	}
