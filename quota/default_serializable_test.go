@@ -55,7 +55,7 @@ func (l *errList) requireNone(t *testing.T, what string) {
 	}
 }
 
-// DESIGN.md section 4: serialization failures (40001) and deadlocks are
+// Serialization failures (40001) and deadlocks are
 // retried where pgquota owns the transaction. Calls on the pool run in a
 // transaction pgquota owns (one statement, or ImportCodes' own); with
 // serializable as the server's default isolation (a role or database

@@ -15,7 +15,7 @@ import (
 // it the moment it must stop acting as leader. The lease's token is the
 // leader's fencing token: a deposed leader that still acts (it was paused
 // and has not looked at its context yet) has its fenced writes rejected
-// (DESIGN.md guarantee 2). The leader's value (etcd's campaign value, an
+// (the guarantee that a stale holder never writes). The leader's value (etcd's campaign value, an
 // address for the followers) is the lease's payload.
 
 // ElectionOptions configures an Election.

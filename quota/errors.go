@@ -98,7 +98,7 @@ var (
 // it ended (the connection was lost or the server shut down after the
 // statement was sent, the context ended while it ran, a FATAL error ended
 // the session). Every other error of a state-changing call means nothing
-// was written (DESIGN.md guarantee 6). Test for it with errors.Is; the
+// was written (nothing written, or the outcome unknown). Test for it with errors.Is; the
 // original error stays in the chain (errors.As to *pgconn.PgError, a
 // net.Error, io.ErrUnexpectedEOF, context.Canceled, ...).
 //

@@ -9,7 +9,7 @@ import (
 	"github.com/pgquota/pgquota/quota"
 )
 
-// DESIGN.md 1.2: "Once a lease on a resource has been acquired with token T,
+// The fence's guarantee: "Once a lease on a resource has been acquired with token T,
 // no write carrying a token below T lands on any fenced row of that
 // resource, whichever row it touches, however long the old holder was
 // paused." On a table guarded by GuardTable the old holder's write

@@ -17,7 +17,7 @@ import (
 	"github.com/pgquota/pgquota/db"
 )
 
-// The fenced lock (DESIGN.md section 2, after Martin Kleppmann, "How to do
+// The fenced lock (after Martin Kleppmann, "How to do
 // distributed locking", 2016): a lease grants its holder a fencing token,
 // a number that strictly increases with every acquisition; every write the
 // holder makes carries the token, and the storage rejects a token lower

@@ -95,7 +95,7 @@ const releaseTimeout = 5 * time.Second
 // lost or about to expire without a confirmed renewal (ErrLeaseLost,
 // ErrLeaseExpiring; see Keepalive), or when ctx ends. fn must then stop:
 // its writes fenced with the lease's token are rejected once another
-// holder has the lease (DESIGN.md guarantee 2), but its other effects are
+// holder has the lease (the guarantee that a stale holder never writes), but its other effects are
 // not. Do waits for fn to return whatever happens.
 //
 // Returns:

@@ -62,7 +62,7 @@ type ReapedLease struct {
 // used. Run it periodically (`pgquota lease reap --older-than 24h` from
 // cron, say).
 //
-// It never weakens DESIGN.md guarantee 2 (a stale holder never writes) by
+// It never weakens the guarantee that a stale holder never writes (a stale holder never writes) by
 // default: a lease row alone can go, because a write checked against the
 // lease then finds no row held with its token (ErrLeaseLost), the fence row
 // keeps the highest token for writes checked against it alone, and tokens

@@ -68,7 +68,7 @@ func (b *testBundle) recreateDrop(t *testing.T, campaign string) {
 // shards, 8 claims in flight; shrunk from 16 to 2, 1 (breaker3 found the
 // gate keeping the first pool's capacity forever). A fresh client gets the
 // same bound for the same pool.
-func TestBreaker3GateCapacityStaleAfterRecreate(t *testing.T) {
+func TestShardGateCapacityStaleAfterRecreate(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name      string

@@ -19,7 +19,7 @@ import (
 // claim waited for that place, the three would wait for each other with
 // nothing to detect it (found by breaker3); it waits at most 100ms, then
 // takes a free shard.
-func TestBreaker3GateBlockedByDuplicateOfOpenTx(t *testing.T) {
+func TestShardGateBlockedByDuplicateOfOpenTx(t *testing.T) {
 	t.Parallel()
 	for _, bound := range []int{0, -1} {
 		t.Run(fmt.Sprint("bound ", bound), func(t *testing.T) {
@@ -69,7 +69,7 @@ func TestBreaker3GateBlockedByDuplicateOfOpenTx(t *testing.T) {
 // its shard is free and has units. A new claim must not wait behind the
 // first one for as long as the remaining transaction stays open (found by
 // breaker3): it waits at most 100ms at the gate, then takes the free shard.
-func TestBreaker3GateBlockedBehindClaimWaitingForOpenTx(t *testing.T) {
+func TestShardGateBlockedBehindClaimWaitingForOpenTx(t *testing.T) {
 	t.Parallel()
 	for _, bound := range []int{0, -1} {
 		t.Run(fmt.Sprint("bound ", bound), func(t *testing.T) {
