@@ -115,7 +115,7 @@ type LeaseAcquireRow struct {
 //     T in the same statement, so from the moment the lease is taken no
 //     write carrying an older token lands on the resource (a fenced row, or
 //     a table whose guard uses that resource), even before the new holder
-//     writes anything (DESIGN.md guarantee 2). The lease row is locked
+//     writes anything (the guarantee that a stale holder never writes). The lease row is locked
 //     before the fence row, the order pgquota.fence_admit uses too.
 //
 //   - Every time written (acquired_at, renewed_at, expires_at) and db_now

@@ -248,7 +248,7 @@ type LeaseReapRow struct {
 //     token and its commit, whatever order that statement's steps run in.
 //     The key must stay the one LeaseAcquire locks.
 //   - Deleting a lease row keeps every fence: a write checked against the
-//     lease (FenceWrite with Lease, GrantFenced) finds no row held with its
+//     lease (WriteFencedRow with Lease, the fenced-grant comparison path) finds no row held with its
 //     token and is rejected (PQ002), and the fence row of the lease's name
 //     still holds the highest token, for writes checked against it alone.
 //     Tokens come from one sequence, so the next acquisition's token is

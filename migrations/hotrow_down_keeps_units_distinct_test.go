@@ -16,7 +16,7 @@ import (
 // numbered their units base + 1 .. base + total, so the claims so far need
 // not hold the numbers 1 .. claimed; the counted pool then numbers new
 // claims claimed + 1, claimed + 2, ... Every unit of a pool must still have
-// a distinct number (Claim.Seq, 1 to Total), before and after, and a keyed
+// a distinct number (ClaimResult.Seq, 1 to Total), before and after, and a keyed
 // claim's stored outcome must name the unit its member holds.
 func TestDownHotrowKeepsUnitNumbersDistinct(t *testing.T) {
 	t.Parallel()
@@ -31,7 +31,7 @@ func TestDownHotrowKeepsUnitNumbersDistinct(t *testing.T) {
 	client, err := quota.New(pool, nil)
 	require.NoError(t, err)
 	// 4 units in 2 shards: shard 0 holds units 1-2, shard 1 units 3-4.
-	_, err = client.CreateShardedPool(ctx, "p", 4, 2)
+	_, err = client.CreateShardedCampaign(ctx, "p", 4, 2)
 	require.NoError(t, err)
 	// While shard 0 is locked, claims skip it and take shard 1's units 3
 	// and 4.
@@ -40,7 +40,7 @@ func TestDownHotrowKeepsUnitNumbersDistinct(t *testing.T) {
 	_, err = tx.Exec(ctx, `SELECT 1 FROM pgquota.voucher_shard WHERE campaign = 'p' AND shard = 0 FOR UPDATE`)
 	require.NoError(t, err)
 	for _, m := range []string{"a", "b"} {
-		c, err := client.ClaimVoucher(ctx, "p", m)
+		c, err := client.Claim(ctx, quota.ClaimRequest{Campaign: "p", Member: m})
 		require.NoError(t, err)
 		require.True(t, c.Claimed)
 		require.Greater(t, c.Seq, int64(2), "shard 1's units")
@@ -53,16 +53,16 @@ func TestDownHotrowKeepsUnitNumbersDistinct(t *testing.T) {
 	keyed := ""
 	for i := 0; keyed == "" && i < 40; i++ {
 		camp := fmt.Sprint("k", i)
-		_, err = client.CreateShardedPool(ctx, camp, 4, 2)
+		_, err = client.CreateShardedCampaign(ctx, camp, 4, 2)
 		require.NoError(t, err)
-		c, err := client.ClaimVoucherWithKey(ctx, camp, "x", quota.IdempotencyKey{Key: "key"})
+		c, err := client.Claim(ctx, quota.ClaimRequest{Campaign: camp, Member: "x", Idempotency: quota.IdempotencyKey{Key: "key"}})
 		require.NoError(t, err)
 		if c.Seq == 3 {
 			keyed = camp
 		}
 	}
 	require.NotEmpty(t, keyed)
-	_, err = client.ClaimVoucher(ctx, keyed, "y")
+	_, err = client.Claim(ctx, quota.ClaimRequest{Campaign: keyed, Member: "y"})
 	require.NoError(t, err)
 
 	p, err := migrations.NewProvider(db)
@@ -80,11 +80,11 @@ func TestDownHotrowKeepsUnitNumbersDistinct(t *testing.T) {
 	after, err := quota.New(pool, nil)
 	require.NoError(t, err)
 	for _, m := range []string{"c", "d"} {
-		c, err := after.ClaimVoucher(ctx, "p", m)
+		c, err := after.Claim(ctx, quota.ClaimRequest{Campaign: "p", Member: m})
 		require.NoError(t, err)
 		require.True(t, c.Claimed)
 	}
-	c, err := after.ClaimVoucher(ctx, "p", "e")
+	c, err := after.Claim(ctx, quota.ClaimRequest{Campaign: "p", Member: "e"})
 	require.NoError(t, err)
 	require.False(t, c.Claimed, "sold out")
 

@@ -33,7 +33,10 @@ func anyKeyed(reqs []GrantRequest) bool {
 
 // fingerprint is a keyed grant request's ledger fingerprint.
 func fingerprint(req GrantRequest) request {
-	key, _ := checkKey(req.Idempotency, req.Quota) // validated before
+	key := req.Idempotency // validated before (checkGrantRequest)
+	if key.Scope == "" {
+		key.Scope = req.Quota
+	}
 	var limit pgtype.Int8
 	if req.Limit != nil {
 		limit = pgtype.Int8{Int64: *req.Limit, Valid: true}

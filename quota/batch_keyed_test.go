@@ -114,8 +114,8 @@ func TestGrantBatchKeyed(t *testing.T) {
 	require.True(t, outs[0].Replayed)
 	require.Equal(t, single.GrantID, outs[0].GrantID)
 
-	// RevokeGrant gives a batch grant's units back.
-	rg, err := b.client.RevokeGrant(b.ctx, again[0].GrantID)
+	// CompensateGrant gives a batch grant's units back.
+	rg, err := b.client.CompensateGrant(b.ctx, again[0].GrantID)
 	require.NoError(t, err)
 	require.Equal(t, int64(5), rg.Revoked)
 }

@@ -36,7 +36,7 @@ func TestShardedClaimsCampaignCacheBounded(t *testing.T) {
 	for round := range 2 {
 		for i := 1; i <= campaigns; i++ {
 			camp := fmt.Sprint("c", i)
-			first, err := c.ClaimVoucher(b.ctx, camp, "alice")
+			first, err := c.Claim(b.ctx, quota.ClaimRequest{Campaign: camp, Member: "alice"})
 			require.NoError(t, err, "round %d %s", round, camp)
 			require.True(t, first.Claimed)
 			require.Equal(t, round == 1, first.Repeat, "round %d %s", round, camp)
@@ -47,11 +47,11 @@ func TestShardedClaimsCampaignCacheBounded(t *testing.T) {
 	}
 	for i := 1; i <= campaigns; i++ {
 		camp := fmt.Sprint("c", i)
-		second, err := c.ClaimVoucher(b.ctx, camp, "bob")
+		second, err := c.Claim(b.ctx, quota.ClaimRequest{Campaign: camp, Member: "bob"})
 		require.NoError(t, err)
 		require.True(t, second.Claimed)
 		require.False(t, second.Repeat)
-		none, err := c.ClaimVoucher(b.ctx, camp, "carol")
+		none, err := c.Claim(b.ctx, quota.ClaimRequest{Campaign: camp, Member: "carol"})
 		require.NoError(t, err)
 		require.False(t, none.Claimed, "%s: 2 units, both claimed", camp)
 	}

@@ -32,7 +32,7 @@ func TestClaimCodeDuplicatesForLastCode(t *testing.T) {
 				codes := []string{fmt.Sprint("a-", round), fmt.Sprint("b-", round)}
 				_, err := b.client.ImportCodes(b.ctx, campaign, codes)
 				require.NoError(t, err)
-				first, err := b.client.ClaimCode(b.ctx, campaign, "other")
+				first, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: campaign, Member: "other"})
 				require.NoError(t, err)
 				require.True(t, first.Claimed)
 				code := codes[0]
@@ -41,15 +41,15 @@ func TestClaimCodeDuplicatesForLastCode(t *testing.T) {
 				}
 
 				var mu sync.Mutex
-				var claims []quota.Claim
+				var claims []quota.ClaimResult
 				var errs []error
 				concurrently(copies, func(i int) {
-					var c quota.Claim
+					var c quota.ClaimResult
 					var err error
 					if keyed {
-						c, err = b.client.ClaimCodeWithKey(b.ctx, campaign, "m", quota.IdempotencyKey{Key: fmt.Sprint("k", i)})
+						c, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: campaign, Member: "m", Idempotency: quota.IdempotencyKey{Key: fmt.Sprint("k", i)}})
 					} else {
-						c, err = b.client.ClaimCode(b.ctx, campaign, "m")
+						c, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: campaign, Member: "m"})
 					}
 					mu.Lock()
 					defer mu.Unlock()

@@ -21,7 +21,7 @@ import (
 // Config holds a Client's settings. The zero value (or a nil *Config) is
 // ready to use.
 type Config struct {
-	// CodeClaimWait bounds how long ClaimCode keeps trying while unclaimed
+	// CodeClaimWait bounds how long Claim keeps trying while unclaimed
 	// codes exist but every one of them is locked by another claimer that
 	// has not committed yet (it may still roll back, so the campaign is not
 	// sold out). The caller's context bounds it too. Defaults to 5s.
@@ -65,19 +65,19 @@ type Config struct {
 	GroupCommit bool
 
 	// ShardedClaimsInFlight bounds, per sharded pool, how many of this
-	// client's ClaimVoucher calls run a claim statement at once; the others
+	// client's Claim calls run a claim statement at once; the others
 	// wait in the client, in no particular order, bounded by their contexts
 	// and by 100ms: a call that waited that long goes ahead without a
 	// place, so a claim that waits in the database for a transaction of
-	// yours (ClaimVoucherTx, not committed yet) never holds the others up
+	// yours (ClaimTx, not committed yet) never holds the others up
 	// for longer, nor closes a wait cycle with that transaction.
 	// Zero means half the pool's shards (at least 1), which keeps FOR UPDATE
 	// SKIP LOCKED finding an unlocked shard instead of queueing claims in
 	// the shards' row locks, where many waiting sessions cost the server
 	// more than they add (on a 2-core machine at 64 clients, a 32-shard pool
 	// claimed about 1.7 times as fast with the bound as without). A negative
-	// value removes the bound. ClaimVoucherTx, ClaimVoucherWithKey and
-	// counted pools are never bounded.
+	// value removes the bound. ClaimTx, keyed claims (ClaimRequest.Idempotency)
+	// and counted pools are never bounded.
 	ShardedClaimsInFlight int
 
 	// OnAbandonedGrant, when not nil, is called with the outcome of each
@@ -95,7 +95,7 @@ type Config struct {
 	// PoolerTransaction behind a pooler in transaction mode (PgBouncer's
 	// pool_mode = transaction and the like): every call then keeps no
 	// session state on the server connections it borrows. AcquireWait
-	// (and GrantFenced, which waits through it) polls instead of LISTENing
+	// (and grantFenced, which waits through it) polls instead of LISTENing
 	// (see WaitOptions for the intervals), and New refuses a pool whose pgx
 	// query exec mode is unsafe behind such a pooler (see
 	// PoolerMode.CheckExecMode: use pgx.QueryExecModeExec). The pgquota
@@ -121,10 +121,10 @@ type Config struct {
 //
 // The calls that change quota, voucher, lease, fence, ledger and outbox
 // state have a twin XTx that runs inside the caller's pgx.Tx (GrantTx,
-// RevokeGrantTx, ClaimVoucherTx, AcquireTx, FenceWriteTx, EnqueueTx, ...),
+// CompensateGrantTx, ClaimTx, AcquireTx, WriteFencedRowTx, EnqueueTx, ...),
 // so the caller's own writes and pgquota's commit or roll back together.
 // The exceptions own their transactions or wait between them: AcquireWait,
-// GrantFenced, Keepalive, the Relay, ReapLedger, ReapOutbox and Migrate.
+// grantFenced, Keepalive, the Relay, ReapLedger, ReapOutbox and Migrate.
 type Client struct {
 	pool *pgxpool.Pool
 	// db runs single statements on pool and retries serialization failures
@@ -152,17 +152,21 @@ type Client struct {
 	// campaign (shard.go), for the campaignCacheSize campaigns used last
 	// (campaign_cache.go).
 	shardCounts boundedMap
+	// codeCampaigns remembers the campaigns found to hold codes, so that
+	// Claim sends their claim statement first (claim.go), for as many
+	// campaigns.
+	codeCampaigns boundedMap
 	// shardGates holds, per sharded campaign, the channel that bounds this
 	// client's claims in flight (shardGate), for as many campaigns.
 	shardGates boundedMap
 	// testShardGateMaxWait replaces shardGateMaxWait when not zero (tests).
 	testShardGateMaxWait time.Duration
 
-	// testHookFencedGrantPause, set by tests only, runs in GrantFenced
+	// testHookFencedGrantPause, set by tests only, runs in grantFenced
 	// between the read and the fenced write.
 	testHookFencedGrantPause func(context.Context, Lease)
 
-	// testHookFencedGrantRelease, set by tests only, runs in GrantFenced
+	// testHookFencedGrantRelease, set by tests only, runs in grantFenced
 	// just before it releases its lease.
 	testHookFencedGrantRelease func(context.Context, Lease)
 

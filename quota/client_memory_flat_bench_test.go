@@ -74,7 +74,7 @@ func BenchmarkClientMemoryFlat(b *testing.B) {
 					return err
 				})
 				runParallel(b, 64, campaigns, func(i int) error {
-					_, err := client.ClaimVoucher(ctx, "camp"+strconv.Itoa(i+1), prefix)
+					_, err := client.Claim(ctx, quota.ClaimRequest{Campaign: "camp" + strconv.Itoa(i+1), Member: prefix})
 					return err
 				})
 				heap := heapAfterGC()

@@ -55,7 +55,7 @@ func (l *errList) requireNone(t *testing.T, what string) {
 	}
 }
 
-// DESIGN.md section 4: serialization failures (40001) and deadlocks are
+// Serialization failures (40001) and deadlocks are
 // retried where pgquota owns the transaction. Calls on the pool run in a
 // transaction pgquota owns (one statement, or ImportCodes' own); with
 // serializable as the server's default isolation (a role or database
@@ -64,7 +64,7 @@ func TestBreakDefaultSerializable(t *testing.T) {
 	t.Parallel()
 	b := serializableSetup(t, 16)
 	b.define(t, quota.Definition{Name: "q", Window: quota.WindowNone, DefaultLimit: ptr[int64](1000)})
-	_, err := b.client.CreateVoucherPool(b.ctx, "pool", 100)
+	_, err := b.client.CreateCampaign(b.ctx, "pool", 100)
 	require.NoError(t, err)
 	codes := make([]string, 100)
 	for i := range codes {
@@ -89,9 +89,9 @@ func TestBreakDefaultSerializable(t *testing.T) {
 			revoked += r.Revoked
 			mu.Unlock()
 		}
-		_, err := b.client.ClaimVoucher(b.ctx, "pool", fmt.Sprint("member-", i))
+		_, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "pool", Member: fmt.Sprint("member-", i)})
 		claims.add(err)
-		_, err = b.client.ClaimCode(b.ctx, "codes", fmt.Sprint("member-", i))
+		_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "codes", Member: fmt.Sprint("member-", i)})
 		codeClaims.add(err)
 		_, err = b.client.ImportCodes(b.ctx, "codes", []string{fmt.Sprint("new-", i), "shared"})
 		imports.add(err)
@@ -101,7 +101,7 @@ func TestBreakDefaultSerializable(t *testing.T) {
 		}
 		acquires.add(err)
 		if err == nil && l.Token > 0 {
-			_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "res", Key: "k", Value: "v", Token: l.Token})
+			_, err = b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: "res", Key: "k", Value: "v", Token: l.Token})
 			if err != nil && errorsIsStale(err) {
 				err = nil
 			}
@@ -110,11 +110,11 @@ func TestBreakDefaultSerializable(t *testing.T) {
 	})
 	grants.requireNone(t, "Grant")
 	revokes.requireNone(t, "Revoke")
-	claims.requireNone(t, "ClaimVoucher")
-	codeClaims.requireNone(t, "ClaimCode")
+	claims.requireNone(t, "Claim counted")
+	codeClaims.requireNone(t, "Claim codes")
 	imports.requireNone(t, "ImportCodes")
 	acquires.requireNone(t, "Acquire")
-	writes.requireNone(t, "FenceWrite")
+	writes.requireNone(t, "WriteFencedRow")
 	sum, _ := b.usageRows(t, "q", "m")
 	require.Equal(t, granted-revoked, sum)
 }

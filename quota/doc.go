@@ -9,7 +9,7 @@
 //
 // # Conditional updates (no lock)
 //
-// Grant, ClaimVoucher and ClaimCode each run ONE SQL statement in which the
+// Grant and Claim each run ONE SQL statement in which the
 // check is the WHERE clause of the row being written, for example
 //
 //	UPDATE pgquota.usage SET used = used + $amount
@@ -26,7 +26,7 @@
 // clause carries the same guard).
 //
 // A denied grant or a sold-out claim is a result, not an error:
-// GrantResult.Granted and Claim.Claimed are false, and the result still
+// GrantResult.Granted and ClaimResult.Claimed are false, and the result still
 // reports current usage.
 //
 // # Hot rows: coalescing, sharding, batches
@@ -34,7 +34,7 @@
 // A single counter row serializes its writers on the row lock, which each
 // holds until its commit is flushed. Config.Coalesce combines concurrent
 // Grant calls for the same counter into one statement (group commit for one
-// row); CreateShardedPool splits a voucher pool's total across several rows;
+// row); CreateShardedCampaign splits a voucher pool's total across several rows;
 // GrantBatch grants many requests in one statement and one commit. All
 // three keep the total exact, and coalesced and batched grants decide the
 // requests on one counter exactly as running them one after another would:

@@ -15,7 +15,7 @@ import (
 // it the moment it must stop acting as leader. The lease's token is the
 // leader's fencing token: a deposed leader that still acts (it was paused
 // and has not looked at its context yet) has its fenced writes rejected
-// (DESIGN.md guarantee 2). The leader's value (etcd's campaign value, an
+// (the guarantee that a stale holder never writes). The leader's value (etcd's campaign value, an
 // address for the followers) is the lease's payload.
 
 // ElectionOptions configures an Election.
@@ -128,7 +128,7 @@ func (t *Leadership) Done() <-chan struct{} { return t.k.Done() }
 func (t *Leadership) Lease() Lease { return t.k.Lease() }
 
 // Token returns the leader's fencing token: pass it on every write the
-// leader makes (FenceWriteRequest.Token, with Lease set to the election's
+// leader makes (WriteFencedRowRequest.Token, with Lease set to the election's
 // name).
 func (t *Leadership) Token() int64 { return t.k.Lease().Token }
 

@@ -50,7 +50,7 @@ func TestElectionOneLeaderAtATimeAndResignHandsOver(t *testing.T) {
 					if cur.Token != lead.Token() || cur.Holder != who || cur.Payload != "http://"+who {
 						return fmt.Errorf("%s leads with token %d, Leader says %s with %d (%q)", who, lead.Token(), cur.Holder, cur.Token, cur.Payload)
 					}
-					if _, err := c.FenceWrite(lead.Context(), quota.FenceWriteRequest{
+					if _, err := c.WriteFencedRow(lead.Context(), quota.WriteFencedRowRequest{
 						Resource: "leader", Key: "config", Value: who, Token: lead.Token(), Lease: "leader",
 					}); err != nil {
 						return err
@@ -141,7 +141,7 @@ func TestElectionPausedLeaderLosesAndItsWritesAreRejected(t *testing.T) {
 
 	a, err := ea.Campaign(ctx, "a:5432")
 	require.NoError(t, err)
-	_, err = clients[0].FenceWrite(ctx, quota.FenceWriteRequest{Resource: "primary", Key: "k", Value: "a", Token: a.Token(), Lease: "primary"})
+	_, err = clients[0].WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "primary", Key: "k", Value: "a", Token: a.Token(), Lease: "primary"})
 	require.NoError(t, err)
 
 	bDone := make(chan *quota.Leadership, 1)
@@ -175,14 +175,14 @@ func TestElectionPausedLeaderLosesAndItsWritesAreRejected(t *testing.T) {
 	// A wakes up and, not having looked at its context, writes as leader:
 	// rejected whether or not the write names the lease.
 	close(pause)
-	_, err = clients[0].FenceWrite(ctx, quota.FenceWriteRequest{Resource: "primary", Key: "k", Value: "a late", Token: a.Token(), Lease: "primary"})
+	_, err = clients[0].WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "primary", Key: "k", Value: "a late", Token: a.Token(), Lease: "primary"})
 	require.ErrorIs(t, err, quota.ErrStaleToken)
-	_, err = clients[0].FenceWrite(ctx, quota.FenceWriteRequest{Resource: "primary", Key: "k", Value: "a late", Token: a.Token()})
+	_, err = clients[0].WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "primary", Key: "k", Value: "a late", Token: a.Token()})
 	require.ErrorIs(t, err, quota.ErrStaleToken)
 	require.ErrorIs(t, a.Proclaim(ctx, "a again"), quota.ErrLeaseLost)
 	require.NoError(t, a.Resign(ctx), "resigning a lost term is not an error")
 
-	row, err := clients[1].FenceWrite(ctx, quota.FenceWriteRequest{Resource: "primary", Key: "k", Value: "b", Token: b.Token(), Lease: "primary"})
+	row, err := clients[1].WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "primary", Key: "k", Value: "b", Token: b.Token(), Lease: "primary"})
 	require.NoError(t, err)
 	require.Equal(t, b.Token(), row.Token)
 

@@ -31,24 +31,19 @@ var (
 	// HasLimit false.)
 	ErrNoLimit = errors.New("pgquota: no limit: give one in the call, set a member limit, or define the quota with a default limit")
 
-	// ErrCampaignNotFound is returned by ClaimVoucher, ClaimVoucherTx,
-	// ClaimCode, ClaimCodeTx and VoucherStatus when no campaign of that name
+	// ErrCampaignNotFound is returned by Claim, ClaimTx
+	// and Campaign when no campaign of that name
 	// exists.
 	ErrCampaignNotFound = errors.New("pgquota: voucher campaign not found")
 
-	// ErrCampaignExists is returned by CreateVoucherPool and
-	// CreateVoucherPoolTx when the campaign already exists with another
-	// total or kind, by CreateShardedPool and CreateShardedPoolTx when it
+	// ErrCampaignExists is returned by CreateCampaign and
+	// CreateCampaignTx when the campaign already exists with another
+	// total or kind, by CreateShardedCampaign and CreateShardedCampaignTx when it
 	// exists with another total, number of shards or kind, and by
 	// ImportCodes and ImportCodesTx when the campaign exists as a counted or
 	// sharded pool. A repeated create with the same total (and shards) is
 	// not an error.
 	ErrCampaignExists = errors.New("pgquota: voucher campaign already exists")
-
-	// ErrCampaignKind is returned by ClaimVoucher and ClaimVoucherTx for a
-	// code campaign, and by ClaimCode and ClaimCodeTx for a counted or
-	// sharded pool.
-	ErrCampaignKind = errors.New("pgquota: wrong kind of voucher campaign")
 
 	// ErrSchemaMissing is returned by every call that reaches the database
 	// when the pgquota schema is missing or older than this build needs
@@ -83,15 +78,14 @@ var (
 	ErrPermissionDenied = errors.New("pgquota: permission denied")
 
 	// ErrIdempotencyKeyReused is returned by Grant, GrantTx, Revoke,
-	// RevokeTx, ClaimVoucherWithKey, ClaimVoucherWithKeyTx, ClaimCodeWithKey
-	// and ClaimCodeWithKeyTx when the idempotency key (in its scope) was
+	// RevokeTx, Claim and ClaimTx when the idempotency key (in its scope) was
 	// first used for a different request: another operation, quota or
 	// campaign, member, amount or limit. Nothing is written. The message
 	// names the first request's grant id and the field that differs. (The
 	// "Idempotency-Key" IETF draft answers this case with 422.)
 	ErrIdempotencyKeyReused = errors.New("pgquota: idempotency key reused with a different request")
 
-	// ErrGrantNotFound is returned by RevokeGrant and RevokeGrantTx when no
+	// ErrGrantNotFound is returned by CompensateGrant and CompensateGrantTx when no
 	// keyed grant has that grant id (grants without an idempotency key have
 	// none, and reaped ledger rows are gone: see ReapLedger), and by
 	// LedgerEntry and LedgerEntryByKey when no ledger entry matches.
@@ -104,25 +98,25 @@ var (
 // it ended (the connection was lost or the server shut down after the
 // statement was sent, the context ended while it ran, a FATAL error ended
 // the session). Every other error of a state-changing call means nothing
-// was written (DESIGN.md guarantee 6). Test for it with errors.Is; the
+// was written (nothing written, or the outcome unknown). Test for it with errors.Is; the
 // original error stays in the chain (errors.As to *pgconn.PgError, a
 // net.Error, io.ErrUnexpectedEOF, context.Canceled, ...).
 //
 // The calls without a Tx suffix that change state can return it: Grant,
-// GrantBatch, Revoke, RevokeGrant, GrantFenced, ClaimVoucher,
-// ClaimVoucherWithKey, ClaimCode, ClaimCodeWithKey, CreateVoucherPool,
-// CreateShardedPool, ImportCodes, DefineQuota, SetMemberLimit,
-// ClearMemberLimit, Acquire, AcquireWait, Renew, Release, FenceWrite,
-// AttachFenceGuard, Enqueue, ReapLedger, ReapOutbox, and RunInTx (for its
+// GrantBatch, Revoke, CompensateGrant, Claim,
+// CreateCampaign,
+// CreateShardedCampaign, ImportCodes, DefineQuota, SetMemberLimit,
+// ClearMemberLimit, Acquire, AcquireWait, Renew, Release, WriteFencedRow,
+// GuardTable, Enqueue, ReapLedger, ReapOutbox, and RunInTx (for its
 // COMMIT). pgquota never retries such an error blindly. Learn the outcome
 // by repeating the call with the same idempotency key where it takes one
 // (GrantRequest.Idempotency, RevokeRequest.Idempotency, the WithKey claims:
 // the repeat returns the first outcome and changes nothing more), by
 // repeating a call that is idempotent by itself (Acquire with the same
-// AcquireRequest.Attempt, Renew, Release, RevokeGrant, FenceWrite of the
+// AcquireRequest.Attempt, Renew, Release, CompensateGrant, WriteFencedRow of the
 // same value, the creates and defines with the same arguments, a claim by
 // the same member), or by reading the state (Usage, LedgerEntryByKey,
-// Lease, FencedRow, OutboxEvents, VoucherStatus). An unkeyed Grant,
+// Lease, FencedRow, OutboxEvents, Campaign). An unkeyed Grant,
 // GrantBatch, Revoke or Enqueue repeated blindly may apply twice.
 //
 // The XTx calls never return it: their statements run in the caller's
@@ -206,7 +200,7 @@ var (
 	// SetLeasePayload, SetLeasePayloadTx and Leadership.Proclaim when the
 	// lease is no longer held with the given token (it expired by
 	// the database clock, was released, or another holder took it over), by
-	// FenceWrite, FenceWriteTx, GrantFenced and PresentTokenTx when the
+	// WriteFencedRow, WriteFencedRowTx and PresentTokenTx when the
 	// lease the write is checked against is not held with the token
 	// (SQLSTATE PQ002), and is the cause of Keeper.Context (and so of the
 	// contexts Do and Campaign give) when a renewal found the lease lost. A deposed
@@ -221,16 +215,16 @@ var (
 	// row of that key.
 	ErrFencedRowNotFound = errors.New("pgquota: fenced row not found")
 
-	// ErrStaleToken is returned by FenceWrite, FenceWriteTx, GrantFenced and
-	// PresentTokenTx, and by FenceError for an error from a guarded
+	// ErrStaleToken is returned by WriteFencedRow, WriteFencedRowTx and
+	// PresentTokenTx, and by MapFenceError for an error from a guarded
 	// application table, when
 	// the write's fencing token is below the highest token seen for the
 	// resource (or below the token of the lease it is checked against). It
 	// is wrapped in a *StaleTokenError. Nothing was written.
 	ErrStaleToken = errors.New("pgquota: stale fencing token")
 
-	// ErrTokenNotPresented is returned by FenceError for an error from a
-	// table guarded by AttachFenceGuard (SQLSTATE PQ003) when the statement
+	// ErrTokenNotPresented is returned by MapFenceError for an error from a
+	// table guarded by GuardTable (SQLSTATE PQ003) when the statement
 	// ran in a transaction that presented no fencing token for the table's
 	// resource (PresentTokenTx or SELECT pgquota.present_token(...) first,
 	// in the same transaction), or one that pgquota.present_token did not

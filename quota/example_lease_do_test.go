@@ -26,7 +26,7 @@ func ExampleClient_Do() {
 	err = c.Do(ctx, quota.DoRequest{Name: "nightly-report", TTL: 30 * time.Second, Wait: true},
 		func(ctx context.Context) error { // ends before the lease can expire
 			l, _ := quota.LeaseFromContext(ctx)
-			_, err := c.FenceWrite(ctx, quota.FenceWriteRequest{
+			_, err := c.WriteFencedRow(ctx, quota.WriteFencedRowRequest{
 				Resource: "nightly-report", Key: "status", Value: "done", Token: l.Token, Lease: l.Name,
 			})
 			return err

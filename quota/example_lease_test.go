@@ -37,7 +37,7 @@ func ExampleClient_Keepalive() {
 
 	// ... long work under k.Context() ...
 
-	_, err = c.FenceWrite(k.Context(), quota.FenceWriteRequest{
+	_, err = c.WriteFencedRow(k.Context(), quota.WriteFencedRowRequest{
 		Resource: "nightly-report", Key: "status", Value: "done", Token: l.Token, Lease: "nightly-report",
 	})
 	switch {
@@ -64,7 +64,7 @@ func ExampleClient_PresentTokenTx() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	g, err := c.AttachFenceGuard(ctx, quota.FenceGuardRequest{Table: "public.reports", Column: "fence_token"})
+	g, err := c.GuardTable(ctx, quota.GuardTableRequest{Table: "public.reports", Column: "fence_token"})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func ExampleClient_PresentTokenTx() {
 	// Stamped with l.Token by the guard; a statement without a presented
 	// token would fail with SQLSTATE PQ003 (quota.ErrTokenNotPresented).
 	if _, err := tx.Exec(ctx, `UPDATE public.reports SET status = 'done' WHERE id = 1`); err != nil {
-		log.Fatal(quota.FenceError(err))
+		log.Fatal(quota.MapFenceError(err))
 	}
 	if err := tx.Commit(ctx); err != nil {
 		log.Fatal(err)

@@ -78,3 +78,13 @@ const CampaignCacheSize = campaignCacheSize
 func SetCampaignCacheSize(c *Client, n int) {
 	c.shardCounts.size, c.shardGates.size = n, n
 }
+
+// GrantFenced is the comparison path Client.grantFenced (read, decide,
+// fenced write under a lease: four round trips), for the tests that pit it
+// against Grant.
+func GrantFenced(ctx context.Context, c *Client, req GrantRequest, ttl time.Duration) (GrantResult, error) {
+	return c.grantFenced(ctx, req, ttl)
+}
+
+// FencedGrantLease is the name of the lease grantFenced takes.
+func FencedGrantLease(quota, member string) string { return fencedGrantLease(quota, member) }

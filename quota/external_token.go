@@ -2,8 +2,8 @@ package quota
 
 // External fencing tokens: numbers from another lock service (an etcd
 // key's create revision, a ZooKeeper lock node's sequence number) used as
-// the Token of FenceWrite (with no Lease) or of PresentTokenTx on a table
-// attached with FenceGuardRequest.External. They grow with every holder
+// the Token of WriteFencedRow (with no Lease) or of PresentTokenTx on a table
+// attached with GuardTableRequest.External. They grow with every holder
 // while the service keeps its history, and restart when it does not (a new
 // ZooKeeper ensemble, a lock's parent node created again, an etcd cluster
 // restored from an older snapshot or started anew): the storage then
@@ -33,12 +33,12 @@ const (
 // Keep external tokens on resources of their own: a resource's highest token
 // seen is one number, so tokens of pgquota leases and of another service on
 // one resource lock each other out. pgquota refuses that mix where it can: a
-// FenceWrite without Lease on the resource of a table guarded for lease
+// WriteFencedRow without Lease on the resource of a table guarded for lease
 // tokens (attached without External) is refused with ErrLeaseLost (SQLSTATE
 // PQ002) when its token is above every token pgquota's leases have issued
 // (pgquota.lease_token_ceiling), and PresentTokenTx on such a table checks
 // the lease, which no external token holds. Attach the guard with External,
-// or give FenceWrite a resource no lease is named like.
+// or give WriteFencedRow a resource no lease is named like.
 //
 // Errors: *InputError (ErrInvalidInput) naming "bits", "epoch" or the
 // service number ("external number") when out of range.

@@ -28,7 +28,7 @@ import (
 // token is the current holder writing again.
 
 // SQLSTATEs raised by pgquota's fence (class PQ, which PostgreSQL does not
-// use). FenceError turns them into ErrStaleToken, ErrLeaseLost and
+// use). MapFenceError turns them into ErrStaleToken, ErrLeaseLost and
 // ErrTokenNotPresented.
 const (
 	// SQLStateStaleToken is raised when a write's fencing token is below the
@@ -46,13 +46,13 @@ const (
 	// object {"lease": text, "token": bigint}.
 	SQLStateLeaseNotHeld = "PQ002"
 	// SQLStateTokenNotPresented is raised by the guard of a table attached
-	// with AttachFenceGuard when a statement on it (INSERT, UPDATE, DELETE
+	// with GuardTable when a statement on it (INSERT, UPDATE, DELETE
 	// or TRUNCATE) runs in a transaction that presented no fencing token for
 	// the table's resource (PresentTokenTx, pgquota.present_token), or whose
 	// token for it was not admitted by pgquota.present_token (set by hand,
 	// above the highest admitted). DETAIL is a JSON object {"resource":
 	// text, "table": text, "operation": text, "token": bigint|null,
-	// "highest": bigint}. FenceError maps it to ErrTokenNotPresented.
+	// "highest": bigint}. MapFenceError maps it to ErrTokenNotPresented.
 	SQLStateTokenNotPresented = "PQ003"
 )
 
@@ -99,14 +99,14 @@ func (e *StaleTokenError) Unwrap() []error {
 	return []error{ErrStaleToken, e.pgErr}
 }
 
-// FenceError maps an error raised by pgquota's fence in the database to
+// MapFenceError maps an error raised by pgquota's fence in the database to
 // the library's errors: SQLSTATE PQ001 becomes a *StaleTokenError
 // (ErrStaleToken), PQ002 an error wrapping ErrLeaseLost and PQ003 one
 // wrapping ErrTokenNotPresented, each keeping the *pgconn.PgError in the
 // chain. Any other error, and nil, is returned
 // unchanged. Use it on errors from your own statements on a table guarded
-// by AttachFenceGuard; pgquota's own calls apply it already.
-func FenceError(err error) error {
+// by GuardTable; pgquota's own calls apply it already.
+func MapFenceError(err error) error {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return err
@@ -135,7 +135,7 @@ func FenceError(err error) error {
 	return err
 }
 
-// leaseNotHeldError is FenceError's error for SQLSTATE PQ002. Its text is
+// leaseNotHeldError is MapFenceError's error for SQLSTATE PQ002. Its text is
 // the server's message once (wrapping the *pgconn.PgError with %w would
 // print it twice); it unwraps to ErrLeaseLost and the *pgconn.PgError.
 type leaseNotHeldError struct{ pgErr *pgconn.PgError }
@@ -146,7 +146,7 @@ func (e *leaseNotHeldError) Error() string {
 
 func (e *leaseNotHeldError) Unwrap() []error { return []error{ErrLeaseLost, e.pgErr} }
 
-// tokenNotPresentedError is FenceError's error for SQLSTATE PQ003: the
+// tokenNotPresentedError is MapFenceError's error for SQLSTATE PQ003: the
 // server's message once; it unwraps to ErrTokenNotPresented and the
 // *pgconn.PgError.
 type tokenNotPresentedError struct{ pgErr *pgconn.PgError }
@@ -157,8 +157,8 @@ func (e *tokenNotPresentedError) Error() string {
 
 func (e *tokenNotPresentedError) Unwrap() []error { return []error{ErrTokenNotPresented, e.pgErr} }
 
-// FenceWriteRequest is one fenced write.
-type FenceWriteRequest struct {
+// WriteFencedRowRequest is one fenced write.
+type WriteFencedRowRequest struct {
 	// Resource is what the token fences: its highest token seen is shared
 	// by every key. 1 to MaxNameBytes bytes, no control characters.
 	Resource string
@@ -187,7 +187,7 @@ type FencedRow struct {
 	Key      string `json:"key"`
 	Value    string `json:"value"`
 	// Token is the fencing token of the write that stored Value.
-	Token     int64     `json:"fence_token"`
+	Token     int64     `json:"token"`
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
@@ -197,10 +197,10 @@ type FenceState struct {
 	// Highest is the highest token admitted for the resource; 0 before the
 	// first fenced write.
 	Highest   int64     `json:"highest_token"`
-	UpdatedAt time.Time `json:"updated_at,omitzero"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
-func checkFenceWrite(req FenceWriteRequest) error {
+func checkFenceWrite(req WriteFencedRowRequest) error {
 	if err := checkName("resource", req.Resource); err != nil {
 		return err
 	}
@@ -224,7 +224,7 @@ func checkFenceWrite(req FenceWriteRequest) error {
 	return nil
 }
 
-// FenceWrite stores req.Value under (req.Resource, req.Key) if req.Token is
+// WriteFencedRow stores req.Value under (req.Resource, req.Key) if req.Token is
 // at least the highest token seen for req.Resource, raising that mark to
 // req.Token; with req.Lease set, only while that lease is held with
 // req.Token. It is one SQL statement and one round trip (see
@@ -243,24 +243,24 @@ func checkFenceWrite(req FenceWriteRequest) error {
 // COMMIT) was sent and no reply said how it ended, so it may have been
 // applied; to learn the outcome, read the row (FencedRow), or repeat the
 // write with the same token and value.
-func (c *Client) FenceWrite(ctx context.Context, req FenceWriteRequest) (_ FencedRow, err error) {
+func (c *Client) WriteFencedRow(ctx context.Context, req WriteFencedRowRequest) (_ FencedRow, err error) {
 	defer c.m.fenceDone(ctx, c.m.now(), &err)
 	return c.fenceWrite(ctx, c.db, req)
 }
 
-// FenceWriteTx is FenceWrite inside the caller's transaction, so the
+// WriteFencedRowTx is WriteFencedRow inside the caller's transaction, so the
 // caller's own writes commit only together with an admitted fenced write.
 // Until tx ends, the resource's high-water row stays locked (other fenced
 // writers of the resource wait) and, with req.Lease set, the lease row is
 // locked FOR SHARE: no one can take the lease over, and the holder's own
 // renewals wait too, so keep such transactions short. A rejection aborts
 // tx, as any failed statement does.
-func (c *Client) FenceWriteTx(ctx context.Context, tx pgx.Tx, req FenceWriteRequest) (_ FencedRow, err error) {
+func (c *Client) WriteFencedRowTx(ctx context.Context, tx pgx.Tx, req WriteFencedRowRequest) (_ FencedRow, err error) {
 	defer c.m.fenceDone(ctx, c.m.now(), &err)
 	return c.fenceWrite(ctx, tx, req)
 }
 
-func (c *Client) fenceWrite(ctx context.Context, x db.DBTX, req FenceWriteRequest) (FencedRow, error) {
+func (c *Client) fenceWrite(ctx context.Context, x db.DBTX, req WriteFencedRowRequest) (FencedRow, error) {
 	if err := checkFenceWrite(req); err != nil {
 		return FencedRow{}, err
 	}
@@ -282,10 +282,10 @@ func (c *Client) fenceWrite(ctx context.Context, x db.DBTX, req FenceWriteReques
 	return fencedRowFrom(r), nil
 }
 
-// fenceDBError maps the fence's SQLSTATEs (FenceError), then wraps other
+// fenceDBError maps the fence's SQLSTATEs (MapFenceError), then wraps other
 // database errors like dbError.
 func fenceDBError(op string, err error) error {
-	if mapped := FenceError(err); mapped != err {
+	if mapped := MapFenceError(err); mapped != err {
 		return mapped
 	}
 	return dbError(op, err)
@@ -335,12 +335,12 @@ func (c *Client) FencedRows(ctx context.Context, resource string) ([]FencedRow, 
 	return out, nil
 }
 
-// Fence returns the highest token seen for resource (0 before its first
+// FenceState returns the highest token seen for resource (0 before its first
 // fenced write).
 //
 // Errors: *InputError for a bad resource; ErrSchemaMissing; database
 // errors.
-func (c *Client) Fence(ctx context.Context, resource string) (FenceState, error) {
+func (c *Client) FenceState(ctx context.Context, resource string) (FenceState, error) {
 	if err := checkName("resource", resource); err != nil {
 		return FenceState{}, err
 	}
@@ -354,19 +354,19 @@ func (c *Client) Fence(ctx context.Context, resource string) (FenceState, error)
 	return FenceState{Resource: r.Resource, Highest: r.MaxToken, UpdatedAt: timeFromPG(r.UpdatedAt)}, nil
 }
 
-// Names of the triggers AttachFenceGuard creates. The row trigger keeps the
+// Names of the triggers GuardTable creates. The row trigger keeps the
 // name of the first form of the guard (INSERT and UPDATE only, reading the
 // token from the row), so attaching again replaces it in place.
 const (
-	// FenceGuardTrigger is the BEFORE INSERT OR UPDATE OR DELETE row
+	// GuardTrigger is the BEFORE INSERT OR UPDATE OR DELETE row
 	// trigger.
-	FenceGuardTrigger = "pgquota_fence_guard"
+	GuardTrigger = "pgquota_fence_guard"
 	// FenceGuardTruncateTrigger is the BEFORE TRUNCATE statement trigger.
 	FenceGuardTruncateTrigger = "pgquota_fence_guard_truncate"
 )
 
-// FenceGuardRequest names an application table to guard.
-type FenceGuardRequest struct {
+// GuardTableRequest names an application table to guard.
+type GuardTableRequest struct {
 	// Table is a table name as PostgreSQL parses it, optionally
 	// schema-qualified ("orders", "app.orders", `"Orders"`): an ordinary or
 	// partitioned table that is not one of pgquota's own.
@@ -386,15 +386,15 @@ type FenceGuardRequest struct {
 	External bool
 }
 
-// FenceGuard describes a guard attached to an application table.
-type FenceGuard struct {
+// GuardedTable describes a guard attached to an application table.
+type GuardedTable struct {
 	// Table is the guarded table, schema-qualified and quoted as SQL.
 	Table string `json:"table"`
 	// Column is the token column.
 	Column string `json:"column"`
 	// Resource is the fence resource writers present their token for
 	// (PresentTokenTx, pgquota.present_token): "schema.table", quoted where
-	// SQL needs it. A FenceWrite with this Resource shares the same highest
+	// SQL needs it. A WriteFencedRow with this Resource shares the same highest
 	// token seen, and for a lease-backed table the lease of this name is the
 	// one a presented token is checked against by default.
 	Resource string `json:"resource"`
@@ -402,7 +402,7 @@ type FenceGuard struct {
 	// against the highest seen only, false when they must belong to the
 	// pgquota lease held now.
 	External bool `json:"external"`
-	// Trigger is the row trigger's name, FenceGuardTrigger.
+	// Trigger is the row trigger's name, GuardTrigger.
 	Trigger string `json:"trigger"`
 	// TruncateTrigger is the TRUNCATE trigger's name,
 	// FenceGuardTruncateTrigger.
@@ -413,12 +413,12 @@ type FenceGuard struct {
 	Upgraded bool `json:"upgraded"`
 }
 
-// AttachFenceGuard attaches pgquota's fence guard to an application table,
+// GuardTable attaches pgquota's fence guard to an application table,
 // so that the database itself rejects stale writes, also from code that
 // bypasses pgquota (psql, another service, a migration script): every
 // INSERT, UPDATE, DELETE and TRUNCATE of the table lands only when its
 // transaction has presented a current fencing token for the table's
-// resource (FenceGuard.Resource), with PresentTokenTx or in SQL
+// resource (GuardedTable.Resource), with PresentTokenTx or in SQL
 //
 //	BEGIN;
 //	SELECT pgquota.present_token('public.orders', 42);
@@ -426,18 +426,18 @@ type FenceGuard struct {
 //	COMMIT;
 //
 // whatever columns the statements set. Row triggers (BEFORE INSERT OR
-// UPDATE OR DELETE, FenceGuardTrigger) and a statement trigger (BEFORE
+// UPDATE OR DELETE, GuardTrigger) and a statement trigger (BEFORE
 // TRUNCATE, FenceGuardTruncateTrigger) call pgquota.fence_guard_presented,
 // which requires the presented token to still be the highest seen for the
 // resource and stamps it into req.Column of every inserted or updated row.
 // A statement in a transaction that presented no token for the resource
 // fails with SQLSTATE PQ003 (SQLStateTokenNotPresented, ErrTokenNotPresented
-// through FenceError); one whose token was overtaken with PQ001
+// through MapFenceError); one whose token was overtaken with PQ001
 // (ErrStaleToken). The presenting transaction holds the resource's
 // high-water row (and, for a lease-backed table, the lease row FOR SHARE)
 // until it ends, so writers of the table serialize and no takeover lands
 // before it commits. Name the lease that protects the table's work after
-// FenceGuard.Resource ("public.orders"): acquiring it raises the resource's
+// GuardedTable.Resource ("public.orders"): acquiring it raises the resource's
 // mark (see Acquire), so a deposed holder is refused from the moment the
 // lease changes hands. This is the storage half of Kleppmann's fencing
 // (2016); the triggers follow the PostgreSQL manual, chapter 39 (Triggers).
@@ -445,7 +445,7 @@ type FenceGuard struct {
 // Attaching again replaces the triggers (idempotent) and records
 // req.External; a trigger of the first form of the guard (which read the
 // token from the row) on the table is dropped in the same transaction and
-// reported as FenceGuard.Upgraded. Row triggers of a partitioned table are
+// reported as GuardedTable.Upgraded. Row triggers of a partitioned table are
 // cloned to its partitions, the TRUNCATE trigger is not: a TRUNCATE naming
 // a partition directly is not guarded. To detach: DROP TRIGGER
 // pgquota_fence_guard ON the table; DROP TRIGGER
@@ -461,27 +461,27 @@ type FenceGuard struct {
 // COMMIT) was sent and no reply said how it ended, so it may have been
 // applied; to learn the outcome, repeat the call (attaching again replaces
 // the triggers).
-func (c *Client) AttachFenceGuard(ctx context.Context, req FenceGuardRequest) (FenceGuard, error) {
-	return retry(ctx, c.policy, func() (FenceGuard, error) {
-		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (FenceGuard, error) {
+func (c *Client) GuardTable(ctx context.Context, req GuardTableRequest) (GuardedTable, error) {
+	return retry(ctx, c.policy, func() (GuardedTable, error) {
+		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (GuardedTable, error) {
 			return c.attachFenceGuard(ctx, tx, req)
 		})
 	})
 }
 
-// AttachFenceGuardTx is AttachFenceGuard inside the caller's transaction:
+// GuardTableTx is GuardTable inside the caller's transaction:
 // the guard takes effect when tx commits.
-func (c *Client) AttachFenceGuardTx(ctx context.Context, tx pgx.Tx, req FenceGuardRequest) (FenceGuard, error) {
+func (c *Client) GuardTableTx(ctx context.Context, tx pgx.Tx, req GuardTableRequest) (GuardedTable, error) {
 	return c.attachFenceGuard(ctx, tx, req)
 }
 
-func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req FenceGuardRequest) (FenceGuard, error) {
+func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTableRequest) (GuardedTable, error) {
 	table, column := req.Table, req.Column
 	if err := checkName("table", table); err != nil {
-		return FenceGuard{}, err
+		return GuardedTable{}, err
 	}
 	if err := checkName("column", column); err != nil {
-		return FenceGuard{}, err
+		return GuardedTable{}, err
 	}
 	var nsp, rel, resource string
 	var found bool
@@ -490,22 +490,22 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req FenceGuard
 		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.oid = to_regclass($1) AND c.relkind IN ('r', 'p')`, table).Scan(&nsp, &rel, &resource, &found)
 	if isNoRows(err) {
-		return FenceGuard{}, inputError("table", "%q is not a table the database knows", table)
+		return GuardedTable{}, inputError("table", "%q is not a table the database knows", table)
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42602" || pgErr.Code == "42601" || pgErr.Code == "0A000") {
 		// to_regclass parses the name: a syntax error (42602 invalid name
 		// syntax, 42601 too many dotted names) or a cross-database
 		// reference (0A000) is bad input, not a database failure.
-		return FenceGuard{}, inputError("table", "%q is not a valid table name: %s", table, pgErr.Message)
+		return GuardedTable{}, inputError("table", "%q is not a valid table name: %s", table, pgErr.Message)
 	}
 	if err != nil {
-		return FenceGuard{}, dbError("attach fence guard", err)
+		return GuardedTable{}, dbError("attach fence guard", err)
 	}
 	if nsp == migrations.Schema {
 		// pgquota.fence_admit writes pgquota's own tables: a guard on one
 		// of them would call itself on every fenced write.
-		return FenceGuard{}, inputError("table", "%s is one of pgquota's own tables", resource)
+		return GuardedTable{}, inputError("table", "%s is one of pgquota's own tables", resource)
 	}
 	var typ string
 	err = tx.QueryRow(ctx, `
@@ -513,15 +513,15 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req FenceGuard
 		WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped`,
 		table, column).Scan(&typ)
 	if isNoRows(err) {
-		return FenceGuard{}, inputError("column", "%q is not a column of %s", column, resource)
+		return GuardedTable{}, inputError("column", "%q is not a column of %s", column, resource)
 	}
 	if err != nil {
-		return FenceGuard{}, dbError("attach fence guard", err)
+		return GuardedTable{}, dbError("attach fence guard", err)
 	}
 	if typ != "bigint" {
 		// Fencing tokens are 64-bit: a lease token need not fit a smaller
 		// column.
-		return FenceGuard{}, inputError("column", "%s.%s is of type %s, it must be bigint (fencing tokens are 64-bit)", resource, column, typ)
+		return GuardedTable{}, inputError("column", "%s.%s is of type %s, it must be bigint (fencing tokens are 64-bit)", resource, column, typ)
 	}
 	ident := pgx.Identifier{nsp, rel}.Sanitize()
 	// Triggers of the first form of the guard on this table, under any
@@ -538,15 +538,15 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req FenceGuard
 		old, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	}
 	if err != nil {
-		return FenceGuard{}, dbError("attach fence guard", err)
+		return GuardedTable{}, dbError("attach fence guard", err)
 	}
 	for _, name := range old {
 		if _, err := tx.Exec(ctx, `DROP TRIGGER `+pgx.Identifier{name}.Sanitize()+` ON `+ident); err != nil {
-			return FenceGuard{}, dbError("attach fence guard", err)
+			return GuardedTable{}, dbError("attach fence guard", err)
 		}
 	}
 	args := quoteLiteral(column) + `, ` + quoteLiteral(resource)
-	_, err = tx.Exec(ctx, `CREATE OR REPLACE TRIGGER `+FenceGuardTrigger+
+	_, err = tx.Exec(ctx, `CREATE OR REPLACE TRIGGER `+GuardTrigger+
 		` BEFORE INSERT OR UPDATE OR DELETE ON `+ident+
 		` FOR EACH ROW EXECUTE FUNCTION pgquota.fence_guard_presented(`+args+`)`)
 	if err == nil {
@@ -562,18 +562,18 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req FenceGuard
 			resource, req.External)
 	}
 	if err != nil {
-		return FenceGuard{}, dbError("attach fence guard", err)
+		return GuardedTable{}, dbError("attach fence guard", err)
 	}
-	return FenceGuard{
+	return GuardedTable{
 		Table: ident, Column: column, Resource: resource, External: req.External,
-		Trigger: FenceGuardTrigger, TruncateTrigger: FenceGuardTruncateTrigger, Upgraded: len(old) > 0,
+		Trigger: GuardTrigger, TruncateTrigger: FenceGuardTruncateTrigger, Upgraded: len(old) > 0,
 	}, nil
 }
 
 // PresentTokenRequest is a fencing token presented for the statements of
 // one transaction on a guarded table.
 type PresentTokenRequest struct {
-	// Resource is the guarded table's FenceGuard.Resource ("public.orders"),
+	// Resource is the guarded table's GuardedTable.Resource ("public.orders"),
 	// or any fence resource. 1 to MaxNameBytes bytes, no control
 	// characters.
 	Resource string
@@ -589,10 +589,10 @@ type PresentTokenRequest struct {
 
 // PresentTokenTx presents req.Token for req.Resource in the caller's
 // transaction, so that the transaction's statements on a table guarded by
-// AttachFenceGuard with that resource land, stamped with the token, until tx
+// GuardTable with that resource land, stamped with the token, until tx
 // ends. It is one statement, SELECT pgquota.present_token(resource, token,
 // lease), which a program without this library runs the same way. The token
-// is checked as FenceWrite checks it: for a lease-backed resource the lease
+// is checked as WriteFencedRow checks it: for a lease-backed resource the lease
 // (req.Lease, default req.Resource) must be held with req.Token by the
 // database clock, and its row stays locked FOR SHARE until tx ends, so no
 // takeover lands before tx commits (the holder's own renewals wait too:

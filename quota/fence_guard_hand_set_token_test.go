@@ -40,7 +40,7 @@ func TestFenceGuardHandSetTokenNeedsHeldLease(t *testing.T) {
 	} {
 		err := b.forgedTx(t, g.Resource, h.Token, stmt)
 		requireSQLState(t, err, quota.SQLStateLeaseNotHeld, stmt)
-		require.ErrorIs(t, quota.FenceError(err), quota.ErrLeaseLost, stmt)
+		require.ErrorIs(t, quota.MapFenceError(err), quota.ErrLeaseLost, stmt)
 	}
 	require.Equal(t, fmt.Sprintf("1:by hand while held:%d", h.Token), b.rowsOf(t, "reports"))
 
@@ -141,12 +141,12 @@ func TestFenceWriteInventedTokenOnLeaseBackedGuardedResource(t *testing.T) {
 	b := setup(t, 0)
 	g := b.guardReports(t, "reports", false)
 	h := b.acquire(t, g.Resource, "holder", time.Minute)
-	_, err := b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: g.Resource, Key: "k", Value: "x", Token: 9223372036854775000})
+	_, err := b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: g.Resource, Key: "k", Value: "x", Token: 9223372036854775000})
 	requireSQLState(t, err, quota.SQLStateLeaseNotHeld)
 	require.ErrorIs(t, err, quota.ErrLeaseLost)
 	require.NoError(t, b.txWith(t, g.Resource, h.Token, `INSERT INTO reports VALUES (1, 'holder', NULL)`), "the real holder is not locked out")
 
 	ext := b.guardReports(t, "ext", true)
-	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: ext.Resource, Key: "k", Value: "x", Token: 9223372036854775000})
+	_, err = b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: ext.Resource, Key: "k", Value: "x", Token: 9223372036854775000})
 	require.NoError(t, err, "an external resource takes the other service's tokens")
 }

@@ -18,10 +18,10 @@ import (
 
 // guardReports creates table public.<name> (id, val, tok) and attaches the
 // fence guard to it.
-func (b *testBundle) guardReports(t *testing.T, name string, external bool) quota.FenceGuard {
+func (b *testBundle) guardReports(t *testing.T, name string, external bool) quota.GuardedTable {
 	t.Helper()
 	b.appDDL(t, `CREATE TABLE public.`+name+` (id int PRIMARY KEY, val text, tok bigint)`, nil, "public."+name)
-	g, err := b.ownerClient(t).AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "public." + name, Column: "tok", External: external})
+	g, err := b.ownerClient(t).GuardTable(b.ctx, quota.GuardTableRequest{Table: "public." + name, Column: "tok", External: external})
 	require.NoError(t, err)
 	require.Equal(t, "public."+name, g.Resource)
 	require.Equal(t, external, g.External)
@@ -115,8 +115,8 @@ func TestFenceGuardRefusesDeposedHolder(t *testing.T) {
 		// No token presented: PQ003.
 		err := b.txWith(t, g.Resource, 0, stmt)
 		requireSQLState(t, err, quota.SQLStateTokenNotPresented, stmt)
-		require.ErrorIs(t, quota.FenceError(err), quota.ErrTokenNotPresented, stmt)
-		require.ErrorContains(t, quota.FenceError(err), "no fencing token presented for resource public.reports", stmt)
+		require.ErrorIs(t, quota.MapFenceError(err), quota.ErrTokenNotPresented, stmt)
+		require.ErrorContains(t, quota.MapFenceError(err), "no fencing token presented for resource public.reports", stmt)
 
 		// A presents its stale token: refused at once (PQ001), nothing runs.
 		err = b.txWith(t, g.Resource, a.Token, stmt)
@@ -127,7 +127,7 @@ func TestFenceGuardRefusesDeposedHolder(t *testing.T) {
 		// the statement as stale.
 		err = b.forgedTx(t, g.Resource, a.Token, stmt)
 		requireSQLState(t, err, quota.SQLStateStaleToken, stmt)
-		requireStale(t, quota.FenceError(err), g.Resource, a.Token, bl.Token)
+		requireStale(t, quota.MapFenceError(err), g.Resource, a.Token, bl.Token)
 	}
 	require.Equal(t, want, b.rowsOf(t, "reports"), "no stale statement changed the table")
 
@@ -208,7 +208,7 @@ func TestFenceGuardRefusesInventedTokens(t *testing.T) {
 	requireSQLState(t, err, quota.SQLStateTokenNotPresented)
 	err = b.forgedTx(t, g.Resource, invented, `UPDATE reports SET val = 'invented'`)
 	requireSQLState(t, err, quota.SQLStateTokenNotPresented)
-	require.ErrorContains(t, quota.FenceError(err), "was not presented with pgquota.present_token")
+	require.ErrorContains(t, quota.MapFenceError(err), "was not presented with pgquota.present_token")
 
 	// Token 0 and below: refused by the library before sending, and by the
 	// database for SQL that calls present_token itself.
@@ -226,7 +226,7 @@ func TestFenceGuardRefusesInventedTokens(t *testing.T) {
 	err = b.forgedTx(t, g.Resource, 0, `UPDATE reports SET val = 'zero'`)
 	requireSQLState(t, err, quota.SQLStateStaleToken)
 
-	f, err := b.client.Fence(b.ctx, g.Resource)
+	f, err := b.client.FenceState(b.ctx, g.Resource)
 	require.NoError(t, err)
 	require.Equal(t, h.Token, f.Highest, "no refused token raised the mark")
 	require.NoError(t, b.txWith(t, g.Resource, h.Token, `UPDATE reports SET val = 'real2'`))
@@ -263,14 +263,14 @@ func TestFenceGuardExternalTokens(t *testing.T) {
 	require.ErrorIs(t, err, quota.ErrLeaseLost)
 
 	// Attaching again switches the mode, and says so.
-	g2, err := b.ownerClient(t).AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "zk", Column: "tok"})
+	g2, err := b.ownerClient(t).GuardTable(b.ctx, quota.GuardTableRequest{Table: "zk", Column: "tok"})
 	require.NoError(t, err)
 	require.False(t, g2.External)
 	err = b.txWith(t, g.Resource, 7721, `UPDATE zk SET val = 'x'`)
 	require.ErrorIs(t, err, quota.ErrLeaseLost)
 }
 
-// The presented token works beside FenceWriteTx in the same transaction,
+// The presented token works beside WriteFencedRowTx in the same transaction,
 // and several resources can be presented in one transaction, resource names
 // that need quoting included.
 func TestFenceGuardSeveralResourcesAndFenceWriteTx(t *testing.T) {
@@ -279,7 +279,7 @@ func TestFenceGuardSeveralResourcesAndFenceWriteTx(t *testing.T) {
 	g1 := b.guardReports(t, "reports", false)
 	b.appDDL(t, `CREATE SCHEMA "we'ird"; CREATE TABLE "we'ird"."Or""ders" (id int PRIMARY KEY, val text, tok bigint)`,
 		[]string{`"we'ird"`}, `"we'ird"."Or""ders"`)
-	g2, err := b.ownerClient(t).AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: `"we'ird"."Or""ders"`, Column: "tok"})
+	g2, err := b.ownerClient(t).GuardTable(b.ctx, quota.GuardTableRequest{Table: `"we'ird"."Or""ders"`, Column: "tok"})
 	require.NoError(t, err)
 	require.Equal(t, `"we'ird"."Or""ders"`, g2.Resource)
 	h1 := b.acquire(t, g1.Resource, "one", time.Minute)
@@ -289,9 +289,9 @@ func TestFenceGuardSeveralResourcesAndFenceWriteTx(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, b.client.PresentTokenTx(b.ctx, tx, quota.PresentTokenRequest{Resource: g1.Resource, Token: h1.Token}))
 	require.NoError(t, b.client.PresentTokenTx(b.ctx, tx, quota.PresentTokenRequest{Resource: g2.Resource, Token: h2.Token}))
-	_, err = b.client.FenceWriteTx(b.ctx, tx, quota.FenceWriteRequest{Resource: g1.Resource, Key: "k", Value: "v", Token: h1.Token, Lease: g1.Resource})
+	_, err = b.client.WriteFencedRowTx(b.ctx, tx, quota.WriteFencedRowRequest{Resource: g1.Resource, Key: "k", Value: "v", Token: h1.Token, Lease: g1.Resource})
 	require.NoError(t, err)
-	_, err = b.client.FenceWriteTx(b.ctx, tx, quota.FenceWriteRequest{Resource: "elsewhere", Key: "k", Value: "v", Token: h2.Token, Lease: g2.Resource})
+	_, err = b.client.WriteFencedRowTx(b.ctx, tx, quota.WriteFencedRowRequest{Resource: "elsewhere", Key: "k", Value: "v", Token: h2.Token, Lease: g2.Resource})
 	require.NoError(t, err)
 	_, err = tx.Exec(b.ctx, `INSERT INTO reports VALUES (1, 'r', $1)`, h1.Token)
 	require.NoError(t, err)
@@ -387,7 +387,7 @@ func TestFenceGuardUpgradesFirstForm(t *testing.T) {
 	_, err = b.pool.Exec(b.ctx, `INSERT INTO reports VALUES (2, 'old', $1)`, h.Token-1)
 	requireSQLState(t, err, quota.SQLStateStaleToken, "the first form still refuses a low token")
 
-	g, err := b.ownerClient(t).AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "reports", Column: "tok"})
+	g, err := b.ownerClient(t).GuardTable(b.ctx, quota.GuardTableRequest{Table: "reports", Column: "tok"})
 	require.NoError(t, err)
 	require.True(t, g.Upgraded)
 	var triggers string
@@ -399,13 +399,13 @@ func TestFenceGuardUpgradesFirstForm(t *testing.T) {
 	requireSQLState(t, err, quota.SQLStateTokenNotPresented)
 	require.NoError(t, b.txWith(t, g.Resource, h.Token, `UPDATE reports SET val = 'new'`))
 
-	g, err = b.ownerClient(t).AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "reports", Column: "tok"})
+	g, err = b.ownerClient(t).GuardTable(b.ctx, quota.GuardTableRequest{Table: "reports", Column: "tok"})
 	require.NoError(t, err)
 	require.False(t, g.Upgraded, "nothing left to upgrade")
 
 	// Only bigint token columns: tokens are 64-bit.
 	b.appDDL(t, `CREATE TABLE small (id int PRIMARY KEY, tok integer)`, nil, "small")
-	_, err = b.ownerClient(t).AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "small", Column: "tok"})
+	_, err = b.ownerClient(t).GuardTable(b.ctx, quota.GuardTableRequest{Table: "small", Column: "tok"})
 	var ie *quota.InputError
 	require.ErrorAs(t, err, &ie)
 	require.Equal(t, "column", ie.Field)
@@ -413,7 +413,7 @@ func TestFenceGuardUpgradesFirstForm(t *testing.T) {
 }
 
 // PresentTokenTx refuses bad input before sending anything, naming the
-// field; FenceError leaves errors that are not the fence's alone.
+// field; MapFenceError leaves errors that are not the fence's alone.
 func TestPresentTokenInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
@@ -437,7 +437,7 @@ func TestPresentTokenInput(t *testing.T) {
 	_, err = tx.Exec(b.ctx, `SELECT 1`)
 	require.NoError(t, err, "nothing was sent: the transaction is intact")
 	other := errors.New("x")
-	require.Same(t, other, quota.FenceError(other))
+	require.Same(t, other, quota.MapFenceError(other))
 }
 
 // The guard stamps the presented token into the token column of every row
@@ -464,7 +464,7 @@ func TestFenceGuardConcurrentHoldersAndStaleWriters(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 12)
 	b.appDDL(t, `CREATE TABLE counter (id int PRIMARY KEY, n int NOT NULL, tok bigint)`, nil, "counter")
-	g, err := b.ownerClient(t).AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "counter", Column: "tok"})
+	g, err := b.ownerClient(t).GuardTable(b.ctx, quota.GuardTableRequest{Table: "counter", Column: "tok"})
 	require.NoError(t, err)
 	h := b.acquire(t, g.Resource, "setup", time.Minute)
 	require.NoError(t, b.txWith(t, g.Resource, h.Token, fmt.Sprintf(`INSERT INTO counter VALUES (1, 0, %d)`, h.Token)))
@@ -538,7 +538,7 @@ func TestFenceGuardConcurrentHoldersAndStaleWriters(t *testing.T) {
 				case err == nil:
 					staleLanded.Add(1)
 				case errors.Is(err, quota.ErrStaleToken), errors.Is(err, quota.ErrLeaseLost),
-					errors.Is(quota.FenceError(err), quota.ErrTokenNotPresented), sqlStateOf(err) == "40001", sqlStateOf(err) == "40P01":
+					errors.Is(quota.MapFenceError(err), quota.ErrTokenNotPresented), sqlStateOf(err) == "40001", sqlStateOf(err) == "40P01":
 					staleRefused.Add(1)
 				default:
 					t.Errorf("stale writer: %v", err)

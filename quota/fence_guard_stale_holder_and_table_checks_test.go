@@ -9,10 +9,10 @@ import (
 	"github.com/pgquota/pgquota/quota"
 )
 
-// DESIGN.md 1.2: "Once a lease on a resource has been acquired with token T,
+// The fence's guarantee: "Once a lease on a resource has been acquired with token T,
 // no write carrying a token below T lands on any fenced row of that
 // resource, whichever row it touches, however long the old holder was
-// paused." On a table guarded by AttachFenceGuard the old holder's write
+// paused." On a table guarded by GuardTable the old holder's write
 // lands as long as the new holder has not written yet: the guard compares
 // with the highest token written, and an acquisition does not raise it,
 // even when the lease is named after the guard's resource.
@@ -21,7 +21,7 @@ func TestBreakFenceGuardAdmitsStaleHolderAfterTakeover(t *testing.T) {
 	b := setup(t, 0)
 	// DDL on purpose, as the owner: the application's table and its guard.
 	b.appDDL(t, `CREATE TABLE public.orders (id int PRIMARY KEY, status text, fence_token bigint)`, nil, "public.orders")
-	g, err := b.ownerClient(t).AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "orders", Column: "fence_token"})
+	g, err := b.ownerClient(t).GuardTable(b.ctx, quota.GuardTableRequest{Table: "orders", Column: "fence_token"})
 	require.NoError(t, err)
 
 	// The lease is named after the guard's resource.
@@ -49,7 +49,7 @@ func TestBreakAttachFenceGuardBadTableName(t *testing.T) {
 		`a.b.c.d`,
 		`otherdb.public.t`,
 	} {
-		_, err := b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: table, Column: "fence_token"})
+		_, err := b.client.GuardTable(b.ctx, quota.GuardTableRequest{Table: table, Column: "fence_token"})
 		require.ErrorIs(t, err, quota.ErrInvalidInput, table)
 		var ie *quota.InputError
 		require.ErrorAs(t, err, &ie, table)
@@ -63,9 +63,9 @@ func TestBreakAttachFenceGuardBadTableName(t *testing.T) {
 func TestBreakAttachFenceGuardOnPgquotaTable(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
-	_, err := b.client.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "pgquota.fence", Column: "max_token"})
+	_, err := b.client.GuardTable(b.ctx, quota.GuardTableRequest{Table: "pgquota.fence", Column: "max_token"})
 	if err == nil {
-		_, werr := b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "r", Key: "k", Value: "v", Token: 1})
+		_, werr := b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: "r", Key: "k", Value: "v", Token: 1})
 		require.NoError(t, werr, "fenced writes still work after the guard was accepted")
 	}
 	require.ErrorIs(t, err, quota.ErrInvalidInput)

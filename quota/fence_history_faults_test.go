@@ -27,7 +27,7 @@ import (
 // whatever the session's default isolation: under SERIALIZABLE some of
 // these races end in a serialization failure instead of a stale write, and
 // the fixture is meant to show the mistake as it behaves in the isolation
-// level the library's statements are written for (DESIGN.md section 2).
+// level the library's statements are written for.
 
 // historyRealVariant names the real client among the variants.
 const historyRealVariant = "real"

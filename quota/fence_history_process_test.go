@@ -432,7 +432,7 @@ func TestFenceHistoryStoppedProcessWriteIsRefused(t *testing.T) {
 		return err == nil
 	}, 10*time.Second, 5*time.Millisecond, "the stopped holder's lease must expire")
 	require.Greater(t, next.Token, held.token)
-	_, err = client.FenceWrite(ctx, quota.FenceWriteRequest{Resource: "job", Key: "out", Value: "from the successor", Token: next.Token, Lease: "job"})
+	_, err = client.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "job", Key: "out", Value: "from the successor", Token: next.Token, Lease: "job"})
 	require.NoError(t, err)
 
 	close(resumed)

@@ -18,7 +18,7 @@ import (
 	"github.com/pgquota/pgquota/quota"
 )
 
-// A linearizability check of the fenced lock (DESIGN.md section 6). Each run
+// A linearizability check of the fenced lock. Each run
 // records a history on one resource of two keys: holders acquire the lease
 // of the resource's name, renew it, write fenced values and read them back;
 // a holder is paused in the middle of a write (a real child process stopped
@@ -275,11 +275,11 @@ func (s clientStore) write(ctx context.Context, w historyWrite) error {
 	if w.pause != nil {
 		w.pause()
 	}
-	req := quota.FenceWriteRequest{Resource: w.resource, Key: w.key, Value: w.value, Token: w.token}
+	req := quota.WriteFencedRowRequest{Resource: w.resource, Key: w.key, Value: w.value, Token: w.token}
 	if w.leased {
 		req.Lease = w.resource
 	}
-	_, err := s.client.FenceWrite(ctx, req)
+	_, err := s.client.WriteFencedRow(ctx, req)
 	return err
 }
 

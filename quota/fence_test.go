@@ -36,7 +36,7 @@ func TestFenceArticleTimeline(t *testing.T) {
 	const ttl = 300 * time.Millisecond
 
 	h1 := b.acquire(t, "storage", "client-1", ttl)
-	_, err := b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "storage", Key: "file", Value: "v1", Token: h1.Token, Lease: "storage"})
+	_, err := b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: "storage", Key: "file", Value: "v1", Token: h1.Token, Lease: "storage"})
 	require.NoError(t, err)
 
 	// Client 1 pauses (a GC pause) past its TTL.
@@ -45,20 +45,20 @@ func TestFenceArticleTimeline(t *testing.T) {
 	// Client 2 acquires with a larger token and writes.
 	h2 := b.acquire(t, "storage", "client-2", time.Minute)
 	require.Greater(t, h2.Token, h1.Token)
-	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "storage", Key: "file", Value: "v2", Token: h2.Token, Lease: "storage"})
+	_, err = b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: "storage", Key: "file", Value: "v2", Token: h2.Token, Lease: "storage"})
 	require.NoError(t, err)
 
 	// Client 1 wakes up and writes: rejected, on the key client 2 wrote...
-	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "storage", Key: "file", Value: "stale", Token: h1.Token, Lease: "storage"})
+	_, err = b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: "storage", Key: "file", Value: "stale", Token: h1.Token, Lease: "storage"})
 	requireStale(t, err, "storage", h1.Token, h2.Token)
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr, "the SQLSTATE stays in the chain")
 	require.Equal(t, quota.SQLStateStaleToken, pgErr.Code)
 	// ...and on a key client 2 has not touched.
-	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "storage", Key: "other", Value: "stale", Token: h1.Token, Lease: "storage"})
+	_, err = b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: "storage", Key: "other", Value: "stale", Token: h1.Token, Lease: "storage"})
 	requireStale(t, err, "storage", h1.Token, h2.Token)
 	// The same without the lease check (the fence alone rejects it too).
-	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "storage", Key: "third", Value: "stale", Token: h1.Token})
+	_, err = b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: "storage", Key: "third", Value: "stale", Token: h1.Token})
 	requireStale(t, err, "storage", h1.Token, h2.Token)
 
 	// Client 1's renew and release fail and leave client 2's lease intact.
@@ -78,7 +78,7 @@ func TestFenceArticleTimeline(t *testing.T) {
 	require.Len(t, rows, 1)
 	require.Equal(t, "v2", rows[0].Value)
 	require.Equal(t, h2.Token, rows[0].Token)
-	st, err := b.client.Fence(b.ctx, "storage")
+	st, err := b.client.FenceState(b.ctx, "storage")
 	require.NoError(t, err)
 	require.Equal(t, h2.Token, st.Highest)
 }
@@ -91,7 +91,7 @@ func TestFenceLeaseCheck(t *testing.T) {
 	b := setup(t, 0)
 	h1 := b.acquire(t, "r", "one", 200*time.Millisecond)
 	time.Sleep(300 * time.Millisecond)
-	_, err := b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "r", Key: "k", Value: "x", Token: h1.Token, Lease: "r"})
+	_, err := b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: "r", Key: "k", Value: "x", Token: h1.Token, Lease: "r"})
 	require.ErrorIs(t, err, quota.ErrLeaseLost)
 	require.NotErrorIs(t, err, quota.ErrStaleToken)
 	var pgErr *pgconn.PgError
@@ -102,21 +102,21 @@ func TestFenceLeaseCheck(t *testing.T) {
 		" (expired, released or never acquired with it) (SQLSTATE PQ002)", err.Error())
 
 	h2 := b.acquire(t, "r", "two", time.Minute)
-	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "r", Key: "k", Value: "x", Token: h1.Token, Lease: "r"})
+	_, err = b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: "r", Key: "k", Value: "x", Token: h1.Token, Lease: "r"})
 	requireStale(t, err, "r", h1.Token, h2.Token)
 
 	// A write to another resource, checked against lease r: its error
 	// names the lease and the token r was acquired with since, not a
 	// highest token the resource never saw.
-	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "other", Key: "k", Value: "x", Token: h1.Token, Lease: "r"})
+	_, err = b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: "other", Key: "k", Value: "x", Token: h1.Token, Lease: "r"})
 	require.ErrorIs(t, err, quota.ErrStaleToken)
 	require.Equal(t, fmt.Sprintf("pgquota: stale fencing token %d for resource other: lease r was acquired since with token %d", h1.Token, h2.Token), err.Error())
-	f, err := b.client.Fence(b.ctx, "other")
+	f, err := b.client.FenceState(b.ctx, "other")
 	require.NoError(t, err)
 	require.Zero(t, f.Highest, "the rejected write raised nothing")
 
 	// A lease that was never acquired.
-	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "r", Key: "k", Value: "x", Token: h2.Token, Lease: "nope"})
+	_, err = b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: "r", Key: "k", Value: "x", Token: h2.Token, Lease: "nope"})
 	require.ErrorIs(t, err, quota.ErrLeaseLost)
 	require.Zero(t, b.countRows(t, "fenced_row"))
 }
@@ -128,14 +128,14 @@ func TestFenceEqualAndExternalTokens(t *testing.T) {
 	b := setup(t, 0)
 	// An etcd revision, say.
 	for i, tok := range []int64{1000, 1000, 1001, 1001, 5000} {
-		row, err := b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "etcd", Key: "k", Value: fmt.Sprint(i), Token: tok})
+		row, err := b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: "etcd", Key: "k", Value: fmt.Sprint(i), Token: tok})
 		require.NoError(t, err, "write %d", i)
 		require.Equal(t, tok, row.Token)
 	}
-	_, err := b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "etcd", Key: "new", Value: "x", Token: 4999})
+	_, err := b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: "etcd", Key: "new", Value: "x", Token: 4999})
 	requireStale(t, err, "etcd", 4999, 5000)
 	// Resources are independent.
-	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "zk", Key: "k", Value: "x", Token: 1})
+	_, err = b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: "zk", Key: "k", Value: "x", Token: 1})
 	require.NoError(t, err)
 	row, err := b.client.FencedRow(b.ctx, "etcd", "k")
 	require.NoError(t, err)
@@ -144,14 +144,14 @@ func TestFenceEqualAndExternalTokens(t *testing.T) {
 	require.ErrorIs(t, err, quota.ErrFencedRowNotFound)
 
 	// Bad input is rejected before any write.
-	for _, req := range []quota.FenceWriteRequest{
+	for _, req := range []quota.WriteFencedRowRequest{
 		{Resource: "", Key: "k", Token: 1},
 		{Resource: "r", Key: "", Token: 1},
 		{Resource: "r", Key: "k", Token: 0},
 		{Resource: "r", Key: "k", Token: 1, Value: "a\x00b"},
 		{Resource: "r", Key: "k", Token: 1, Value: "\xff"},
 	} {
-		_, err := b.client.FenceWrite(b.ctx, req)
+		_, err := b.client.WriteFencedRow(b.ctx, req)
 		require.ErrorIs(t, err, quota.ErrInvalidInput, "%+v", req)
 	}
 }
@@ -166,7 +166,7 @@ func TestFenceStealCannotSlipIn(t *testing.T) {
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(b.ctx) }()
-	_, err = b.client.FenceWriteTx(b.ctx, tx, quota.FenceWriteRequest{Resource: "r", Key: "k", Value: "one", Token: h1.Token, Lease: "r"})
+	_, err = b.client.WriteFencedRowTx(b.ctx, tx, quota.WriteFencedRowRequest{Resource: "r", Key: "k", Value: "one", Token: h1.Token, Lease: "r"})
 	require.NoError(t, err)
 
 	time.Sleep(400 * time.Millisecond) // the lease has expired by now
@@ -203,14 +203,14 @@ func TestFenceGuardTrigger(t *testing.T) {
 		CREATE SCHEMA app;
 		CREATE TABLE app."Orders" (id int PRIMARY KEY, status text, fence_token bigint)`, []string{"app"}, `app."Orders"`)
 	owner := b.ownerClient(t)
-	g, err := owner.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: `app."Orders"`, Column: "fence_token"})
+	g, err := owner.GuardTable(b.ctx, quota.GuardTableRequest{Table: `app."Orders"`, Column: "fence_token"})
 	require.NoError(t, err)
 	require.Equal(t, `"app"."Orders"`, g.Table)
 	require.Equal(t, `app."Orders"`, g.Resource)
-	require.Equal(t, quota.FenceGuardTrigger, g.Trigger)
+	require.Equal(t, quota.GuardTrigger, g.Trigger)
 	require.Equal(t, quota.FenceGuardTruncateTrigger, g.TruncateTrigger)
 	// Attaching again is harmless.
-	_, err = owner.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: `app."Orders"`, Column: "fence_token"})
+	_, err = owner.GuardTable(b.ctx, quota.GuardTableRequest{Table: `app."Orders"`, Column: "fence_token"})
 	require.NoError(t, err)
 
 	h1 := b.acquire(t, g.Resource, "one", time.Minute)
@@ -229,26 +229,26 @@ func TestFenceGuardTrigger(t *testing.T) {
 		require.ErrorAs(t, err, &pgErr)
 		require.Equal(t, "PQ001", pgErr.Code)
 		require.Contains(t, pgErr.Message, fmt.Sprintf("stale fencing token %d", h1.Token))
-		requireStale(t, quota.FenceError(err), g.Resource, h1.Token, h2.Token)
+		requireStale(t, quota.MapFenceError(err), g.Resource, h1.Token, h2.Token)
 		err = b.txWith(t, g.Resource, h1.Token, stmt)
 		requireStale(t, err, g.Resource, h1.Token, h2.Token)
 	}
 	// A write without a token is rejected too.
 	_, err = b.pool.Exec(b.ctx, `INSERT INTO app."Orders" (id, status) VALUES (3, 'new')`)
-	require.ErrorIs(t, quota.FenceError(err), quota.ErrTokenNotPresented)
+	require.ErrorIs(t, quota.MapFenceError(err), quota.ErrTokenNotPresented)
 	var status string
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT string_agg(status || ':' || fence_token, ',' ORDER BY id) FROM app."Orders"`).Scan(&status))
 	require.Equal(t, fmt.Sprintf("paid:%d,new:%d", h2.Token, h1.Token), status)
 
-	// FenceError leaves other errors alone.
+	// MapFenceError leaves other errors alone.
 	other := errors.New("x")
-	require.Same(t, other, quota.FenceError(other))
+	require.Same(t, other, quota.MapFenceError(other))
 
-	_, err = owner.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "app.nope", Column: "fence_token"})
+	_, err = owner.GuardTable(b.ctx, quota.GuardTableRequest{Table: "app.nope", Column: "fence_token"})
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
-	_, err = owner.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: `app."Orders"`, Column: "nope"})
+	_, err = owner.GuardTable(b.ctx, quota.GuardTableRequest{Table: `app."Orders"`, Column: "nope"})
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
-	_, err = owner.AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: `app."Orders"`, Column: "status"})
+	_, err = owner.GuardTable(b.ctx, quota.GuardTableRequest{Table: `app."Orders"`, Column: "status"})
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
 }
 
@@ -276,7 +276,7 @@ func TestGrantFencedConcurrent(t *testing.T) {
 			results := make([]quota.GrantResult, callers)
 			errs := make([]error, callers)
 			concurrently(callers, func(i int) {
-				results[i], errs[i] = b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: tc.amounts(i)}, 5*time.Second)
+				results[i], errs[i] = quota.GrantFenced(b.ctx, b.client, quota.GrantRequest{Quota: "q", Member: "m", Amount: tc.amounts(i)}, 5*time.Second)
 			})
 			var units, calls int64
 			for i, r := range results {
@@ -313,15 +313,15 @@ func TestGrantFencedErrors(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
 	b.define(t, quota.Definition{Name: "q", Window: quota.WindowDay})
-	_, err := b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "nope", Member: "m", Amount: 1}, 0)
+	_, err := quota.GrantFenced(b.ctx, b.client, quota.GrantRequest{Quota: "nope", Member: "m", Amount: 1}, 0)
 	require.ErrorIs(t, err, quota.ErrQuotaNotFound)
-	_, err = b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 0}, 0)
+	_, err = quota.GrantFenced(b.ctx, b.client, quota.GrantRequest{Quota: "q", Member: "m", Amount: 0}, 0)
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
-	_, err = b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, 0)
+	_, err = quota.GrantFenced(b.ctx, b.client, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, 0)
 	require.ErrorIs(t, err, quota.ErrNoLimit)
-	_, err = b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1, Limit: ptr[int64](1)}, 30)
+	_, err = quota.GrantFenced(b.ctx, b.client, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1, Limit: ptr[int64](1)}, 30)
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
-	res, err := b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 2, Limit: ptr[int64](3)}, 0)
+	res, err := quota.GrantFenced(b.ctx, b.client, quota.GrantRequest{Quota: "q", Member: "m", Amount: 2, Limit: ptr[int64](3)}, 0)
 	require.NoError(t, err)
 	require.True(t, res.Granted)
 	require.Equal(t, int64(2), res.Used)
@@ -355,7 +355,7 @@ func TestGrantFencedPausePastTTL(t *testing.T) {
 	granted := 0
 	var firstErr error
 	concurrently(callers, func(i int) {
-		r, err := b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, ttl)
+		r, err := quota.GrantFenced(b.ctx, b.client, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, ttl)
 		mu.Lock()
 		defer mu.Unlock()
 		if err != nil && firstErr == nil {

@@ -54,10 +54,10 @@ type GrantResult struct {
 	// WindowStart and WindowEnd bound the window the counter belongs to,
 	// [WindowStart, WindowEnd), as computed by the database clock in the
 	// quota's time zone. Both are zero for WindowNone.
-	WindowStart time.Time `json:"window_start,omitzero"`
-	WindowEnd   time.Time `json:"window_end,omitzero"`
+	WindowStart time.Time `json:"window_start"`
+	WindowEnd   time.Time `json:"window_end"`
 	// Keyed is the ledger record of a grant made with an idempotency key:
-	// its grant id (for RevokeGrant and outbox events), the key, and
+	// its grant id (for CompensateGrant and outbox events), the key, and
 	// whether this result was replayed. Zero for a grant without a key.
 	Keyed
 }
@@ -115,16 +115,13 @@ type GrantResult struct {
 // any other error nothing was written.
 func (c *Client) Grant(ctx context.Context, req GrantRequest) (res GrantResult, err error) {
 	defer c.m.grantDone(ctx, opGrant, c.m.now(), &req, &res, &err)
+	if err := checkGrantRequest(req); err != nil {
+		return GrantResult{}, err
+	}
 	if c.grouper != nil && groupable(req) {
-		if err := checkGrantRequest(req); err != nil {
-			return GrantResult{}, err
-		}
 		return c.grouper.grant(ctx, req)
 	}
 	if c.coalescer != nil {
-		if err := checkGrantRequest(req); err != nil {
-			return GrantResult{}, err
-		}
 		return c.coalescer.grant(ctx, req)
 	}
 	return c.grant(ctx, c.db, req)
@@ -143,28 +140,22 @@ func (c *Client) Grant(ctx context.Context, req GrantRequest) (res GrantResult, 
 // if tx committed, or grants itself if tx rolled back.
 func (c *Client) GrantTx(ctx context.Context, tx pgx.Tx, req GrantRequest) (res GrantResult, err error) {
 	defer c.m.grantDone(ctx, opGrantTx, c.m.now(), &req, &res, &err)
+	if err := checkGrantRequest(req); err != nil {
+		return GrantResult{}, err
+	}
 	return c.grant(ctx, tx, req)
 }
 
+// grant runs one grant request, validated by its caller (checkGrantRequest:
+// Grant, GrantTx, GrantBatch), which is the only place requests are
+// checked.
 func (c *Client) grant(ctx context.Context, x db.DBTX, req GrantRequest) (GrantResult, error) {
-	if err := checkName("quota name", req.Quota); err != nil {
-		return GrantResult{}, err
-	}
-	if err := checkName("member", req.Member); err != nil {
-		return GrantResult{}, err
-	}
-	if err := checkUnits("amount", req.Amount, 1); err != nil {
-		return GrantResult{}, err
+	if req.Idempotency.Key != "" {
+		return c.grantKeyed(ctx, x, fingerprint(req))
 	}
 	var limit pgtype.Int8
 	if req.Limit != nil {
-		if err := checkUnits("limit", *req.Limit, 0); err != nil {
-			return GrantResult{}, err
-		}
 		limit = pgtype.Int8{Int64: *req.Limit, Valid: true}
-	}
-	if req.Idempotency.Key != "" {
-		return c.grantKeyed(ctx, x, req, limit)
 	}
 	row, err := c.queries.UsageGrant(ctx, x, db.UsageGrantParams{
 		QuotaName:  req.Quota,
@@ -203,7 +194,7 @@ type RevokeRequest struct {
 	Amount int64
 	// Idempotency, when its Key is set, makes the revoke safe to repeat, as
 	// for GrantRequest. Its Scope defaults to Quota. To give back the units
-	// of one particular grant, use RevokeGrant instead.
+	// of one particular grant, use CompensateGrant instead.
 	Idempotency IdempotencyKey
 }
 
@@ -217,8 +208,8 @@ type RevokeResult struct {
 	Revoked int64 `json:"revoked"`
 	// Used is the member's counter in the window after the call.
 	Used        int64     `json:"used"`
-	WindowStart time.Time `json:"window_start,omitzero"`
-	WindowEnd   time.Time `json:"window_end,omitzero"`
+	WindowStart time.Time `json:"window_start"`
+	WindowEnd   time.Time `json:"window_end"`
 	// Keyed is the ledger record of a revoke made with an idempotency key.
 	Keyed
 }
@@ -289,8 +280,8 @@ type Usage struct {
 	Limit       int64     `json:"limit"`
 	HasLimit    bool      `json:"has_limit"`
 	Remaining   int64     `json:"remaining"`
-	WindowStart time.Time `json:"window_start,omitzero"`
-	WindowEnd   time.Time `json:"window_end,omitzero"`
+	WindowStart time.Time `json:"window_start"`
+	WindowEnd   time.Time `json:"window_end"`
 }
 
 // Usage reads a member's counter in the current window.

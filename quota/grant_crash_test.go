@@ -36,7 +36,7 @@ func TestGrantsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 	client, closePool := crashClient(t, url)
 	_, err := client.DefineQuota(ctx, quota.Definition{Name: "credits", Window: quota.WindowNone, DefaultLimit: ptr[int64](1000)})
 	require.NoError(t, err)
-	_, err = client.CreateVoucherPool(ctx, "counted", 100)
+	_, err = client.CreateCampaign(ctx, "counted", 100)
 	require.NoError(t, err)
 	codes := make([]string, 20)
 	for i := range codes {
@@ -66,7 +66,7 @@ func TestGrantsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 			Idempotency: quota.IdempotencyKey{Key: member("r")}})
 		require.NoError(t, err)
 		require.True(t, revoked.Granted)
-		_, err = client.RevokeGrant(ctx, revoked.GrantID)
+		_, err = client.CompensateGrant(ctx, revoked.GrantID)
 		require.NoError(t, err)
 		batch, err := client.GrantBatch(ctx, []quota.GrantRequest{
 			{Quota: "credits", Member: member("batch-a"), Amount: 1},
@@ -77,10 +77,10 @@ func TestGrantsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 			require.NoError(t, o.Err)
 			require.True(t, o.Granted)
 		}
-		counted, err := client.ClaimVoucher(ctx, "counted", member("v"))
+		counted, err := client.Claim(ctx, quota.ClaimRequest{Campaign: "counted", Member: member("v")})
 		require.NoError(t, err)
 		require.True(t, counted.Claimed)
-		code, err := client.ClaimCode(ctx, "codes", member("v"))
+		code, err := client.Claim(ctx, quota.ClaimRequest{Campaign: "codes", Member: member("v")})
 		require.NoError(t, err)
 		require.True(t, code.Claimed)
 		event, err := client.Enqueue(ctx, "granted", []byte(member("e")), nil)

@@ -13,28 +13,30 @@ import (
 	"github.com/pgquota/pgquota/db"
 )
 
-// DefaultFencedGrantTTL is the lease TTL GrantFenced uses when given 0.
-const DefaultFencedGrantTTL = 10 * time.Second
+// defaultFencedGrantTTL is the lease TTL grantFenced uses when given 0.
+const defaultFencedGrantTTL = 10 * time.Second
 
-// fencedGrantTries bounds how often GrantFenced starts over after its
+// fencedGrantTries bounds how often grantFenced starts over after its
 // write was fenced off (its lease lapsed during a pause).
 const fencedGrantTries = 5
 
-// FencedGrantLease returns the name of the lease GrantFenced takes for a
+// fencedGrantLease returns the name of the lease grantFenced takes for a
 // quota and member: "pgquota.grant:" and 32 hex digits of a SHA-256 of both
 // names (a quota name and a member together may exceed a lease name's
 // length).
-func FencedGrantLease(quota, member string) string {
+func fencedGrantLease(quota, member string) string {
 	h := sha256.Sum256([]byte(quota + "\x00" + member))
 	return "pgquota.grant:" + hex.EncodeToString(h[:16])
 }
 
-// GrantFenced grants quota like Grant, but the other way, so the two can
-// be compared: the check and the write are separate statements made safe
+// grantFenced grants quota like Grant, but the other way, so the two can
+// be compared (tests and the fenced-write benchmark reach it through
+// export_test.go; it is not part of the public API, since Grant does the
+// same job in one round trip): the check and the write are separate statements made safe
 // by a fenced lock instead of one conditional update. It
 //
-//  1. acquires the lease FencedGrantLease(req.Quota, req.Member) with
-//     AcquireWait (TTL ttl, DefaultFencedGrantTTL when 0), which polls
+//  1. acquires the lease fencedGrantLease(req.Quota, req.Member) with
+//     AcquireWait (TTL ttl, defaultFencedGrantTTL when 0), which polls
 //     instead of LISTENing when Config.Pooler is PoolerTransaction;
 //  2. reads the member's counter and limit (a plain read);
 //  3. decides in Go whether req.Amount fits;
@@ -48,7 +50,7 @@ func FencedGrantLease(quota, member string) string {
 // The counter stays exact under any number of concurrent callers, also
 // when a caller pauses between its read and its write for longer than the
 // TTL: by then another caller may have taken the lease, and the paused
-// caller's write is rejected (ErrStaleToken or ErrLeaseLost); GrantFenced
+// caller's write is rejected (ErrStaleToken or ErrLeaseLost); grantFenced
 // then starts over with a new lease, up to 5 times. The write also lands
 // only while the counter still holds the value read, so that a Revoke or a
 // Grant on the same counter, which take no lease, is never undone; the
@@ -60,17 +62,17 @@ func FencedGrantLease(quota, member string) string {
 // (the connection was lost, the backend terminated) after the outcome was
 // decided, the call still returns the outcome, with a nil error: a
 // committed grant always comes back as a success. The lease then expires
-// on its own, ttl after it was taken, and until then other GrantFenced
+// on its own, ttl after it was taken, and until then other grantFenced
 // calls for the same counter wait for it (AcquireWait).
 //
 // A fenced write whose reply was lost (ErrOutcomeUnknown) is not
-// retried: it may have committed. GrantFenced takes no idempotency key:
+// retried: it may have committed. grantFenced takes no idempotency key:
 // read the counter (Usage) to learn the outcome.
 //
 // Errors: those of Grant; the errors of AcquireWait; *StaleTokenError or
 // ErrLeaseLost when the write was fenced off 5 times in a row; an error
 // saying the counter changed when it did 50 times in a row.
-func (c *Client) GrantFenced(ctx context.Context, req GrantRequest, ttl time.Duration) (res GrantResult, err error) {
+func (c *Client) grantFenced(ctx context.Context, req GrantRequest, ttl time.Duration) (res GrantResult, err error) {
 	defer c.m.grantDone(ctx, opGrantFenced, c.m.now(), &req, &res, &err)
 	if err := checkName("quota name", req.Quota); err != nil {
 		return GrantResult{}, err
@@ -89,12 +91,12 @@ func (c *Client) GrantFenced(ctx context.Context, req GrantRequest, ttl time.Dur
 		limit = pgtype.Int8{Int64: *req.Limit, Valid: true}
 	}
 	if ttl == 0 {
-		ttl = DefaultFencedGrantTTL
+		ttl = defaultFencedGrantTTL
 	}
 	if err := checkTTL(ttl); err != nil {
 		return GrantResult{}, err
 	}
-	name := FencedGrantLease(req.Quota, req.Member)
+	name := fencedGrantLease(req.Quota, req.Member)
 	var lastErr error
 	for range fencedGrantTries {
 		res, err := c.grantFencedOnce(ctx, req, limit, name, ttl)
@@ -110,7 +112,7 @@ func (c *Client) GrantFenced(ctx context.Context, req GrantRequest, ttl time.Dur
 // errCounterMoved is returned by a fenced grant's attempt whose counter was
 // changed, between its read and its write, by a call that does not take the
 // lease (Revoke, Grant, their Tx twins): nothing was written, and
-// GrantFenced starts over.
+// grantFenced starts over.
 var errCounterMoved = errors.New("pgquota: fenced grant: the counter changed since it was read (a Revoke or Grant on the same counter): try again")
 
 func (c *Client) grantFencedOnce(ctx context.Context, req GrantRequest, limit pgtype.Int8, name string, ttl time.Duration) (res GrantResult, err error) {

@@ -20,7 +20,7 @@ func TestBreakGrantFencedLosesConcurrentRevoke(t *testing.T) {
 	b := setup(t, 8)
 	b.define(t, quota.Definition{Name: "q", Window: quota.WindowNone, DefaultLimit: ptr[int64](10)})
 
-	first, err := b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, 0)
+	first, err := quota.GrantFenced(b.ctx, b.client, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, 0)
 	require.NoError(t, err)
 	require.True(t, first.Granted)
 
@@ -31,7 +31,7 @@ func TestBreakGrantFencedLosesConcurrentRevoke(t *testing.T) {
 		require.NoError(t, err)
 		revoked = r.Revoked
 	})
-	second, err := b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, 0)
+	second, err := quota.GrantFenced(b.ctx, b.client, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, 0)
 	require.NoError(t, err)
 	require.True(t, second.Granted)
 	require.Equal(t, int64(1), revoked)
@@ -57,7 +57,7 @@ func TestBreakGrantFencedOverwritesConcurrentGrant(t *testing.T) {
 		inner, err = b.client.Grant(ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1})
 		require.NoError(t, err)
 	})
-	outer, err := b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, 5*time.Second)
+	outer, err := quota.GrantFenced(b.ctx, b.client, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, 5*time.Second)
 	require.NoError(t, err)
 
 	var units int64
@@ -100,7 +100,7 @@ func TestBreakGrantFencedMixedConcurrent(t *testing.T) {
 				}
 			default:
 				var r quota.GrantResult
-				r, err = b.client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, 5*time.Second)
+				r, err = quota.GrantFenced(b.ctx, b.client, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, 5*time.Second)
 				if r.Granted {
 					n = r.Amount
 				}

@@ -46,7 +46,7 @@ func TestGrantFencedReleaseFailsAfterCommit(t *testing.T) {
 	})
 
 	const ttl = 2 * time.Second
-	res, err := client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 3}, ttl)
+	res, err := quota.GrantFenced(b.ctx, client, quota.GrantRequest{Quota: "q", Member: "m", Amount: 3}, ttl)
 	require.NotEmpty(t, terminated, "the hook terminated the client's backend")
 	require.NoError(t, err, "a committed grant is a success, whatever became of the release")
 	require.True(t, res.Granted)
@@ -63,7 +63,7 @@ func TestGrantFencedReleaseFailsAfterCommit(t *testing.T) {
 
 	// The next call waits for that expiry and grants.
 	quota.SetFencedGrantRelease(client, nil)
-	res, err = client.GrantFenced(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, ttl)
+	res, err = quota.GrantFenced(b.ctx, client, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, ttl)
 	require.NoError(t, err)
 	require.True(t, res.Granted)
 	require.Equal(t, int64(4), res.Used)

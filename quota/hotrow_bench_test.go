@@ -60,7 +60,7 @@ func BenchmarkGrantCoalesced(b *testing.B) {
 	}
 }
 
-// BenchmarkClaimSharded measures ClaimVoucher, a new member every call,
+// BenchmarkClaimSharded measures Claim, a new member every call,
 // with N concurrent callers on a pool of N connections: on a counted pool
 // (one row) and on pools of 8 and 32 shards, back to back. It reports
 // claims/s.
@@ -79,9 +79,9 @@ func BenchmarkClaimSharded(b *testing.B) {
 				campaign := fmt.Sprintf("bench-%d", seq.Add(1))
 				ctx := context.Background()
 				if shards == 1 {
-					_, err = setup.CreateVoucherPool(ctx, campaign, quota.MaxUnits)
+					_, err = setup.CreateCampaign(ctx, campaign, quota.MaxUnits)
 				} else {
-					_, err = setup.CreateShardedPool(ctx, campaign, quota.MaxUnits, shards)
+					_, err = setup.CreateShardedCampaign(ctx, campaign, quota.MaxUnits, shards)
 				}
 				if err != nil {
 					b.Fatal(err)
@@ -92,7 +92,7 @@ func BenchmarkClaimSharded(b *testing.B) {
 					b.Fatal(err)
 				}
 				runClients(b, clients, func(ctx context.Context, i int64) error {
-					c, err := client.ClaimVoucher(ctx, campaign, strconv.FormatInt(i, 10))
+					c, err := client.Claim(ctx, quota.ClaimRequest{Campaign: campaign, Member: strconv.FormatInt(i, 10)})
 					if err == nil && (!c.Claimed || c.Repeat) {
 						err = fmt.Errorf("not a new claim: %+v", c)
 					}

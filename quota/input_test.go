@@ -90,13 +90,13 @@ func TestBadInput(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.client.Grant(b.ctx, quota.GrantRequest{Quota: "lim", Member: "m", Amount: 2})
 	require.NoError(t, err)
-	_, err = b.client.CreateVoucherPool(b.ctx, "pool", 3)
+	_, err = b.client.CreateCampaign(b.ctx, "pool", 3)
 	require.NoError(t, err)
-	_, err = b.client.ClaimVoucher(b.ctx, "pool", "m")
+	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "pool", Member: "m"})
 	require.NoError(t, err)
 	_, err = b.client.ImportCodes(b.ctx, "codes", []string{"c1", "c2", "c3"})
 	require.NoError(t, err)
-	_, err = b.client.ClaimCode(b.ctx, "codes", "m")
+	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "codes", Member: "m"})
 	require.NoError(t, err)
 
 	type call = func(context.Context, *quota.Client, pgx.Tx) error
@@ -156,13 +156,13 @@ func TestBadInput(t *testing.T) {
 	}
 	createPool := func(campaign string, total int64) call {
 		return func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.CreateVoucherPool(ctx, campaign, total)
+			_, err := c.CreateCampaign(ctx, campaign, total)
 			return err
 		}
 	}
 	createPoolTx := func(campaign string, total int64) call {
 		return func(ctx context.Context, c *quota.Client, tx pgx.Tx) error {
-			_, err := c.CreateVoucherPoolTx(ctx, tx, campaign, total)
+			_, err := c.CreateCampaignTx(ctx, tx, campaign, total)
 			return err
 		}
 	}
@@ -217,47 +217,47 @@ func TestBadInput(t *testing.T) {
 			return err
 		}
 	})...)
-	add(nameCases("CreateVoucherPool", "campaign", func(v string) call { return createPool(v, 5) })...)
-	add(nameCases("CreateVoucherPoolTx", "campaign", func(v string) call { return createPoolTx(v, 5) })...)
-	add(nameCases("VoucherStatus", "campaign", func(v string) call {
+	add(nameCases("CreateCampaign", "campaign", func(v string) call { return createPool(v, 5) })...)
+	add(nameCases("CreateCampaignTx", "campaign", func(v string) call { return createPoolTx(v, 5) })...)
+	add(nameCases("Campaign", "campaign", func(v string) call {
 		return func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.VoucherStatus(ctx, v)
+			_, err := c.Campaign(ctx, v)
 			return err
 		}
 	})...)
-	add(nameCases("ClaimVoucher", "campaign", func(v string) call {
+	add(nameCases("Claim counted", "campaign", func(v string) call {
 		return func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.ClaimVoucher(ctx, v, "new")
+			_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: v, Member: "new"})
 			return err
 		}
 	})...)
-	add(nameCases("ClaimVoucher", "member", func(v string) call {
+	add(nameCases("Claim counted", "member", func(v string) call {
 		return func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.ClaimVoucher(ctx, "pool", v)
+			_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: "pool", Member: v})
 			return err
 		}
 	})...)
-	add(nameCases("ClaimVoucherTx", "member", func(v string) call {
+	add(nameCases("ClaimTx counted", "member", func(v string) call {
 		return func(ctx context.Context, c *quota.Client, tx pgx.Tx) error {
-			_, err := c.ClaimVoucherTx(ctx, tx, "pool", v)
+			_, err := c.ClaimTx(ctx, tx, quota.ClaimRequest{Campaign: "pool", Member: v})
 			return err
 		}
 	})...)
-	add(nameCases("ClaimCode", "campaign", func(v string) call {
+	add(nameCases("Claim codes", "campaign", func(v string) call {
 		return func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.ClaimCode(ctx, v, "new")
+			_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: v, Member: "new"})
 			return err
 		}
 	})...)
-	add(nameCases("ClaimCode", "member", func(v string) call {
+	add(nameCases("Claim codes", "member", func(v string) call {
 		return func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.ClaimCode(ctx, "codes", v)
+			_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: "codes", Member: v})
 			return err
 		}
 	})...)
-	add(nameCases("ClaimCodeTx", "member", func(v string) call {
+	add(nameCases("ClaimTx codes", "member", func(v string) call {
 		return func(ctx context.Context, c *quota.Client, tx pgx.Tx) error {
-			_, err := c.ClaimCodeTx(ctx, tx, "codes", v)
+			_, err := c.ClaimTx(ctx, tx, quota.ClaimRequest{Campaign: "codes", Member: v})
 			return err
 		}
 	})...)
@@ -276,8 +276,8 @@ func TestBadInput(t *testing.T) {
 			inputCase{fmt.Sprintf("GrantTx/amount %d", amount), grantTx(quota.GrantRequest{Quota: "lim", Member: "m", Amount: amount}), quota.ErrInvalidInput, "amount"},
 			inputCase{fmt.Sprintf("Revoke/amount %d", amount), revoke(quota.RevokeRequest{Quota: "lim", Member: "m", Amount: amount}), quota.ErrInvalidInput, "amount"},
 			inputCase{fmt.Sprintf("RevokeTx/amount %d", amount), revokeTx(quota.RevokeRequest{Quota: "lim", Member: "m", Amount: amount}), quota.ErrInvalidInput, "amount"},
-			inputCase{fmt.Sprintf("CreateVoucherPool/total %d", amount), createPool("newpool", amount), quota.ErrInvalidInput, "total"},
-			inputCase{fmt.Sprintf("CreateVoucherPoolTx/total %d", amount), createPoolTx("newpool", amount), quota.ErrInvalidInput, "total"},
+			inputCase{fmt.Sprintf("CreateCampaign/total %d", amount), createPool("newpool", amount), quota.ErrInvalidInput, "total"},
+			inputCase{fmt.Sprintf("CreateCampaignTx/total %d", amount), createPoolTx("newpool", amount), quota.ErrInvalidInput, "total"},
 		)
 	}
 	for _, limit := range []int64{-1, -1 << 63, quota.MaxUnits + 1, 1<<63 - 1} {
@@ -328,28 +328,16 @@ func TestBadInput(t *testing.T) {
 		}, quota.ErrQuotaNotFound, ""},
 		inputCase{"Grant/no limit anywhere", grant(quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}), quota.ErrNoLimit, ""},
 		inputCase{"GrantTx/no limit anywhere", grantTx(quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}), quota.ErrNoLimit, ""},
-		inputCase{"ClaimVoucher/undefined campaign", func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.ClaimVoucher(ctx, "nope", "m")
+		inputCase{"Claim/undefined campaign", func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
+			_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: "nope", Member: "m"})
 			return err
 		}, quota.ErrCampaignNotFound, ""},
-		inputCase{"ClaimCode/undefined campaign", func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.ClaimCode(ctx, "nope", "m")
+		inputCase{"Campaign/undefined campaign", func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
+			_, err := c.Campaign(ctx, "nope")
 			return err
 		}, quota.ErrCampaignNotFound, ""},
-		inputCase{"VoucherStatus/undefined campaign", func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.VoucherStatus(ctx, "nope")
-			return err
-		}, quota.ErrCampaignNotFound, ""},
-		inputCase{"ClaimVoucher/code campaign", func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.ClaimVoucher(ctx, "codes", "new")
-			return err
-		}, quota.ErrCampaignKind, ""},
-		inputCase{"ClaimCodeTx/counted pool", func(ctx context.Context, c *quota.Client, tx pgx.Tx) error {
-			_, err := c.ClaimCodeTx(ctx, tx, "pool", "new")
-			return err
-		}, quota.ErrCampaignKind, ""},
-		inputCase{"CreateVoucherPool/other total", createPool("pool", 4), quota.ErrCampaignExists, ""},
-		inputCase{"CreateVoucherPool/code campaign", createPool("codes", 3), quota.ErrCampaignExists, ""},
+		inputCase{"CreateCampaign/other total", createPool("pool", 4), quota.ErrCampaignExists, ""},
+		inputCase{"CreateCampaign/code campaign", createPool("codes", 3), quota.ErrCampaignExists, ""},
 		inputCase{"ImportCodes/counted pool", importCodes("pool", []string{"x"}), quota.ErrCampaignExists, ""},
 	)
 
@@ -452,14 +440,14 @@ func TestEdgeValuesAreValid(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, quota.MaxUnits, rv.Revoked)
 
-	_, err = b.client.CreateVoucherPool(b.ctx, long, quota.MaxUnits)
+	_, err = b.client.CreateCampaign(b.ctx, long, quota.MaxUnits)
 	require.NoError(t, err)
-	c, err := b.client.ClaimVoucher(b.ctx, long, long)
+	c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: long, Member: long})
 	require.NoError(t, err)
 	require.True(t, c.Claimed)
 	_, err = b.client.ImportCodes(b.ctx, "codes", []string{long})
 	require.NoError(t, err)
-	c, err = b.client.ClaimCode(b.ctx, "codes", long)
+	c, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "codes", Member: long})
 	require.NoError(t, err)
 	require.Equal(t, long, c.Code)
 }
@@ -469,7 +457,7 @@ func TestDatabaseErrorsKeepSQLState(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
 	b.define(t, quota.Definition{Name: "q", Window: quota.WindowDay, DefaultLimit: ptr[int64](5)})
-	_, err := b.client.CreateVoucherPool(b.ctx, "pool", 5)
+	_, err := b.client.CreateCampaign(b.ctx, "pool", 5)
 	require.NoError(t, err)
 	_, err = b.client.ImportCodes(b.ctx, "codes", []string{"a"})
 	require.NoError(t, err)
@@ -488,13 +476,19 @@ func TestDatabaseErrorsKeepSQLState(t *testing.T) {
 			return err
 		},
 		"SetMemberLimitTx": func(tx pgx.Tx) error { _, err := b.client.SetMemberLimitTx(b.ctx, tx, "q", "m", 1); return err },
-		"CreateVoucherPoolTx": func(tx pgx.Tx) error {
-			_, err := b.client.CreateVoucherPoolTx(b.ctx, tx, "pool2", 1)
+		"CreateCampaignTx": func(tx pgx.Tx) error {
+			_, err := b.client.CreateCampaignTx(b.ctx, tx, "pool2", 1)
 			return err
 		},
-		"ClaimVoucherTx": func(tx pgx.Tx) error { _, err := b.client.ClaimVoucherTx(b.ctx, tx, "pool", "m"); return err },
-		"ClaimCodeTx":    func(tx pgx.Tx) error { _, err := b.client.ClaimCodeTx(b.ctx, tx, "codes", "m"); return err },
-		"ImportCodesTx":  func(tx pgx.Tx) error { _, err := b.client.ImportCodesTx(b.ctx, tx, "codes", []string{"b"}); return err },
+		"ClaimTx counted": func(tx pgx.Tx) error {
+			_, err := b.client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "pool", Member: "m"})
+			return err
+		},
+		"ClaimTx codes": func(tx pgx.Tx) error {
+			_, err := b.client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "codes", Member: "m"})
+			return err
+		},
+		"ImportCodesTx": func(tx pgx.Tx) error { _, err := b.client.ImportCodesTx(b.ctx, tx, "codes", []string{"b"}); return err },
 	}
 	before := b.snapshot(t)
 	for name, call := range calls {
@@ -551,13 +545,19 @@ var schemaCalls = map[string]func(ctx context.Context, c *quota.Client) error{
 		return err
 	},
 	"MemberLimits": func(ctx context.Context, c *quota.Client) error { _, err := c.MemberLimits(ctx, "q"); return err },
-	"CreateVoucherPool": func(ctx context.Context, c *quota.Client) error {
-		_, err := c.CreateVoucherPool(ctx, "p", 1)
+	"CreateCampaign": func(ctx context.Context, c *quota.Client) error {
+		_, err := c.CreateCampaign(ctx, "p", 1)
 		return err
 	},
-	"VoucherStatus": func(ctx context.Context, c *quota.Client) error { _, err := c.VoucherStatus(ctx, "p"); return err },
-	"ClaimVoucher":  func(ctx context.Context, c *quota.Client) error { _, err := c.ClaimVoucher(ctx, "p", "m"); return err },
-	"ClaimCode":     func(ctx context.Context, c *quota.Client) error { _, err := c.ClaimCode(ctx, "p", "m"); return err },
+	"Campaign": func(ctx context.Context, c *quota.Client) error { _, err := c.Campaign(ctx, "p"); return err },
+	"Claim counted": func(ctx context.Context, c *quota.Client) error {
+		_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: "p", Member: "m"})
+		return err
+	},
+	"Claim codes": func(ctx context.Context, c *quota.Client) error {
+		_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: "p", Member: "m"})
+		return err
+	},
 	"ImportCodes": func(ctx context.Context, c *quota.Client) error {
 		_, err := c.ImportCodes(ctx, "p", []string{"a"})
 		return err
@@ -623,7 +623,7 @@ func TestSchemaBehind(t *testing.T) {
 	// Quotas work (migration 1); vouchers (migration 2) say the schema is behind.
 	_, err = client.DefineQuota(ctx, quota.Definition{Name: "q", Window: quota.WindowDay})
 	require.NoError(t, err)
-	for _, name := range []string{"CreateVoucherPool", "VoucherStatus", "ClaimVoucher", "ClaimCode", "ImportCodes"} {
+	for _, name := range []string{"CreateCampaign", "Campaign", "Claim counted", "Claim codes", "ImportCodes"} {
 		err := schemaCalls[name](ctx, client)
 		require.ErrorIs(t, err, quota.ErrSchemaMissing, name)
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/pgquota/pgquota/db"
 )
 
-// The fenced lock (DESIGN.md section 2, after Martin Kleppmann, "How to do
+// The fenced lock (after Martin Kleppmann, "How to do
 // distributed locking", 2016): a lease grants its holder a fencing token,
 // a number that strictly increases with every acquisition; every write the
 // holder makes carries the token, and the storage rejects a token lower
@@ -112,7 +112,7 @@ type Lease struct {
 	// Payload is the data stored with this acquisition (AcquireRequest.
 	// Payload, SetLeasePayload); empty when none. Acquire, Lease, Leases
 	// and SetLeasePayload fill it; Renew and Release leave it empty.
-	Payload string `json:"payload,omitempty"`
+	Payload string `json:"payload"`
 
 	// sent is the local time, with its monotonic reading, at which the
 	// statement that returned this lease was sent. The database read its
@@ -215,8 +215,8 @@ func checkAcquire(req *AcquireRequest) error {
 // A lease's name is also a fence resource: taking the lease with token T
 // raises the highest token seen for the resource of the same name to T in
 // the same statement. From then on no write carrying an older token lands
-// on that resource (FenceWrite on it, or a table guarded by
-// AttachFenceGuard whose FenceGuard.Resource it is), even before the new
+// on that resource (WriteFencedRow on it, or a table guarded by
+// GuardTable whose GuardedTable.Resource it is), even before the new
 // holder writes anything: the storage half of Kleppmann's fencing (2016)
 // learns of the new holder when the lock half does.
 //

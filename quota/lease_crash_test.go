@@ -53,7 +53,7 @@ func TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 		cl.Exec(database, `CREATE TABLE public.reports (id int PRIMARY KEY, val text NOT NULL, tok bigint);
 			GRANT SELECT, INSERT, UPDATE, DELETE ON public.reports TO app_async`)
 		admin, closeAdmin := crashClient(t, cl.URL(database))
-		_, err := admin.AttachFenceGuard(ctx, quota.FenceGuardRequest{Table: "public.reports", Column: "tok"})
+		_, err := admin.GuardTable(ctx, quota.GuardTableRequest{Table: "public.reports", Column: "tok"})
 		require.NoError(t, err)
 		closeAdmin()
 	}
@@ -103,7 +103,7 @@ func TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 		record(ren.Token, name("renewed"))
 		ren, err = client.Renew(ctx, ren.Name, ren.Token, 2*time.Hour)
 		require.NoError(t, err)
-		_, err = client.FenceWrite(ctx, quota.FenceWriteRequest{Resource: held.Name, Key: "k", Value: name("v"), Token: held.Token, Lease: held.Name})
+		_, err = client.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: held.Name, Key: "k", Value: name("v"), Token: held.Token, Lease: held.Name})
 		require.NoError(t, err)
 		// A write of the application's own table with the fence guard.
 		require.NoError(t, guardedWrite(ctx, client.Pool(), round, name("v"), held.Token, held.Name))
@@ -112,7 +112,7 @@ func TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 		require.NoError(t, err)
 		inTx, err := client.AcquireTx(ctx, tx, quota.AcquireRequest{Name: name("tx"), Holder: "A", TTL: time.Hour})
 		require.NoError(t, err)
-		_, err = client.FenceWriteTx(ctx, tx, quota.FenceWriteRequest{Resource: inTx.Name, Key: "k", Value: name("v"), Token: inTx.Token, Lease: inTx.Name})
+		_, err = client.WriteFencedRowTx(ctx, tx, quota.WriteFencedRowRequest{Resource: inTx.Name, Key: "k", Value: name("v"), Token: inTx.Token, Lease: inTx.Name})
 		require.NoError(t, err)
 		require.NoError(t, tx.Commit(ctx))
 		record(inTx.Token, name("tx"))
@@ -125,7 +125,7 @@ func TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 		if granted {
 			_, err = client.DefineQuota(ctx, quota.Definition{Name: name("q"), Window: quota.WindowNone, DefaultLimit: ptr[int64](10)})
 			require.NoError(t, err)
-			g, err := client.GrantFenced(ctx, quota.GrantRequest{Quota: name("q"), Member: "m", Amount: 3}, time.Minute)
+			g, err := quota.GrantFenced(ctx, client, quota.GrantRequest{Quota: name("q"), Member: "m", Amount: 3}, time.Minute)
 			require.NoError(t, err)
 			require.True(t, g.Granted)
 		}

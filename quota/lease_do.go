@@ -66,7 +66,7 @@ func withLease(ctx context.Context, k *Keeper, l Lease) context.Context {
 // (or a leader's Leadership.Context) runs, as last confirmed by the
 // database (its token never changes; its Payload is the one stored at
 // acquisition), and true; or false when ctx carries none. Put its Token
-// (and Name as FenceWriteRequest.Lease) on every write the work makes, so
+// (and Name as WriteFencedRowRequest.Lease) on every write the work makes, so
 // that a write made after the lease was lost is rejected where it lands.
 func LeaseFromContext(ctx context.Context) (Lease, bool) {
 	h, ok := ctx.Value(leaseContextKey{}).(*heldLease)
@@ -95,7 +95,7 @@ const releaseTimeout = 5 * time.Second
 // lost or about to expire without a confirmed renewal (ErrLeaseLost,
 // ErrLeaseExpiring; see Keepalive), or when ctx ends. fn must then stop:
 // its writes fenced with the lease's token are rejected once another
-// holder has the lease (DESIGN.md guarantee 2), but its other effects are
+// holder has the lease (the guarantee that a stale holder never writes), but its other effects are
 // not. Do waits for fn to return whatever happens.
 //
 // Returns:

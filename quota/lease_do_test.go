@@ -105,7 +105,7 @@ func TestDoRunsOneReplicaAtATime(t *testing.T) {
 						if !ok {
 							return errors.New("no lease in fn's context")
 						}
-						if _, err := c.FenceWrite(ctx, quota.FenceWriteRequest{
+						if _, err := c.WriteFencedRow(ctx, quota.WriteFencedRowRequest{
 							Resource: "nightly", Key: "report", Value: who, Token: l.Token, Lease: "nightly",
 						}); err != nil {
 							return err

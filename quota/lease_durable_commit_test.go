@@ -22,7 +22,7 @@ func TestLeaseCallsCommitDurablyUnderAsyncCommit(t *testing.T) {
 	l, err := b.client.Acquire(b.ctx, quota.AcquireRequest{Name: "r", Holder: "A", TTL: time.Hour})
 	require.NoError(t, err)
 	b.appDDL(t, `CREATE TABLE public.reports (id int PRIMARY KEY, val text NOT NULL, tok bigint)`, nil, "public.reports")
-	_, err = b.ownerClient(t).AttachFenceGuard(b.ctx, quota.FenceGuardRequest{Table: "public.reports", Column: "tok"})
+	_, err = b.ownerClient(t).GuardTable(b.ctx, quota.GuardTableRequest{Table: "public.reports", Column: "tok"})
 	require.NoError(t, err)
 
 	calls := []struct {
@@ -41,21 +41,21 @@ func TestLeaseCallsCommitDurablyUnderAsyncCommit(t *testing.T) {
 			_, err := b.client.RenewTx(b.ctx, tx, "r", l.Token, time.Hour)
 			return err
 		}},
-		{"FenceWriteTx with a lease", func(tx pgx.Tx) error {
-			_, err := b.client.FenceWriteTx(b.ctx, tx, quota.FenceWriteRequest{Resource: "r", Key: "k", Token: l.Token, Lease: "r"})
+		{"WriteFencedRowTx with a lease", func(tx pgx.Tx) error {
+			_, err := b.client.WriteFencedRowTx(b.ctx, tx, quota.WriteFencedRowRequest{Resource: "r", Key: "k", Token: l.Token, Lease: "r"})
 			return err
 		}},
-		{"FenceWriteTx with an external token", func(tx pgx.Tx) error {
-			_, err := b.client.FenceWriteTx(b.ctx, tx, quota.FenceWriteRequest{Resource: "ext", Key: "k", Token: 5})
+		{"WriteFencedRowTx with an external token", func(tx pgx.Tx) error {
+			_, err := b.client.WriteFencedRowTx(b.ctx, tx, quota.WriteFencedRowRequest{Resource: "ext", Key: "k", Token: 5})
 			return err
 		}},
 		{"a write of a table with the fence guard", func(tx pgx.Tx) error {
 			if _, err := tx.Exec(b.ctx, `SELECT pgquota.present_token('public.reports', $1, 'r')`, l.Token); err != nil {
-				return quota.FenceError(err)
+				return quota.MapFenceError(err)
 			}
 			_, err := tx.Exec(b.ctx, `INSERT INTO public.reports (id, val, tok) VALUES (1, 'v', NULL)
 				ON CONFLICT (id) DO UPDATE SET val = excluded.val`)
-			return quota.FenceError(err)
+			return quota.MapFenceError(err)
 		}},
 		{"ReleaseTx", func(tx pgx.Tx) error {
 			_, err := b.client.ReleaseTx(b.ctx, tx, "r", l.Token)

@@ -44,7 +44,7 @@ func TestLeaseTokensIncreaseAcrossFailoverToLaggingStandby(t *testing.T) {
 		GRANT SELECT, INSERT, UPDATE, DELETE ON public.reports TO app`)
 	admin, err := quota.New(pgcluster.Pool(t, primary.URL("app")), nil)
 	require.NoError(t, err)
-	_, err = admin.AttachFenceGuard(ctx, quota.FenceGuardRequest{Table: "public.reports", Column: "tok"})
+	_, err = admin.GuardTable(ctx, quota.GuardTableRequest{Table: "public.reports", Column: "tok"})
 	require.NoError(t, err)
 	admin.Pool().Close()
 
@@ -71,9 +71,9 @@ func TestLeaseTokensIncreaseAcrossFailoverToLaggingStandby(t *testing.T) {
 	a, err := old.Acquire(ctx, quota.AcquireRequest{Name: lease, Holder: "A", TTL: time.Hour})
 	require.NoError(t, err)
 	issued = append(issued, a.Token)
-	_, err = old.FenceWrite(ctx, quota.FenceWriteRequest{Resource: lease, Key: "k", Value: "A", Token: a.Token, Lease: lease})
+	_, err = old.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: lease, Key: "k", Value: "A", Token: a.Token, Lease: lease})
 	require.NoError(t, err)
-	_, err = old.FenceWrite(ctx, quota.FenceWriteRequest{Resource: ext, Key: "k", Value: "A", Token: a.Token})
+	_, err = old.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: ext, Key: "k", Value: "A", Token: a.Token})
 	require.NoError(t, err)
 	require.NoError(t, guardedWrite(ctx, old.Pool(), 1, "A", a.Token, lease))
 	var oldTimeline int64
@@ -100,21 +100,21 @@ func TestLeaseTokensIncreaseAcrossFailoverToLaggingStandby(t *testing.T) {
 		oldTimeline, len(issued), issued[0], highest, a.Token, newTimeline, b.Token)
 	assert.Greater(t, b.Token, highest, "the first token after the promotion exceeds every token the old primary issued")
 
-	_, err = cur.FenceWrite(ctx, quota.FenceWriteRequest{Resource: ext, Key: "k", Value: "B", Token: b.Token})
+	_, err = cur.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: ext, Key: "k", Value: "B", Token: b.Token})
 	require.NoError(t, err, "B's external-style write")
 	require.NoError(t, guardedWrite(ctx, cur.Pool(), 1, "B", b.Token, lease), "B's guarded write")
 
 	// A still believes it holds the lease and writes with its old token.
-	_, err = cur.FenceWrite(ctx, quota.FenceWriteRequest{Resource: lease, Key: "k", Value: "A stale", Token: a.Token, Lease: lease})
+	_, err = cur.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: lease, Key: "k", Value: "A stale", Token: a.Token, Lease: lease})
 	assert.ErrorIs(t, err, quota.ErrStaleToken, "A's fenced write checked against the lease")
-	_, err = cur.FenceWrite(ctx, quota.FenceWriteRequest{Resource: ext, Key: "k", Value: "A stale", Token: a.Token})
+	_, err = cur.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: ext, Key: "k", Value: "A stale", Token: a.Token})
 	assert.ErrorIs(t, err, quota.ErrStaleToken, "A's external-style fenced write")
 	assertGuardRejects(ctx, t, cur.Pool(), 1, a.Token)
 
 	// B is not locked out by its own token, and its values stand.
-	_, err = cur.FenceWrite(ctx, quota.FenceWriteRequest{Resource: ext, Key: "k", Value: "B again", Token: b.Token})
+	_, err = cur.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: ext, Key: "k", Value: "B again", Token: b.Token})
 	assert.NoError(t, err)
-	_, err = cur.FenceWrite(ctx, quota.FenceWriteRequest{Resource: lease, Key: "k", Value: "B", Token: b.Token, Lease: lease})
+	_, err = cur.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: lease, Key: "k", Value: "B", Token: b.Token, Lease: lease})
 	assert.NoError(t, err)
 	var val string
 	require.NoError(t, cur.Pool().QueryRow(ctx, "SELECT val FROM public.reports WHERE id = 1").Scan(&val))
@@ -137,7 +137,7 @@ func failoverClient(t *testing.T, cl *pgcluster.Cluster) *quota.Client {
 }
 
 // guardedWrite and assertGuardRejects are the only places that write the
-// guarded table public.reports (guard attached with AttachFenceGuard on
+// guarded table public.reports (guard attached with GuardTable on
 // column tok): the writer presents its token in the transaction
 // (pgquota.present_token, checked against the lease named lease), and the
 // guard stamps it into the row.
@@ -150,7 +150,7 @@ func guardedWrite(ctx context.Context, pool *pgxpool.Pool, id int, val string, t
 			ON CONFLICT (id) DO UPDATE SET val = excluded.val`, id, val)
 		return err
 	})
-	return quota.FenceError(err)
+	return quota.MapFenceError(err)
 }
 
 // assertGuardRejects checks that a write of row id with the stale token is

@@ -24,14 +24,14 @@ type ReapLeasesRequest struct {
 	// token (so no external token source, an etcd revision or a ZooKeeper
 	// zxid, ever wrote there with a larger one); no write touched it within
 	// OlderThan; no pgquota trigger names the resource (a table guarded by
-	// AttachFenceGuard, whose writes are checked against the fence row
+	// GuardTable, whose writes are checked against the fence row
 	// alone); and no fenced writer holds it at the moment.
 	//
 	// Set it only when every write to these resources is checked against
-	// the lease of the resource's own name (FenceWrite with Lease equal to
-	// Resource, GrantFenced): such a write from a holder deposed long ago
+	// the lease of the resource's own name (WriteFencedRow with Lease equal to
+	// Resource, grantFenced): such a write from a holder deposed long ago
 	// finds no lease row held with its token and is rejected, as before.
-	// A write checked against the fence row alone (FenceWrite without
+	// A write checked against the fence row alone (WriteFencedRow without
 	// Lease, or with another lease) carrying an old token would be admitted
 	// once the row is gone: the database no longer knows how high the
 	// resource's tokens went. That is why fence rows are kept by default,
@@ -62,7 +62,7 @@ type ReapedLease struct {
 // used. Run it periodically (`pgquota lease reap --older-than 24h` from
 // cron, say).
 //
-// It never weakens DESIGN.md guarantee 2 (a stale holder never writes) by
+// It never weakens the guarantee that a stale holder never writes (a stale holder never writes) by
 // default: a lease row alone can go, because a write checked against the
 // lease then finds no row held with its token (ErrLeaseLost), the fence row
 // keeps the highest token for writes checked against it alone, and tokens

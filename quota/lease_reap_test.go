@@ -57,7 +57,7 @@ func newReapScene(t *testing.T) *reapScene {
 	s := &reapScene{testBundle: setup(t, 0)}
 	s.stale, s.last = s.depose(t, "r-lease")
 	s.appDDL(t, `CREATE TABLE public.reports (id int PRIMARY KEY, val text, tok bigint)`, nil, "public.reports")
-	_, err := s.ownerClient(t).AttachFenceGuard(s.ctx, quota.FenceGuardRequest{Table: "public.reports", Column: "tok"})
+	_, err := s.ownerClient(t).GuardTable(s.ctx, quota.GuardTableRequest{Table: "public.reports", Column: "tok"})
 	require.NoError(t, err)
 	s.staleGuard, _ = s.depose(t, "public.reports")
 	s.acquire(t, "held", "h", time.Minute)
@@ -66,10 +66,10 @@ func newReapScene(t *testing.T) *reapScene {
 	require.NoError(t, err)
 	// bumped: an external token source wrote above the lease's tokens.
 	_, bumpedLast := s.depose(t, "bumped")
-	_, err = s.client.FenceWrite(s.ctx, quota.FenceWriteRequest{Resource: "bumped", Key: "k", Value: "v", Token: bumpedLast + 1000})
+	_, err = s.client.WriteFencedRow(s.ctx, quota.WriteFencedRowRequest{Resource: "bumped", Key: "k", Value: "v", Token: bumpedLast + 1000})
 	require.NoError(t, err)
 	// ext: fenced with external tokens only, no lease.
-	_, err = s.client.FenceWrite(s.ctx, quota.FenceWriteRequest{Resource: "ext", Key: "k", Value: "v", Token: 7})
+	_, err = s.client.WriteFencedRow(s.ctx, quota.WriteFencedRowRequest{Resource: "ext", Key: "k", Value: "v", Token: 7})
 	require.NoError(t, err)
 	for _, n := range []string{"r-lease", "public.reports", "bumped", "ext", "held"} {
 		s.age(t, n, 2*time.Hour)
@@ -125,17 +125,17 @@ func reapedNames(r []quota.ReapedLease) (names []string, fences []string) {
 // through every path: naming the lease, fence only, and a guarded table.
 func (s *reapScene) staleWritesRejected(t *testing.T, leaseErr error) {
 	t.Helper()
-	_, err := s.client.FenceWrite(s.ctx, quota.FenceWriteRequest{Resource: "r-lease", Key: "k", Value: "stale", Token: s.stale, Lease: "r-lease"})
+	_, err := s.client.WriteFencedRow(s.ctx, quota.WriteFencedRowRequest{Resource: "r-lease", Key: "k", Value: "stale", Token: s.stale, Lease: "r-lease"})
 	require.ErrorIs(t, err, leaseErr, "a stale write naming the lease")
 	// The guarded table: presenting the stale token is refused (its lease is
 	// not held with it, or was taken over), and so is a statement whose
 	// transaction set the token by hand, against the kept highest token.
 	err = pgx.BeginFunc(s.ctx, s.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(s.ctx, `SELECT pgquota.present_token('public.reports', $1)`, s.staleGuard); err != nil {
-			return quota.FenceError(err)
+			return quota.MapFenceError(err)
 		}
 		_, err := tx.Exec(s.ctx, `INSERT INTO public.reports VALUES (1, 'stale', NULL)`)
-		return quota.FenceError(err)
+		return quota.MapFenceError(err)
 	})
 	require.True(t, errors.Is(err, quota.ErrStaleToken) || errors.Is(err, quota.ErrLeaseLost),
 		"presenting the stale token to the guarded table is refused, got %v", err)
@@ -171,7 +171,7 @@ func TestReapLeasesKeepsFencesByDefault(t *testing.T) {
 	// The deposed holder of r-lease: naming the lease it finds no row; fence
 	// only, the kept fence row rejects it.
 	s.staleWritesRejected(t, quota.ErrLeaseLost)
-	_, err = s.client.FenceWrite(s.ctx, quota.FenceWriteRequest{Resource: "r-lease", Key: "k", Value: "stale", Token: s.stale})
+	_, err = s.client.WriteFencedRow(s.ctx, quota.WriteFencedRowRequest{Resource: "r-lease", Key: "k", Value: "stale", Token: s.stale})
 	require.ErrorIs(t, err, quota.ErrStaleToken)
 	_, err = s.client.Renew(s.ctx, "r-lease", s.last, time.Minute)
 	require.ErrorIs(t, err, quota.ErrLeaseLost)
@@ -180,9 +180,9 @@ func TestReapLeasesKeepsFencesByDefault(t *testing.T) {
 	// out.
 	next := s.acquire(t, "r-lease", "next", time.Minute)
 	require.Greater(t, next.Token, s.last)
-	_, err = s.client.FenceWrite(s.ctx, quota.FenceWriteRequest{Resource: "r-lease", Key: "k", Value: "stale", Token: s.stale, Lease: "r-lease"})
+	_, err = s.client.WriteFencedRow(s.ctx, quota.WriteFencedRowRequest{Resource: "r-lease", Key: "k", Value: "stale", Token: s.stale, Lease: "r-lease"})
 	require.ErrorIs(t, err, quota.ErrStaleToken)
-	_, err = s.client.FenceWrite(s.ctx, quota.FenceWriteRequest{Resource: "r-lease", Key: "k", Value: "next", Token: next.Token, Lease: "r-lease"})
+	_, err = s.client.WriteFencedRow(s.ctx, quota.WriteFencedRowRequest{Resource: "r-lease", Key: "k", Value: "next", Token: next.Token, Lease: "r-lease"})
 	require.NoError(t, err)
 
 	// Nothing left to reap.
@@ -209,12 +209,12 @@ func TestReapLeasesWithFencesKeepsGuardedAndExternal(t *testing.T) {
 	next := s.acquire(t, "r-lease", "next", time.Minute)
 	require.Greater(t, next.Token, s.last, "tokens come from one sequence")
 	for _, lease := range []string{"r-lease", ""} {
-		_, err = s.client.FenceWrite(s.ctx, quota.FenceWriteRequest{Resource: "r-lease", Key: "k", Value: "stale", Token: s.stale, Lease: lease})
+		_, err = s.client.WriteFencedRow(s.ctx, quota.WriteFencedRowRequest{Resource: "r-lease", Key: "k", Value: "stale", Token: s.stale, Lease: lease})
 		require.ErrorIs(t, err, quota.ErrStaleToken, "lease %q", lease)
-		_, err = s.client.FenceWrite(s.ctx, quota.FenceWriteRequest{Resource: "r-lease", Key: "k", Value: "stale", Token: s.last, Lease: lease})
+		_, err = s.client.WriteFencedRow(s.ctx, quota.WriteFencedRowRequest{Resource: "r-lease", Key: "k", Value: "stale", Token: s.last, Lease: lease})
 		require.ErrorIs(t, err, quota.ErrStaleToken, "lease %q", lease)
 	}
-	row, err := s.client.FenceWrite(s.ctx, quota.FenceWriteRequest{Resource: "r-lease", Key: "k", Value: "next", Token: next.Token, Lease: "r-lease"})
+	row, err := s.client.WriteFencedRow(s.ctx, quota.WriteFencedRowRequest{Resource: "r-lease", Key: "k", Value: "next", Token: next.Token, Lease: "r-lease"})
 	require.NoError(t, err)
 	require.Equal(t, "next", row.Value)
 }
@@ -295,7 +295,7 @@ func TestReapLeasesRacingAcquirers(t *testing.T) {
 						mu.Lock()
 						tokens[name] = append(tokens[name], l.Token)
 						mu.Unlock()
-						_, err := b.client.FenceWrite(ctx, quota.FenceWriteRequest{Resource: name, Key: "k", Value: "v", Token: l.Token, Lease: name})
+						_, err := b.client.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: name, Key: "k", Value: "v", Token: l.Token, Lease: name})
 						return err
 					})
 				if err != nil && ctx.Err() == nil {

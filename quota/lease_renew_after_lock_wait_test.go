@@ -39,10 +39,10 @@ func TestLeaseRenewAfterLockWait(t *testing.T) {
 		{"another session's FOR UPDATE", func(t *testing.T, b *testBundle, l quota.Lease) func() {
 			return b.lockLeaseRow(t, l.Name)
 		}},
-		{"the holder's FenceWriteTx", func(t *testing.T, b *testBundle, l quota.Lease) func() {
+		{"the holder's WriteFencedRowTx", func(t *testing.T, b *testBundle, l quota.Lease) func() {
 			tx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{})
 			require.NoError(t, err)
-			_, err = b.client.FenceWriteTx(b.ctx, tx, quota.FenceWriteRequest{
+			_, err = b.client.WriteFencedRowTx(b.ctx, tx, quota.WriteFencedRowRequest{
 				Resource: l.Name, Key: "k", Value: "v", Token: l.Token, Lease: l.Name,
 			})
 			require.NoError(t, err)
@@ -115,7 +115,7 @@ func TestLeaseAcquireAfterLockWait(t *testing.T) {
 	tx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-	_, err = b.client.FenceWriteTx(b.ctx, tx, quota.FenceWriteRequest{
+	_, err = b.client.WriteFencedRowTx(b.ctx, tx, quota.WriteFencedRowRequest{
 		Resource: "job", Key: "k", Value: "v", Token: old.Token, Lease: "job",
 	})
 	require.NoError(t, err)

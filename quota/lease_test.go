@@ -285,7 +285,7 @@ func TestLeaseNoSessionState(t *testing.T) {
 	l, err := c.Acquire(ctx, quota.AcquireRequest{Name: "r", Holder: "h", TTL: time.Minute})
 	require.NoError(t, err)
 	require.Zero(t, advisory())
-	_, err = c.FenceWrite(ctx, quota.FenceWriteRequest{Resource: "r", Key: "k", Value: "v", Token: l.Token, Lease: "r"})
+	_, err = c.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "r", Key: "k", Value: "v", Token: l.Token, Lease: "r"})
 	require.NoError(t, err)
 	_, err = c.Renew(ctx, "r", l.Token, time.Minute)
 	require.NoError(t, err)

@@ -77,7 +77,7 @@ func TestLeaseEpochRisesOnAnotherClusterAndOnBump(t *testing.T) {
 	require.NoError(t, err)
 	require.Greater(t, l.Token>>40, int64(5), "a new epoch on another cluster")
 	require.Greater(t, l.Token, old)
-	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: "r", Key: "k", Token: l.Token, Lease: "r"})
+	_, err = b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: "r", Key: "k", Token: l.Token, Lease: "r"})
 	require.NoError(t, err, "the new holder is not locked out by the old mark")
 
 	var bumped int64
@@ -140,7 +140,7 @@ func TestLeaseTokensMigrateForward(t *testing.T) {
 	require.NoError(t, err)
 	_, err = client.Renew(ctx, "held", oldToken, time.Hour)
 	require.NoError(t, err, "a lease held before the migration renews with its token")
-	_, err = client.FenceWrite(ctx, quota.FenceWriteRequest{Resource: "held", Key: "k", Token: oldToken, Lease: "held"})
+	_, err = client.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "held", Key: "k", Token: oldToken, Lease: "held"})
 	require.NoError(t, err, "and writes with it")
 	l, err := client.Acquire(ctx, quota.AcquireRequest{Name: "new", Holder: "B", TTL: time.Hour})
 	require.NoError(t, err)

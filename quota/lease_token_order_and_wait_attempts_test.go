@@ -10,7 +10,7 @@ import (
 	"github.com/pgquota/pgquota/quota"
 )
 
-// DESIGN.md 2: tokens strictly increase per resource "across acquisitions,
+// Tokens strictly increase per resource "across acquisitions,
 // releases and row deletions". The acquire statement takes its token
 // (nextval) when it builds the row it proposes to insert, before the insert
 // checks for a conflict. If the lease row is deleted (say, a cleanup of

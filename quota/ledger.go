@@ -51,21 +51,21 @@ type IdempotencyKey struct {
 // GrantResult, RevokeResult and Claim embed it; it is zero for an operation
 // without a key.
 type Keyed struct {
-	// GrantID identifies the operation's ledger entry: RevokeGrant takes it
+	// GrantID identifies the operation's ledger entry: CompensateGrant takes it
 	// to give a grant's units back, EnqueueOpts carries it into outbox
 	// events, and `pgquota ledger show --grant-id` prints the entry.
 	// Grant ids are positive and increase in the order entries were
 	// created.
-	GrantID int64 `json:"grant_id,omitempty"`
+	GrantID int64 `json:"grant_id"`
 	// IdempotencyScope and IdempotencyKey are the key the operation was
 	// recorded under.
-	IdempotencyScope string `json:"idempotency_scope,omitempty"`
-	IdempotencyKey   string `json:"idempotency_key,omitempty"`
+	IdempotencyScope string `json:"idempotency_scope"`
+	IdempotencyKey   string `json:"idempotency_key"`
 	// Replayed reports that an earlier call with this key made the
 	// operation: this result is the stored first outcome, and this call
 	// changed nothing. Usage figures (Used, Remaining, ...) are those of the
 	// first call.
-	Replayed bool `json:"replayed,omitempty"`
+	Replayed bool `json:"replayed"`
 }
 
 // Operations recorded in the ledger (LedgerEntry.Operation).
@@ -166,12 +166,10 @@ func keyedFromEntry(e db.PgquotaLedgerEntry) Keyed {
 	return Keyed{GrantID: e.GrantID, IdempotencyScope: e.Scope, IdempotencyKey: e.IdempotencyKey, Replayed: true}
 }
 
-func (c *Client) grantKeyed(ctx context.Context, x db.DBTX, req GrantRequest, limit pgtype.Int8) (GrantResult, error) {
-	key, err := checkKey(req.Idempotency, req.Quota)
-	if err != nil {
-		return GrantResult{}, err
-	}
-	fp := request{key: key, operation: OpGrant, target: req.Quota, member: req.Member, amount: req.Amount, limit: limit}
+// grantKeyed runs a validated keyed grant request, given its fingerprint.
+func (c *Client) grantKeyed(ctx context.Context, x db.DBTX, fp request) (GrantResult, error) {
+	key, limit := fp.key, fp.limit
+	req := GrantRequest{Quota: fp.target, Member: fp.member, Amount: fp.amount}
 	return runKeyed(ctx, c, x, fp, func() (GrantResult, int64, error) {
 		row, err := c.queries.LedgerGrant(ctx, x, db.LedgerGrantParams{
 			Scope:          key.Scope,
@@ -252,75 +250,31 @@ func (c *Client) revokeKeyed(ctx context.Context, x db.DBTX, req RevokeRequest) 
 	})
 }
 
-// ClaimVoucherWithKey is ClaimVoucher with an idempotency key (its Scope
-// defaults to the campaign): the claim and its ledger row are one
-// statement, a repeat with the same key and request returns the first
-// outcome (a sold-out result included) with Replayed set, and the same key
-// with another campaign or member fails with ErrIdempotencyKeyReused. On a
-// sharded pool the claim waits for a locked shard rather than skipping it
-// (queries/voucher_shard.sql, LedgerClaimShard), so that a stored sold-out
-// outcome is exact; the first keyed claim of a sharded campaign by a client
-// takes two more statements, to learn its kind and number of shards.
-// Serialization failures and deadlocks are retried as for Grant.
-//
-// On ErrOutcomeUnknown, repeat the call with the same key to learn the
-// outcome.
-//
-// Errors: those of ClaimVoucher, an *InputError for a bad key, and
-// ErrIdempotencyKeyReused.
-func (c *Client) ClaimVoucherWithKey(ctx context.Context, campaign, member string, key IdempotencyKey) (Claim, error) {
-	return c.claimVoucherKeyed(ctx, c.db, campaign, member, key)
-}
-
-// ClaimVoucherWithKeyTx is ClaimVoucherWithKey inside the caller's
-// transaction. Serialization failures and deadlocks are returned unchanged,
-// as for GrantTx.
-func (c *Client) ClaimVoucherWithKeyTx(ctx context.Context, tx pgx.Tx, campaign, member string, key IdempotencyKey) (Claim, error) {
-	return c.claimVoucherKeyed(ctx, tx, campaign, member, key)
-}
-
-// checkClaim validates a keyed claim's arguments and returns its
-// fingerprint.
-func checkClaim(campaign, member string, key IdempotencyKey) (request, error) {
-	if err := checkName("campaign", campaign); err != nil {
-		return request{}, err
-	}
-	if err := checkName("member", member); err != nil {
-		return request{}, err
-	}
-	key, err := checkKey(key, campaign)
-	if err != nil {
-		return request{}, err
-	}
-	return request{key: key, operation: OpClaim, target: campaign, member: member, amount: 1}, nil
-}
-
-func (c *Client) claimVoucherKeyed(ctx context.Context, x db.DBTX, campaign, member string, key IdempotencyKey) (Claim, error) {
-	fp, err := checkClaim(campaign, member, key)
-	if err != nil {
-		return Claim{}, err
-	}
-	key = fp.key
+// claimVoucherKeyed is claimVoucher with an idempotency key: the claim and
+// its ledger row are one statement. fp is the request's fingerprint
+// (checkClaimRequest).
+func (c *Client) claimVoucherKeyed(ctx context.Context, x db.DBTX, fp request) (ClaimResult, error) {
+	campaign, member, key := fp.target, fp.member, fp.key
 	if _, ok := c.shardCounts.Load(campaign); ok {
 		return c.claimShardedKeyed(ctx, x, campaign, member, fp)
 	}
-	claim, err := runKeyed(ctx, c, x, fp, func() (Claim, int64, error) {
+	claim, err := runKeyed(ctx, c, x, fp, func() (ClaimResult, int64, error) {
 		row, err := c.queries.LedgerClaimVoucher(ctx, x, db.LedgerClaimVoucherParams{
 			Scope: key.Scope, IdempotencyKey: key.Key, Campaign: campaign, Member: member,
 		})
 		switch {
 		case err != nil:
-			return Claim{}, 0, dbError("claim voucher", err)
+			return ClaimResult{}, 0, dbError("claim voucher", err)
 		case row.PriorGrantID != 0:
-			return Claim{}, row.PriorGrantID, nil
+			return ClaimResult{}, row.PriorGrantID, nil
 		case !row.CampaignFound:
-			return Claim{}, 0, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
+			return ClaimResult{}, 0, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
 		case CampaignKind(row.Kind) == KindSharded:
-			return Claim{}, 0, errShardedPool // nothing was written
+			return ClaimResult{}, 0, errShardedPool // nothing was written
 		case CampaignKind(row.Kind) != KindCounted:
-			return Claim{}, 0, fmt.Errorf("%w: %q holds codes: use ClaimCodeWithKey", ErrCampaignKind, campaign)
+			return ClaimResult{}, 0, fmt.Errorf("%w: %q holds codes", errOtherKind, campaign)
 		}
-		return Claim{
+		return ClaimResult{
 			Campaign:  campaign,
 			Member:    member,
 			Claimed:   row.Claimed,
@@ -337,51 +291,29 @@ func (c *Client) claimVoucherKeyed(ctx context.Context, x db.DBTX, campaign, mem
 	return claim, err
 }
 
-// ClaimCodeWithKey is ClaimCode with an idempotency key, as
-// ClaimVoucherWithKey describes. While unclaimed codes exist but all are
-// locked by claims in progress, nothing is recorded and the claim is tried
-// again, as ClaimCode does.
-//
-// On ErrOutcomeUnknown, repeat the call with the same key to learn the
-// outcome.
-//
-// Errors: those of ClaimCode, an *InputError for a bad key, and
-// ErrIdempotencyKeyReused.
-func (c *Client) ClaimCodeWithKey(ctx context.Context, campaign, member string, key IdempotencyKey) (Claim, error) {
-	return c.claimCodeKeyed(ctx, c.db, campaign, member, key)
-}
-
-// ClaimCodeWithKeyTx is ClaimCodeWithKey inside the caller's transaction.
-// Serialization failures and deadlocks are returned unchanged, as for
-// GrantTx.
-func (c *Client) ClaimCodeWithKeyTx(ctx context.Context, tx pgx.Tx, campaign, member string, key IdempotencyKey) (Claim, error) {
-	return c.claimCodeKeyed(ctx, tx, campaign, member, key)
-}
-
-func (c *Client) claimCodeKeyed(ctx context.Context, x db.DBTX, campaign, member string, key IdempotencyKey) (Claim, error) {
-	fp, err := checkClaim(campaign, member, key)
-	if err != nil {
-		return Claim{}, err
-	}
-	key = fp.key
-	return c.whileCodesLocked(ctx, campaign, func() (Claim, error) {
-		claim, err := runKeyed(ctx, c, x, fp, func() (Claim, int64, error) {
+// claimCodeKeyed is claimCode with an idempotency key. While unclaimed
+// codes exist but all are locked by claims in progress, nothing is recorded
+// and the claim is tried again, as claimCode does.
+func (c *Client) claimCodeKeyed(ctx context.Context, x db.DBTX, fp request) (ClaimResult, error) {
+	campaign, member, key := fp.target, fp.member, fp.key
+	return c.whileCodesLocked(ctx, campaign, func() (ClaimResult, error) {
+		claim, err := runKeyed(ctx, c, x, fp, func() (ClaimResult, int64, error) {
 			row, err := c.queries.LedgerClaimCode(ctx, x, db.LedgerClaimCodeParams{
 				Scope: key.Scope, IdempotencyKey: key.Key, Campaign: campaign, Member: member,
 			})
 			switch {
 			case err != nil:
-				return Claim{}, 0, dbError("claim code", err)
+				return ClaimResult{}, 0, dbError("claim code", err)
 			case row.PriorGrantID != 0:
-				return Claim{}, row.PriorGrantID, nil
+				return ClaimResult{}, row.PriorGrantID, nil
 			case !row.CampaignFound:
-				return Claim{}, 0, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
+				return ClaimResult{}, 0, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
 			case CampaignKind(row.Kind) != KindCodes:
-				return Claim{}, 0, fmt.Errorf("%w: %q is a %s pool: use ClaimVoucherWithKey", ErrCampaignKind, campaign, row.Kind)
+				return ClaimResult{}, 0, fmt.Errorf("%w: %q is a %s pool", errOtherKind, campaign, row.Kind)
 			case row.GrantID == 0:
-				return Claim{}, 0, errCodesLocked
+				return ClaimResult{}, 0, errCodesLocked
 			}
-			return Claim{
+			return ClaimResult{
 				Campaign:  campaign,
 				Member:    member,
 				Claimed:   row.Claimed,
@@ -399,8 +331,8 @@ func (c *Client) claimCodeKeyed(ctx context.Context, x db.DBTX, campaign, member
 	})
 }
 
-func claimFromEntry(e db.PgquotaLedgerEntry) Claim {
-	return Claim{
+func claimFromEntry(e db.PgquotaLedgerEntry) ClaimResult {
+	return ClaimResult{
 		Campaign:  e.Target,
 		Member:    e.Member,
 		Claimed:   e.Granted,
@@ -413,9 +345,9 @@ func claimFromEntry(e db.PgquotaLedgerEntry) Claim {
 	}
 }
 
-// RevokeGrantResult is the outcome of RevokeGrant: the compensation of one
+// CompensateGrantResult is the outcome of CompensateGrant: the compensation of one
 // keyed grant.
-type RevokeGrantResult struct {
+type CompensateGrantResult struct {
 	GrantID int64  `json:"grant_id"`
 	Quota   string `json:"quota"`
 	Member  string `json:"member"`
@@ -431,8 +363,8 @@ type RevokeGrantResult struct {
 	Used int64 `json:"used"`
 	// WindowStart and WindowEnd bound the grant's window: the units go
 	// back to that window's counter, not to the current window's.
-	WindowStart time.Time `json:"window_start,omitzero"`
-	WindowEnd   time.Time `json:"window_end,omitzero"`
+	WindowStart time.Time `json:"window_start"`
+	WindowEnd   time.Time `json:"window_end"`
 	// RevokedAt is when the grant was revoked, by the database clock.
 	RevokedAt time.Time `json:"revoked_at"`
 	// Replayed reports that an earlier call revoked the grant: this result
@@ -440,14 +372,14 @@ type RevokeGrantResult struct {
 	Replayed bool `json:"replayed"`
 }
 
-// RevokeGrant gives back the units of one keyed grant (one made with an
+// CompensateGrant gives back the units of one keyed grant (one made with an
 // idempotency key; its GrantResult.GrantID): the compensating action of a
 // saga whose later step failed (Garcia-Molina and Salem, "Sagas", SIGMOD
 // 1987). The units go back to the counter of the grant's own window, even
 // when that window has ended, never more than the grant took and never
 // below zero (less when the counter holds fewer units, for instance after
 // a Revoke). A grant is revoked at most once: a repeated or concurrent
-// RevokeGrant of the same grant changes nothing and reports the first
+// CompensateGrant of the same grant changes nothing and reports the first
 // revoke's outcome with Replayed set. Revoking a denied grant gives nothing
 // back. It is one SQL statement (two when replaying); serialization
 // failures and deadlocks are retried as for Grant.
@@ -458,32 +390,32 @@ type RevokeGrantResult struct {
 //
 // ErrOutcomeUnknown: the request (its statement, or its transaction's
 // COMMIT) was sent and no reply said how it ended, so it may have been
-// applied; to learn the outcome, a RevokeGrant repeated with the same grant
+// applied; to learn the outcome, a CompensateGrant repeated with the same grant
 // id revokes at most once and reports the first outcome (Replayed).
-func (c *Client) RevokeGrant(ctx context.Context, grantID int64) (RevokeGrantResult, error) {
+func (c *Client) CompensateGrant(ctx context.Context, grantID int64) (CompensateGrantResult, error) {
 	return c.revokeGrant(ctx, c.db, grantID)
 }
 
-// RevokeGrantTx is RevokeGrant inside the caller's transaction: the units
+// CompensateGrantTx is CompensateGrant inside the caller's transaction: the units
 // are given back when tx commits. A concurrent revoke of the same grant
 // waits for tx. Serialization failures and deadlocks are returned
 // unchanged, as for GrantTx.
-func (c *Client) RevokeGrantTx(ctx context.Context, tx pgx.Tx, grantID int64) (RevokeGrantResult, error) {
+func (c *Client) CompensateGrantTx(ctx context.Context, tx pgx.Tx, grantID int64) (CompensateGrantResult, error) {
 	return c.revokeGrant(ctx, tx, grantID)
 }
 
-func (c *Client) revokeGrant(ctx context.Context, x db.DBTX, grantID int64) (RevokeGrantResult, error) {
+func (c *Client) revokeGrant(ctx context.Context, x db.DBTX, grantID int64) (CompensateGrantResult, error) {
 	if grantID < 1 {
-		return RevokeGrantResult{}, inputError("grant id", "must be at least 1, got %d", grantID)
+		return CompensateGrantResult{}, inputError("grant id", "must be at least 1, got %d", grantID)
 	}
 	row, err := c.queries.LedgerRevokeGrant(ctx, x, grantID)
 	if isNoRows(err) {
-		return RevokeGrantResult{}, fmt.Errorf("%w: no keyed grant has id %d", ErrGrantNotFound, grantID)
+		return CompensateGrantResult{}, fmt.Errorf("%w: no keyed grant has id %d", ErrGrantNotFound, grantID)
 	}
 	if err != nil {
-		return RevokeGrantResult{}, dbError("revoke grant", err)
+		return CompensateGrantResult{}, dbError("revoke grant", err)
 	}
-	res := RevokeGrantResult{
+	res := CompensateGrantResult{
 		GrantID:     row.GrantID,
 		Quota:       row.Target,
 		Member:      row.Member,
@@ -498,7 +430,7 @@ func (c *Client) revokeGrant(ctx context.Context, x db.DBTX, grantID int64) (Rev
 		if row.Compensated > 0 && row.WrittenUsed != row.CompensatedUsed {
 			// Cannot happen: the counter row stays locked from the read
 			// the compensation was computed from to the write.
-			return RevokeGrantResult{}, fmt.Errorf("pgquota: revoke grant %d: the counter was written as %d, the compensation recorded %d",
+			return CompensateGrantResult{}, fmt.Errorf("pgquota: revoke grant %d: the counter was written as %d, the compensation recorded %d",
 				grantID, row.WrittenUsed, row.CompensatedUsed)
 		}
 		res.Revoked, res.Used, res.RevokedAt = row.Compensated, row.CompensatedUsed, timeFromPG(row.CompensatedAt)
@@ -513,10 +445,10 @@ func (c *Client) revokeGrant(ctx context.Context, x db.DBTX, grantID int64) (Rev
 	if isNoRows(err) {
 		// Reaped while the statement above waited for its outcome row:
 		// nothing was given back.
-		return RevokeGrantResult{}, fmt.Errorf("%w: no keyed grant has id %d", ErrGrantNotFound, grantID)
+		return CompensateGrantResult{}, fmt.Errorf("%w: no keyed grant has id %d", ErrGrantNotFound, grantID)
 	}
 	if err != nil {
-		return RevokeGrantResult{}, dbError("revoke grant", err)
+		return CompensateGrantResult{}, dbError("revoke grant", err)
 	}
 	res.Replayed = true
 	res.Revoked, res.Used, res.RevokedAt = e.Compensated.Int64, e.CompensatedUsed.Int64, timeFromPG(e.CompensatedAt)
@@ -537,7 +469,7 @@ type LedgerEntry struct {
 	// Amount is the number of units asked for (1 for a claim).
 	Amount int64 `json:"amount"`
 	// RequestLimit is the limit the call gave, nil when it gave none.
-	RequestLimit *int64    `json:"request_limit,omitempty"`
+	RequestLimit *int64    `json:"request_limit"`
 	CreatedAt    time.Time `json:"created_at"`
 
 	// Granted is the outcome: units granted (grant), a voucher held
@@ -551,22 +483,22 @@ type LedgerEntry struct {
 	// total.
 	Limit int64 `json:"limit"`
 	// Revoked is the number of units a revoke gave back.
-	Revoked     int64     `json:"revoked,omitempty"`
-	WindowStart time.Time `json:"window_start,omitzero"`
-	WindowEnd   time.Time `json:"window_end,omitzero"`
+	Revoked     int64     `json:"revoked"`
+	WindowStart time.Time `json:"window_start"`
+	WindowEnd   time.Time `json:"window_end"`
 	// Seq, Code, Repeat and ClaimedAt describe a claim's voucher, as in
 	// Claim.
-	Seq       int64     `json:"seq,omitempty"`
-	Code      string    `json:"code,omitempty"`
-	Repeat    bool      `json:"repeat,omitempty"`
-	ClaimedAt time.Time `json:"claimed_at,omitzero"`
+	Seq       int64     `json:"seq"`
+	Code      string    `json:"code"`
+	Repeat    bool      `json:"repeat"`
+	ClaimedAt time.Time `json:"claimed_at"`
 	// DecidedAt is when the outcome was decided, by the database clock.
 	DecidedAt time.Time `json:"decided_at"`
-	// Compensation is the grant's RevokeGrant, nil while it has none.
-	Compensation *Compensation `json:"compensation,omitempty"`
+	// Compensation is the grant's CompensateGrant, nil while it has none.
+	Compensation *Compensation `json:"compensation"`
 }
 
-// Compensation records the RevokeGrant of a grant.
+// Compensation records the CompensateGrant of a grant.
 type Compensation struct {
 	// Revoked is the number of units given back.
 	Revoked int64 `json:"revoked"`
@@ -658,7 +590,7 @@ const reapBatch = 5000
 // The retention period is the caller's choice and must exceed the longest
 // time a client may retry an operation: once its entry is gone, a key is
 // free again, and a late repeat would run as a new operation. A reaped grant
-// can no longer be revoked with RevokeGrant either. (Stripe keeps keys for
+// can no longer be revoked with CompensateGrant either. (Stripe keeps keys for
 // 24 hours; a month is a safe default for grants that may be compensated
 // later.)
 //

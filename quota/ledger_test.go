@@ -120,9 +120,9 @@ func TestGrantKeyReusedWithAnotherRequest(t *testing.T) {
 	// Another operation under the same key.
 	_, err = b.client.Revoke(b.ctx, quota.RevokeRequest{Quota: "q", Member: "m", Amount: 1, Idempotency: shared})
 	require.ErrorIs(t, err, quota.ErrIdempotencyKeyReused)
-	_, err = b.client.CreateVoucherPool(b.ctx, "camp", 5)
+	_, err = b.client.CreateCampaign(b.ctx, "camp", 5)
 	require.NoError(t, err)
-	_, err = b.client.ClaimVoucherWithKey(b.ctx, "camp", "m", shared)
+	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "camp", Member: "m", Idempotency: shared})
 	require.ErrorIs(t, err, quota.ErrIdempotencyKeyReused)
 
 	// Nothing was written by any of them.
@@ -326,7 +326,7 @@ func TestRevokeGrant(t *testing.T) {
 	_, err = b.client.Grant(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 4})
 	require.NoError(t, err)
 
-	rv, err := b.client.RevokeGrant(b.ctx, g.GrantID)
+	rv, err := b.client.CompensateGrant(b.ctx, g.GrantID)
 	require.NoError(t, err)
 	require.False(t, rv.Replayed)
 	require.True(t, rv.Granted)
@@ -336,7 +336,7 @@ func TestRevokeGrant(t *testing.T) {
 	require.Equal(t, g.WindowStart, rv.WindowStart)
 	require.False(t, rv.RevokedAt.IsZero())
 
-	again, err := b.client.RevokeGrant(b.ctx, g.GrantID)
+	again, err := b.client.CompensateGrant(b.ctx, g.GrantID)
 	require.NoError(t, err)
 	require.True(t, again.Replayed)
 	again.Replayed = false
@@ -359,7 +359,7 @@ func TestRevokeGrant(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.client.Revoke(b.ctx, quota.RevokeRequest{Quota: "q", Member: "m2", Amount: 2})
 	require.NoError(t, err)
-	rv, err = b.client.RevokeGrant(b.ctx, g2.GrantID)
+	rv, err = b.client.CompensateGrant(b.ctx, g2.GrantID)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), rv.Revoked)
 	require.Zero(t, rv.Used)
@@ -370,7 +370,7 @@ func TestRevokeGrant(t *testing.T) {
 	d, err := b.client.Grant(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 50, Idempotency: key("big")})
 	require.NoError(t, err)
 	require.False(t, d.Granted)
-	rv, err = b.client.RevokeGrant(b.ctx, d.GrantID)
+	rv, err = b.client.CompensateGrant(b.ctx, d.GrantID)
 	require.NoError(t, err)
 	require.False(t, rv.Granted)
 	require.Zero(t, rv.Revoked)
@@ -378,13 +378,13 @@ func TestRevokeGrant(t *testing.T) {
 	require.Equal(t, int64(4), sum)
 
 	// Unknown ids, and ids of entries that are not grants.
-	_, err = b.client.RevokeGrant(b.ctx, 999999)
+	_, err = b.client.CompensateGrant(b.ctx, 999999)
 	require.ErrorIs(t, err, quota.ErrGrantNotFound)
 	rk, err := b.client.Revoke(b.ctx, quota.RevokeRequest{Quota: "q", Member: "m", Amount: 1, Idempotency: key("r")})
 	require.NoError(t, err)
-	_, err = b.client.RevokeGrant(b.ctx, rk.GrantID)
+	_, err = b.client.CompensateGrant(b.ctx, rk.GrantID)
 	require.ErrorIs(t, err, quota.ErrGrantNotFound)
-	_, err = b.client.RevokeGrant(b.ctx, 0)
+	_, err = b.client.CompensateGrant(b.ctx, 0)
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
 }
 
@@ -402,7 +402,7 @@ func TestRevokeGrantOwnWindow(t *testing.T) {
 	_, err = b.client.Grant(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 5})
 	require.NoError(t, err)
 
-	rv, err := b.client.RevokeGrant(b.ctx, g.GrantID)
+	rv, err := b.client.CompensateGrant(b.ctx, g.GrantID)
 	require.NoError(t, err)
 	require.Equal(t, int64(3), rv.Revoked)
 	require.Zero(t, rv.Used)
@@ -428,17 +428,17 @@ func TestRevokeGrantConcurrent(t *testing.T) {
 	_, err = b.client.Grant(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 10})
 	require.NoError(t, err)
 
-	results := make([]quota.RevokeGrantResult, revokers)
+	results := make([]quota.CompensateGrantResult, revokers)
 	errs := make([]error, revokers)
 	concurrently(revokers, func(i int) {
 		if i%2 == 0 {
-			results[i], errs[i] = b.client.RevokeGrant(b.ctx, g.GrantID)
+			results[i], errs[i] = b.client.CompensateGrant(b.ctx, g.GrantID)
 			return
 		}
 		// Half of them in a caller's transaction.
 		errs[i] = quota.RunInTx(b.ctx, b.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 			var err error
-			results[i], err = b.client.RevokeGrantTx(b.ctx, tx, g.GrantID)
+			results[i], err = b.client.CompensateGrantTx(b.ctx, tx, g.GrantID)
 			return err
 		})
 	})
@@ -459,14 +459,14 @@ func TestRevokeGrantConcurrent(t *testing.T) {
 func TestClaimVoucherWithKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 16)
-	_, err := b.client.CreateVoucherPool(b.ctx, "camp", 2)
+	_, err := b.client.CreateCampaign(b.ctx, "camp", 2)
 	require.NoError(t, err)
 
 	// 30 copies of one keyed claim race.
-	results := make([]quota.Claim, 30)
+	results := make([]quota.ClaimResult, 30)
 	errs := make([]error, 30)
 	concurrently(30, func(i int) {
-		results[i], errs[i] = b.client.ClaimVoucherWithKey(b.ctx, "camp", "alice", key("click-1"))
+		results[i], errs[i] = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "camp", Member: "alice", Idempotency: key("click-1")})
 	})
 	replayed := 0
 	for i, r := range results {
@@ -482,7 +482,7 @@ func TestClaimVoucherWithKey(t *testing.T) {
 
 	// Another key for the same member: the member's first claim comes back
 	// as a repeat, recorded under the new key.
-	r, err := b.client.ClaimVoucherWithKey(b.ctx, "camp", "alice", key("click-2"))
+	r, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "camp", Member: "alice", Idempotency: key("click-2")})
 	require.NoError(t, err)
 	require.True(t, r.Claimed)
 	require.True(t, r.Repeat)
@@ -491,27 +491,25 @@ func TestClaimVoucherWithKey(t *testing.T) {
 
 	// Sold out is an outcome, replayed after units... never come back, but
 	// the key keeps its first answer.
-	_, err = b.client.ClaimVoucherWithKey(b.ctx, "camp", "bob", key("b"))
+	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "camp", Member: "bob", Idempotency: key("b")})
 	require.NoError(t, err)
-	r, err = b.client.ClaimVoucherWithKey(b.ctx, "camp", "carol", key("c"))
+	r, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "camp", Member: "carol", Idempotency: key("c")})
 	require.NoError(t, err)
 	require.False(t, r.Claimed)
-	r, err = b.client.ClaimVoucherWithKey(b.ctx, "camp", "carol", key("c"))
+	r, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "camp", Member: "carol", Idempotency: key("c")})
 	require.NoError(t, err)
 	require.False(t, r.Claimed)
 	require.True(t, r.Replayed)
 
-	p, err := b.client.VoucherStatus(b.ctx, "camp")
+	p, err := b.client.Campaign(b.ctx, "camp")
 	require.NoError(t, err)
 	require.Equal(t, int64(2), p.Claimed)
 	require.Equal(t, int64(4), b.ledgerRows(t))
 
-	_, err = b.client.ClaimVoucherWithKey(b.ctx, "nope", "m", key("x"))
+	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "nope", Member: "m", Idempotency: key("x")})
 	require.ErrorIs(t, err, quota.ErrCampaignNotFound)
 	_, err = b.client.ImportCodes(b.ctx, "codes", []string{"A"})
 	require.NoError(t, err)
-	_, err = b.client.ClaimVoucherWithKey(b.ctx, "codes", "m", key("x"))
-	require.ErrorIs(t, err, quota.ErrCampaignKind)
 	require.Equal(t, int64(4), b.ledgerRows(t), "errors write nothing")
 }
 
@@ -522,11 +520,11 @@ func TestClaimCodeWithKey(t *testing.T) {
 	require.NoError(t, err)
 
 	// Two members, each sending 10 copies of their keyed claim.
-	results := make([]quota.Claim, 20)
+	results := make([]quota.ClaimResult, 20)
 	errs := make([]error, 20)
 	concurrently(20, func(i int) {
 		member := fmt.Sprint("m", i%2)
-		results[i], errs[i] = b.client.ClaimCodeWithKey(b.ctx, "spring", member, key("k-"+member))
+		results[i], errs[i] = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "spring", Member: member, Idempotency: key("k-" + member)})
 	})
 	codes := map[string]string{}
 	for i, r := range results {
@@ -540,17 +538,17 @@ func TestClaimCodeWithKey(t *testing.T) {
 	require.NotEqual(t, codes["m0"], codes["m1"])
 	require.Equal(t, int64(2), b.ledgerRows(t))
 
-	r, err := b.client.ClaimCodeWithKey(b.ctx, "spring", "m2", key("k-m2"))
+	r, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "spring", Member: "m2", Idempotency: key("k-m2")})
 	require.NoError(t, err)
 	require.True(t, r.Claimed)
-	r, err = b.client.ClaimCodeWithKey(b.ctx, "spring", "m3", key("k-m3"))
+	r, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "spring", Member: "m3", Idempotency: key("k-m3")})
 	require.NoError(t, err)
 	require.False(t, r.Claimed, "sold out")
-	r, err = b.client.ClaimCodeWithKey(b.ctx, "spring", "m3", key("k-m3"))
+	r, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "spring", Member: "m3", Idempotency: key("k-m3")})
 	require.NoError(t, err)
 	require.True(t, r.Replayed)
 	require.False(t, r.Claimed)
-	p, err := b.client.VoucherStatus(b.ctx, "spring")
+	p, err := b.client.Campaign(b.ctx, "spring")
 	require.NoError(t, err)
 	require.Equal(t, int64(3), p.Claimed)
 }

@@ -54,8 +54,8 @@ const (
 	opGrantBatchTx
 	opGrantFenced
 	opRevoke
-	opClaimVoucher
-	opClaimCode
+	opClaim
+	opClaimTx
 	opAcquire
 	opAcquireWait
 	opRenew
@@ -73,8 +73,8 @@ var opNames = [numOps]string{
 	opGrantBatchTx: "grant_batch_tx",
 	opGrantFenced:  "grant_fenced",
 	opRevoke:       "revoke",
-	opClaimVoucher: "claim_voucher",
-	opClaimCode:    "claim_code",
+	opClaim:        "claim",
+	opClaimTx:      "claim_tx",
 	opAcquire:      "acquire",
 	opAcquireWait:  "acquire_wait",
 	opRenew:        "renew",
@@ -433,7 +433,7 @@ func (m *metrics) keepaliveExpired() {
 	m.keeperExpired.Add(context.Background(), 1)
 }
 
-// fenceDone is the hook of FenceWrite and FenceWriteTx.
+// fenceDone is the hook of WriteFencedRow and WriteFencedRowTx.
 func (m *metrics) fenceDone(ctx context.Context, start time.Time, err *error) {
 	if m == nil {
 		return
@@ -453,7 +453,7 @@ func (m *metrics) fenceDone(ctx context.Context, start time.Time, err *error) {
 }
 
 // claimDone is the hook of the voucher claims.
-func (m *metrics) claimDone(ctx context.Context, o op, start time.Time, cl *Claim, err *error) {
+func (m *metrics) claimDone(ctx context.Context, o op, start time.Time, cl *ClaimResult, err *error) {
 	if m == nil {
 		return
 	}

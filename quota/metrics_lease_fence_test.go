@@ -32,11 +32,11 @@ func TestMetricsFencedWritesAndLeaseOutcomes(t *testing.T) {
 	require.Greater(t, cur.Token, old.Token)
 
 	for i := range 3 { // the paused old holder wakes up and writes
-		_, err := c1.FenceWrite(ctx, quota.FenceWriteRequest{Resource: "job", Key: "k", Value: "old", Token: old.Token})
+		_, err := c1.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "job", Key: "k", Value: "old", Token: old.Token})
 		require.ErrorIs(t, err, quota.ErrStaleToken, i)
 	}
 	for range 2 {
-		_, err := c2.FenceWrite(ctx, quota.FenceWriteRequest{Resource: "job", Key: "k", Value: "new", Token: cur.Token, Lease: "job"})
+		_, err := c2.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "job", Key: "k", Value: "new", Token: cur.Token, Lease: "job"})
 		require.NoError(t, err)
 	}
 	_, err = c1.Renew(ctx, "job", old.Token, time.Minute)
@@ -45,7 +45,7 @@ func TestMetricsFencedWritesAndLeaseOutcomes(t *testing.T) {
 	require.NoError(t, err)
 	_, err = c2.Release(ctx, "job", cur.Token)
 	require.NoError(t, err)
-	_, err = c2.FenceWrite(ctx, quota.FenceWriteRequest{Resource: "job", Key: "k", Value: "late", Token: cur.Token, Lease: "job"})
+	_, err = c2.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "job", Key: "k", Value: "late", Token: cur.Token, Lease: "job"})
 	require.ErrorIs(t, err, quota.ErrLeaseLost)
 
 	for outcome, want := range map[string]int64{"written": 2, "stale_token": 3, "lease_lost": 1, "error": 0} {

@@ -95,7 +95,7 @@ func TestMetricsHooksAllocateNothingWithoutMeterProvider(t *testing.T) {
 	req := GrantRequest{Quota: "q", Member: "m", Amount: 1}
 	var res GrantResult
 	var err error
-	var cl Claim
+	var cl ClaimResult
 	var outs []BatchOutcome
 	allocs := testing.AllocsPerRun(100, func() {
 		start := m.now()
@@ -106,7 +106,7 @@ func TestMetricsHooksAllocateNothingWithoutMeterProvider(t *testing.T) {
 		m.batchDone(ctx, opGrantBatch, start, []GrantRequest{req}, &outs, &err)
 		m.leaseDone(ctx, opRenew, start, &err)
 		m.fenceDone(ctx, start, &err)
-		m.claimDone(ctx, opClaimVoucher, start, &cl, &err)
+		m.claimDone(ctx, opClaim, start, &cl, &err)
 		m.done(ctx, opEnqueue, start, &err)
 		m.statementSizeOf(ctx, pathCoalesce, 3)
 		m.retried(ctx, 2, nil, nil)

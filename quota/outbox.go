@@ -21,7 +21,7 @@ import (
 type EnqueueOpts struct {
 	// GrantID is the ledger grant id of the operation (Keyed.GrantID), so
 	// the consumer can tell which grant the event belongs to, and
-	// compensate it (RevokeGrant) when the side effect fails for good.
+	// compensate it (CompensateGrant) when the side effect fails for good.
 	GrantID int64
 	// IdempotencyScope and IdempotencyKey are the operation's idempotency
 	// key, for consumers that pass it on to an API that dedupes by key.
@@ -43,10 +43,10 @@ type Event struct {
 	Payload []byte `json:"payload"`
 	// GrantID, IdempotencyScope, IdempotencyKey and FencingToken are the
 	// EnqueueOpts the event was written with (zero when not set).
-	GrantID          int64  `json:"grant_id,omitempty"`
-	IdempotencyScope string `json:"idempotency_scope,omitempty"`
-	IdempotencyKey   string `json:"idempotency_key,omitempty"`
-	FencingToken     int64  `json:"fencing_token,omitempty"`
+	GrantID          int64  `json:"grant_id"`
+	IdempotencyScope string `json:"idempotency_scope"`
+	IdempotencyKey   string `json:"idempotency_key"`
+	FencingToken     int64  `json:"fencing_token"`
 	// Attempt is the delivery attempt, 1 for the first. A redelivery after a
 	// handler failure has a higher Attempt; after a relay crashed mid-batch
 	// the same Attempt can be delivered again.
@@ -83,7 +83,7 @@ type Event struct {
 // consumers that dedupe by event id would act twice.
 //
 // A Relay's Handler then sends the event; if the side effect fails for
-// good, it compensates with RevokeGrant(ctx, ev.GrantID).
+// good, it compensates with CompensateGrant(ctx, ev.GrantID).
 //
 // Errors: *InputError for a bad topic or opts; ErrSchemaMissing; database
 // errors, returned unchanged (a serialization failure included, as for

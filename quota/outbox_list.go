@@ -33,23 +33,23 @@ type OutboxEvent struct {
 	Payload []byte `json:"payload"`
 	// GrantID, IdempotencyScope, IdempotencyKey and FencingToken are the
 	// EnqueueOpts the event was written with (zero when not set).
-	GrantID          int64  `json:"grant_id,omitempty"`
-	IdempotencyScope string `json:"idempotency_scope,omitempty"`
-	IdempotencyKey   string `json:"idempotency_key,omitempty"`
-	FencingToken     int64  `json:"fencing_token,omitempty"`
+	GrantID          int64  `json:"grant_id"`
+	IdempotencyScope string `json:"idempotency_scope"`
+	IdempotencyKey   string `json:"idempotency_key"`
+	FencingToken     int64  `json:"fencing_token"`
 	// State is OutboxPending, OutboxDelivered or OutboxDead.
 	State string `json:"state"`
 	// Attempts counts the recorded deliveries, failed or not.
 	Attempts int `json:"attempts"`
 	// LastError is the handler's error of the last failed attempt; empty
 	// once the event is delivered, or before it failed.
-	LastError string `json:"last_error,omitempty"`
+	LastError string `json:"last_error"`
 	// NextAttemptAt is when a pending event is due; zero for finished ones.
-	NextAttemptAt time.Time `json:"next_attempt_at,omitzero"`
+	NextAttemptAt time.Time `json:"next_attempt_at"`
 	CreatedAt     time.Time `json:"created_at"`
 	// FinishedAt is when the event was delivered or died; zero while
 	// pending.
-	FinishedAt time.Time `json:"finished_at,omitzero"`
+	FinishedAt time.Time `json:"finished_at"`
 }
 
 // OutboxFilter selects the events OutboxEvents lists.

@@ -64,13 +64,13 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			},
 		},
 		{
-			name: "FenceWrite",
+			name: "WriteFencedRow",
 			prepare: func(t *testing.T, b *testBundle) any {
 				return b.acquire(t, "res", "a", time.Minute)
 			},
 			call: func(ctx context.Context, c *quota.Client, prepared any) error {
 				l := prepared.(quota.Lease)
-				_, err := c.FenceWrite(ctx, quota.FenceWriteRequest{Resource: "res", Key: "k", Value: "v1", Token: l.Token, Lease: "res"})
+				_, err := c.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "res", Key: "k", Value: "v1", Token: l.Token, Lease: "res"})
 				return err
 			},
 			landed: func(t *testing.T, b *testBundle, _ any) bool {
@@ -80,7 +80,7 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			},
 		},
 		{
-			name: "RevokeGrant",
+			name: "CompensateGrant",
 			prepare: func(t *testing.T, b *testBundle) any {
 				b.define(t, quota.Definition{Name: "q", Window: quota.WindowNone, DefaultLimit: ptr[int64](10)})
 				r, err := b.client.Grant(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 4, Idempotency: key("order-1")})
@@ -89,7 +89,7 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 				return r.GrantID
 			},
 			call: func(ctx context.Context, c *quota.Client, prepared any) error {
-				_, err := c.RevokeGrant(ctx, prepared.(int64))
+				_, err := c.CompensateGrant(ctx, prepared.(int64))
 				return err
 			},
 			landed: func(t *testing.T, b *testBundle, _ any) bool {
@@ -98,18 +98,18 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			},
 		},
 		{
-			name: "ClaimVoucher",
+			name: "Claim counted",
 			prepare: func(t *testing.T, b *testBundle) any {
-				_, err := b.client.CreateVoucherPool(b.ctx, "launch", 5)
+				_, err := b.client.CreateCampaign(b.ctx, "launch", 5)
 				require.NoError(t, err)
 				return nil
 			},
 			call: func(ctx context.Context, c *quota.Client, _ any) error {
-				_, err := c.ClaimVoucher(ctx, "launch", "alice")
+				_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: "launch", Member: "alice"})
 				return err
 			},
 			landed: func(t *testing.T, b *testBundle, _ any) bool {
-				p, err := b.client.VoucherStatus(b.ctx, "launch")
+				p, err := b.client.Campaign(b.ctx, "launch")
 				require.NoError(t, err)
 				return p.Claimed == 1
 			},
@@ -171,14 +171,14 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			},
 		},
 		{
-			name:    "CreateShardedPool (the COMMIT's reply)",
+			name:    "CreateShardedCampaign (the COMMIT's reply)",
 			dropTag: "COMMIT",
 			call: func(ctx context.Context, c *quota.Client, _ any) error {
-				_, err := c.CreateShardedPool(ctx, "big", 100, 4)
+				_, err := c.CreateShardedCampaign(ctx, "big", 100, 4)
 				return err
 			},
 			landed: func(t *testing.T, b *testBundle, _ any) bool {
-				p, err := b.client.VoucherStatus(b.ctx, "big")
+				p, err := b.client.Campaign(b.ctx, "big")
 				return err == nil && p.Total == 100
 			},
 		},

@@ -23,7 +23,7 @@ const (
 	// one statement (LISTEN, SET, a named prepared statement, a
 	// session-level advisory lock) stays on a server connection that other
 	// clients use next. With it, pgquota keeps none: no LISTEN
-	// (AcquireWait, and GrantFenced through it, poll instead), and New
+	// (AcquireWait, and grantFenced through it, poll instead), and New
 	// accepts only a pool whose pgx query exec mode sends each statement in
 	// one round trip without naming a prepared statement
 	// (pgx.QueryExecModeExec or pgx.QueryExecModeSimpleProtocol).

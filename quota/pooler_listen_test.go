@@ -72,7 +72,7 @@ func TestPoolerTransactionLeavesNoListen(t *testing.T) {
 		errs := make(chan error, 20)
 		for range 20 {
 			wg.Go(func() {
-				_, err := c.GrantFenced(ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, 0)
+				_, err := quota.GrantFenced(ctx, c, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}, 0)
 				errs <- err
 			})
 		}

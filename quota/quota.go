@@ -59,7 +59,7 @@ type Definition struct {
 
 // Quota is a defined quota.
 type Quota struct {
-	Name         string    `json:"name"`
+	Name         string    `json:"quota"`
 	Window       Window    `json:"window"`
 	TimeZone     string    `json:"time_zone"`
 	DefaultLimit *int64    `json:"default_limit"`

@@ -280,7 +280,7 @@ func readsOf(x db.DBTX) db.DBTX {
 
 // sentPool runs each statement on a connection acquired from the pool for
 // it, in the statement's implicit transaction, and decides whether an
-// error leaves the outcome unknown (DESIGN.md guarantee 6): a failure to
+// error leaves the outcome unknown (nothing written, or the outcome unknown): a failure to
 // acquire a connection sent nothing; a statement's error is marked with
 // ErrOutcomeUnknown when the statement may have reached the server and no
 // reply said how it ended (dbutil.SentWithoutReply: not an error the server

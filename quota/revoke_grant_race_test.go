@@ -10,7 +10,7 @@ import (
 	"github.com/pgquota/pgquota/quota"
 )
 
-// RevokeGrant of a 2-unit grant races 63 GrantTx(+2) in transactions that
+// CompensateGrant of a 2-unit grant races 63 GrantTx(+2) in transactions that
 // hold the counter while they commit or roll back. The counter starts at
 // 0 or 1 (a Revoke took part of the grant's units back), so the version in
 // the revoke's snapshot holds fewer units than the version it ends up
@@ -35,15 +35,15 @@ func TestRevokeGrantRacesGrantTx(t *testing.T) {
 
 		var mu sync.Mutex
 		var committed int64
-		var revoked quota.RevokeGrantResult
+		var revoked quota.CompensateGrantResult
 		var errs []error
 		concurrently(copies, func(i int) {
 			if i == copies/2 {
-				rv, err := b.client.RevokeGrant(b.ctx, g.GrantID)
+				rv, err := b.client.CompensateGrant(b.ctx, g.GrantID)
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {
-					errs = append(errs, fmt.Errorf("RevokeGrant: %w", err))
+					errs = append(errs, fmt.Errorf("CompensateGrant: %w", err))
 				}
 				revoked = rv
 				return

@@ -53,7 +53,7 @@ func testConfig(t *testing.T, cfg *quota.Config) *quota.Config {
 func ptr[T any](v T) *T { return &v }
 
 // ownerClient returns a client on the owner pool, for calls that run DDL
-// on purpose (AttachFenceGuard creates a trigger on an application table).
+// on purpose (GuardTable creates a trigger on an application table).
 func (b *testBundle) ownerClient(t *testing.T) *quota.Client {
 	t.Helper()
 	c, err := quota.New(b.owner, nil)

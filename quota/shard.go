@@ -29,17 +29,17 @@ import (
 // shard is full (see queries/voucher_shard.sql).
 
 // KindSharded is a counted pool whose total is split across shards:
-// created by CreateShardedPool, claimed with ClaimVoucher.
+// created by CreateShardedCampaign, claimed with Claim.
 const KindSharded CampaignKind = "sharded"
 
 // MaxShards is the largest number of shards of a sharded pool.
 const MaxShards = 1024
 
-// CreateShardedPool creates a voucher pool of total units split across
+// CreateShardedCampaign creates a voucher pool of total units split across
 // shards rows (shards between 1 and MaxShards, and at most total): the
 // first total % shards shards hold one unit more than the others. A pool is
-// claimed with ClaimVoucher, like a counted pool, and reports its totals
-// with VoucherStatus (the sum of its shards). Unit numbers (Claim.Seq) run
+// claimed with Claim, like a counted pool, and reports its totals
+// with Campaign (the sum of its shards). Unit numbers (ClaimResult.Seq) run
 // from 1 to total, each shard holding a consecutive range. Creating a pool
 // that exists with the same total and shards returns it unchanged.
 //
@@ -52,22 +52,22 @@ const MaxShards = 1024
 // COMMIT) was sent and no reply said how it ended, so it may have been
 // applied; to learn the outcome, repeat the call with the same total and
 // shards.
-func (c *Client) CreateShardedPool(ctx context.Context, campaign string, total int64, shards int) (Pool, error) {
+func (c *Client) CreateShardedCampaign(ctx context.Context, campaign string, total int64, shards int) (Campaign, error) {
 	if err := checkShardedPool(campaign, total, shards); err != nil {
-		return Pool{}, err
+		return Campaign{}, err
 	}
-	return retry(ctx, c.policy, func() (Pool, error) {
-		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (Pool, error) {
+	return retry(ctx, c.policy, func() (Campaign, error) {
+		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (Campaign, error) {
 			return c.createShardedPool(ctx, tx, campaign, total, shards)
 		})
 	})
 }
 
-// CreateShardedPoolTx is CreateShardedPool inside the caller's
+// CreateShardedCampaignTx is CreateShardedCampaign inside the caller's
 // transaction.
-func (c *Client) CreateShardedPoolTx(ctx context.Context, tx pgx.Tx, campaign string, total int64, shards int) (Pool, error) {
+func (c *Client) CreateShardedCampaignTx(ctx context.Context, tx pgx.Tx, campaign string, total int64, shards int) (Campaign, error) {
 	if err := checkShardedPool(campaign, total, shards); err != nil {
-		return Pool{}, err
+		return Campaign{}, err
 	}
 	return c.createShardedPool(ctx, tx, campaign, total, shards)
 }
@@ -106,29 +106,29 @@ func shardSplit(total int64, n int) (ids []int32, bases, totals []int64) {
 	return ids, bases, totals
 }
 
-func (c *Client) createShardedPool(ctx context.Context, tx pgx.Tx, campaign string, total int64, shards int) (Pool, error) {
+func (c *Client) createShardedPool(ctx context.Context, tx pgx.Tx, campaign string, total int64, shards int) (Campaign, error) {
 	row, err := c.queries.VoucherPoolCreate(ctx, tx, db.VoucherPoolCreateParams{
 		Campaign: campaign, Kind: string(KindSharded), Total: total,
 	})
 	if isNoRows(err) {
 		existing, err := c.queries.VoucherPoolStatus(ctx, tx, campaign)
 		if err != nil {
-			return Pool{}, dbError("create sharded pool", err)
+			return Campaign{}, dbError("create sharded pool", err)
 		}
 		if CampaignKind(existing.Kind) != KindSharded || existing.Total != total || int(existing.Shards) != shards {
-			return Pool{}, fmt.Errorf("%w: %q is a %s campaign with total %d in %d shards", ErrCampaignExists, campaign, existing.Kind, existing.Total, existing.Shards)
+			return Campaign{}, fmt.Errorf("%w: %q is a %s campaign with total %d in %d shards", ErrCampaignExists, campaign, existing.Kind, existing.Total, existing.Shards)
 		}
 		return poolFromStatus(existing), nil
 	}
 	if err != nil {
-		return Pool{}, dbError("create sharded pool", err)
+		return Campaign{}, dbError("create sharded pool", err)
 	}
 	ids, bases, totals := shardSplit(total, shards)
 	err = c.queries.VoucherShardCreate(ctx, tx, db.VoucherShardCreateParams{
 		Campaign: campaign, Shards: ids, Bases: bases, Totals: totals,
 	})
 	if err != nil {
-		return Pool{}, dbError("create sharded pool", err)
+		return Campaign{}, dbError("create sharded pool", err)
 	}
 	p := poolFromRow(row, 0)
 	p.Shards = shards
@@ -136,7 +136,7 @@ func (c *Client) createShardedPool(ctx context.Context, tx pgx.Tx, campaign stri
 }
 
 // poolFromStatus converts a VoucherPoolStatus row.
-func poolFromStatus(r db.VoucherPoolStatusRow) Pool {
+func poolFromStatus(r db.VoucherPoolStatusRow) Campaign {
 	p := poolFromRow(db.PgquotaVoucherPool{
 		Campaign: r.Campaign, Kind: r.Kind, Total: r.Total, CreatedAt: r.CreatedAt,
 	}, r.Claimed)
@@ -162,7 +162,7 @@ func (c *Client) shardCount(ctx context.Context, x db.DBTX, campaign string) (in
 
 // claimSharded claims a unit of a sharded pool of shards shards. kind is
 // the campaign's kind: when it is not KindSharded, nothing was claimed.
-func (c *Client) claimSharded(ctx context.Context, x db.DBTX, campaign, member string, shards int) (claim Claim, kind CampaignKind, err error) {
+func (c *Client) claimSharded(ctx context.Context, x db.DBTX, campaign, member string, shards int) (claim ClaimResult, kind CampaignKind, err error) {
 	claim1 := func(x db.DBTX) (db.VoucherShardClaimRow, error) {
 		start := int32(rand.IntN(max(shards, 1)))
 		return c.queries.VoucherShardClaim(ctx, x, db.VoucherShardClaimParams{Campaign: campaign, Member: member, Start: start})
@@ -184,21 +184,21 @@ func (c *Client) claimSharded(ctx context.Context, x db.DBTX, campaign, member s
 		row, err = claim1(x)
 	}
 	if isNoRows(err) {
-		return Claim{}, "", fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
+		return ClaimResult{}, "", fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
 	}
 	if err != nil {
-		return Claim{}, "", dbError("claim voucher", err)
+		return ClaimResult{}, "", dbError("claim voucher", err)
 	}
 	if CampaignKind(row.Kind) != KindSharded {
-		return Claim{}, CampaignKind(row.Kind), nil
+		return ClaimResult{}, CampaignKind(row.Kind), nil
 	}
 	if row.UnitsLeft {
 		// The statement found every shard full, but a fresh read saw room:
 		// impossible while units are never given back to a sharded pool.
 		// Report it rather than "sold out".
-		return Claim{}, "", fmt.Errorf("pgquota: claim voucher: %q still has units after every shard was found full", campaign)
+		return ClaimResult{}, "", fmt.Errorf("pgquota: claim voucher: %q still has units after every shard was found full", campaign)
 	}
-	return Claim{
+	return ClaimResult{
 		Campaign:  campaign,
 		Member:    member,
 		Claimed:   row.Seq > 0,
@@ -213,32 +213,32 @@ func (c *Client) claimSharded(ctx context.Context, x db.DBTX, campaign, member s
 // pool: the counted pool's keyed statement wrote nothing.
 var errShardedPool = errors.New("sharded pool")
 
-// claimShardedKeyed is ClaimVoucherWithKey on a sharded pool: one
+// claimShardedKeyed is Claim on a sharded pool: one
 // statement (LedgerClaimShard) that records the key, waits for a shard with
 // units left if all of them are locked, and stores the outcome.
-func (c *Client) claimShardedKeyed(ctx context.Context, x db.DBTX, campaign, member string, fp request) (Claim, error) {
+func (c *Client) claimShardedKeyed(ctx context.Context, x db.DBTX, campaign, member string, fp request) (ClaimResult, error) {
 	n, err := c.shardCount(ctx, x, campaign)
 	if err != nil {
-		return Claim{}, err
+		return ClaimResult{}, err
 	}
 	key := fp.key
-	return runKeyed(ctx, c, x, fp, func() (Claim, int64, error) {
+	return runKeyed(ctx, c, x, fp, func() (ClaimResult, int64, error) {
 		row, err := c.queries.LedgerClaimShard(ctx, x, db.LedgerClaimShardParams{
 			Scope: key.Scope, IdempotencyKey: key.Key, Campaign: campaign, Member: member,
 			Start: int32(rand.IntN(max(n, 1))),
 		})
 		switch {
 		case err != nil:
-			return Claim{}, 0, dbError("claim voucher", err)
+			return ClaimResult{}, 0, dbError("claim voucher", err)
 		case row.PriorGrantID != 0:
-			return Claim{}, row.PriorGrantID, nil
+			return ClaimResult{}, row.PriorGrantID, nil
 		case !row.CampaignFound:
-			return Claim{}, 0, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
+			return ClaimResult{}, 0, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
 		case CampaignKind(row.Kind) != KindSharded:
 			c.shardCounts.Delete(campaign)
-			return Claim{}, 0, fmt.Errorf("pgquota: claim voucher: campaign %q changed kind during the claim", campaign)
+			return ClaimResult{}, 0, fmt.Errorf("pgquota: claim voucher: campaign %q changed kind during the claim", campaign)
 		}
-		return Claim{
+		return ClaimResult{
 			Campaign:  campaign,
 			Member:    member,
 			Claimed:   row.Claimed,

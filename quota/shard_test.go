@@ -49,30 +49,30 @@ func TestShardedPool2000Claimers(t *testing.T) {
 		claimers = 2000
 	)
 	b := setup(t, 16)
-	p, err := b.client.CreateShardedPool(b.ctx, "flash", total, shards)
+	p, err := b.client.CreateShardedCampaign(b.ctx, "flash", total, shards)
 	require.NoError(t, err)
 	require.Equal(t, quota.KindSharded, p.Kind)
 	require.Equal(t, shards, p.Shards)
 	require.Equal(t, int64(total), p.Remaining)
 
-	results := make([]quota.Claim, claimers)
+	results := make([]quota.ClaimResult, claimers)
 	errs := make([]error, claimers)
 	var mu sync.Mutex
 	var early []string
 	concurrently(claimers, func(i int) {
-		results[i], errs[i] = b.client.ClaimVoucher(b.ctx, "flash", fmt.Sprint("member-", i))
+		results[i], errs[i] = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "flash", Member: fmt.Sprint("member-", i)})
 		if errs[i] == nil && !results[i].Claimed {
 			// Sold out must mean sold out: every unit is claimed by now
 			// (claims only ever add up, so a later read that finds units
 			// left proves the report early).
-			st, err := b.client.VoucherStatus(b.ctx, "flash")
+			st, err := b.client.Campaign(b.ctx, "flash")
 			for try := 0; sqlState(err) == "53200" && try < 10; try++ {
 				// out_of_memory for predicate locks: with the server's
 				// default isolation at SERIALIZABLE (one CI pass), 2,000
 				// claims and the other tests of a shared server can fill
 				// the predicate lock table for a moment.
 				time.Sleep(50 * time.Millisecond)
-				st, err = b.client.VoucherStatus(b.ctx, "flash")
+				st, err = b.client.Campaign(b.ctx, "flash")
 			}
 			mu.Lock()
 			if err != nil || !st.SoldOut {
@@ -103,7 +103,7 @@ func TestShardedPool2000Claimers(t *testing.T) {
 	for i := range totals {
 		require.Equal(t, totals[i], claimed[i], "shard %d is full", i)
 	}
-	st, err := b.client.VoucherStatus(b.ctx, "flash")
+	st, err := b.client.Campaign(b.ctx, "flash")
 	require.NoError(t, err)
 	require.Equal(t, int64(total), st.Claimed)
 	require.True(t, st.SoldOut)
@@ -121,7 +121,7 @@ func TestShardedPoolEveryUnitReachable(t *testing.T) {
 		t.Run(fmt.Sprint(total), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, 2)
-			_, err := b.client.CreateShardedPool(b.ctx, "p", total, 32)
+			_, err := b.client.CreateShardedCampaign(b.ctx, "p", total, 32)
 			require.NoError(t, err)
 			totals, _ := b.shardCounters(t, "p")
 			var sum int64
@@ -130,11 +130,11 @@ func TestShardedPoolEveryUnitReachable(t *testing.T) {
 			}
 			require.Equal(t, total, sum, "the shards' totals add up to the pool's")
 			for i := range total {
-				c, err := b.client.ClaimVoucher(b.ctx, "p", fmt.Sprint("m", i))
+				c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: fmt.Sprint("m", i)})
 				require.NoError(t, err)
 				require.True(t, c.Claimed, "claim %d of %d", i+1, total)
 			}
-			c, err := b.client.ClaimVoucher(b.ctx, "p", "late")
+			c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "late"})
 			require.NoError(t, err)
 			require.False(t, c.Claimed)
 			_, claimed := b.shardCounters(t, "p")
@@ -151,12 +151,12 @@ func TestShardedPoolConcurrentClicks(t *testing.T) {
 		clicks  = 4
 	)
 	b := setup(t, 16)
-	_, err := b.client.CreateShardedPool(b.ctx, "bf", total, 4)
+	_, err := b.client.CreateShardedCampaign(b.ctx, "bf", total, 4)
 	require.NoError(t, err)
-	results := make([]quota.Claim, members*clicks)
+	results := make([]quota.ClaimResult, members*clicks)
 	errs := make([]error, members*clicks)
 	concurrently(members*clicks, func(i int) {
-		results[i], errs[i] = b.client.ClaimVoucher(b.ctx, "bf", fmt.Sprintf("m%02d", i%members))
+		results[i], errs[i] = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "bf", Member: fmt.Sprintf("m%02d", i%members)})
 	})
 	seqByMember := map[string]int64{}
 	for i, r := range results {
@@ -171,11 +171,11 @@ func TestShardedPoolConcurrentClicks(t *testing.T) {
 	}
 	require.Len(t, seqByMember, total)
 	require.Equal(t, int64(total), b.countRows(t, "voucher_claim"))
-	st, err := b.client.VoucherStatus(b.ctx, "bf")
+	st, err := b.client.Campaign(b.ctx, "bf")
 	require.NoError(t, err)
 	require.Equal(t, int64(total), st.Claimed)
 
-	again, err := b.client.ClaimVoucher(b.ctx, "bf", "m00")
+	again, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "bf", Member: "m00"})
 	require.NoError(t, err)
 	if s, ok := seqByMember["m00"]; ok {
 		require.True(t, again.Repeat)
@@ -195,23 +195,23 @@ func TestShardedPoolWaitsForLockedShards(t *testing.T) {
 		t.Run(fmt.Sprint("commit ", commit), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, 4)
-			_, err := b.client.CreateShardedPool(b.ctx, "p", 2, 2)
+			_, err := b.client.CreateShardedCampaign(b.ctx, "p", 2, 2)
 			require.NoError(t, err)
 			tx, err := b.pool.BeginTx(b.ctx, readCommitted)
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback(b.ctx) }()
-			held, err := b.client.ClaimVoucherTx(b.ctx, tx, "p", "holder")
+			held, err := b.client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "p", Member: "holder"})
 			require.NoError(t, err)
 			require.True(t, held.Claimed)
 
-			second, err := b.client.ClaimVoucher(b.ctx, "p", "second")
+			second, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "second"})
 			require.NoError(t, err)
 			require.True(t, second.Claimed, "a locked shard is skipped, not waited for, while another has units")
 			require.NotEqual(t, held.Seq, second.Seq)
 
-			done := make(chan quota.Claim, 1)
+			done := make(chan quota.ClaimResult, 1)
 			go func() {
-				c, err := b.client.ClaimVoucher(b.ctx, "p", "third")
+				c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "third"})
 				if err != nil {
 					t.Errorf("third claim: %v", err)
 				}
@@ -230,7 +230,7 @@ func TestShardedPoolWaitsForLockedShards(t *testing.T) {
 				require.True(t, third.Claimed, "the rolled-back unit goes to the waiting claim")
 				require.Equal(t, held.Seq, third.Seq)
 			}
-			st, err := b.client.VoucherStatus(b.ctx, "p")
+			st, err := b.client.Campaign(b.ctx, "p")
 			require.NoError(t, err)
 			require.Equal(t, int64(2), st.Claimed)
 		})
@@ -253,40 +253,38 @@ func TestShardedPoolCreateAndKinds(t *testing.T) {
 		{"p", 10, 11, "shards"},
 		{"p", 5000, quota.MaxShards + 1, "shards"},
 	} {
-		_, err := b.client.CreateShardedPool(b.ctx, tc.campaign, tc.total, tc.shards)
+		_, err := b.client.CreateShardedCampaign(b.ctx, tc.campaign, tc.total, tc.shards)
 		require.ErrorAs(t, err, &ie, "%+v", tc)
 		require.Equal(t, tc.field, ie.Field)
 	}
 	require.Zero(t, b.countRows(t, "voucher_pool"))
 
-	p, err := b.client.CreateShardedPool(b.ctx, "p", 10, 3)
+	p, err := b.client.CreateShardedCampaign(b.ctx, "p", 10, 3)
 	require.NoError(t, err)
 	require.Equal(t, 3, p.Shards)
 	totals, _ := b.shardCounters(t, "p")
 	require.Equal(t, []int64{4, 3, 3}, totals)
-	again, err := b.client.CreateShardedPool(b.ctx, "p", 10, 3)
+	again, err := b.client.CreateShardedCampaign(b.ctx, "p", 10, 3)
 	require.NoError(t, err, "a repeated create is not an error")
 	require.Equal(t, p.CreatedAt, again.CreatedAt)
-	_, err = b.client.CreateShardedPool(b.ctx, "p", 10, 4)
+	_, err = b.client.CreateShardedCampaign(b.ctx, "p", 10, 4)
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
-	_, err = b.client.CreateShardedPool(b.ctx, "p", 11, 3)
+	_, err = b.client.CreateShardedCampaign(b.ctx, "p", 11, 3)
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
-	_, err = b.client.CreateVoucherPool(b.ctx, "p", 10)
+	_, err = b.client.CreateCampaign(b.ctx, "p", 10)
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
 	_, err = b.client.ImportCodes(b.ctx, "p", []string{"x"})
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
-	_, err = b.client.ClaimCode(b.ctx, "p", "m")
-	require.ErrorIs(t, err, quota.ErrCampaignKind)
 
-	_, err = b.client.CreateVoucherPool(b.ctx, "counted", 10)
+	_, err = b.client.CreateCampaign(b.ctx, "counted", 10)
 	require.NoError(t, err)
-	_, err = b.client.CreateShardedPool(b.ctx, "counted", 10, 2)
+	_, err = b.client.CreateShardedCampaign(b.ctx, "counted", 10, 2)
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
 
 	// The unit numbers of each shard are a consecutive range.
 	seen := map[int64]bool{}
 	for i := range 10 {
-		c, err := b.client.ClaimVoucher(b.ctx, "p", fmt.Sprint("m", i))
+		c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: fmt.Sprint("m", i)})
 		require.NoError(t, err)
 		require.True(t, c.Claimed)
 		require.GreaterOrEqual(t, c.Seq, int64(1))
@@ -298,10 +296,10 @@ func TestShardedPoolCreateAndKinds(t *testing.T) {
 	// A fresh client learns the kind from its first claim.
 	fresh, err := quota.New(b.pool, nil)
 	require.NoError(t, err)
-	c, err := fresh.ClaimVoucher(b.ctx, "p", "m3")
+	c, err := fresh.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "m3"})
 	require.NoError(t, err)
 	require.True(t, c.Repeat)
-	c, err = fresh.ClaimVoucher(context.Background(), "p", "other")
+	c, err = fresh.Claim(context.Background(), quota.ClaimRequest{Campaign: "p", Member: "other"})
 	require.NoError(t, err)
 	require.False(t, c.Claimed)
 }
@@ -318,16 +316,16 @@ func TestShardedPoolKeyedClaims(t *testing.T) {
 		copies  = 3
 	)
 	b := setup(t, 16)
-	_, err := b.client.CreateShardedPool(b.ctx, "p", total, 8)
+	_, err := b.client.CreateShardedCampaign(b.ctx, "p", total, 8)
 	require.NoError(t, err)
-	results := make([]quota.Claim, members*copies)
+	results := make([]quota.ClaimResult, members*copies)
 	errs := make([]error, members*copies)
 	concurrently(members*copies, func(i int) {
 		m := i % members
-		results[i], errs[i] = b.client.ClaimVoucherWithKey(b.ctx, "p", fmt.Sprint("m", m), quota.IdempotencyKey{Key: fmt.Sprint("click-", m)})
+		results[i], errs[i] = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: fmt.Sprint("m", m), Idempotency: quota.IdempotencyKey{Key: fmt.Sprint("click-", m)}})
 	})
 	held := 0
-	byMember := map[string][]quota.Claim{}
+	byMember := map[string][]quota.ClaimResult{}
 	for i, r := range results {
 		require.NoError(t, errs[i])
 		byMember[r.Member] = append(byMember[r.Member], r)
@@ -352,21 +350,19 @@ func TestShardedPoolKeyedClaims(t *testing.T) {
 	}
 	require.Equal(t, total, held)
 	require.Equal(t, int64(members), b.ledgerRows(t))
-	st, err := b.client.VoucherStatus(b.ctx, "p")
+	st, err := b.client.Campaign(b.ctx, "p")
 	require.NoError(t, err)
 	require.Equal(t, int64(total), st.Claimed)
 
-	// A fresh client (no cached kind) replays, and a code claim is refused.
+	// A fresh client (no cached kind) replays.
 	fresh, err := quota.New(b.pool, nil)
 	require.NoError(t, err)
-	r, err := fresh.ClaimVoucherWithKey(b.ctx, "p", "m0", quota.IdempotencyKey{Key: "click-0"})
+	r, err := fresh.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "m0", Idempotency: quota.IdempotencyKey{Key: "click-0"}})
 	require.NoError(t, err)
 	require.True(t, r.Replayed)
 	require.Equal(t, byMember["m0"][0].GrantID, r.GrantID)
-	_, err = fresh.ClaimVoucherWithKey(b.ctx, "p", "m1", quota.IdempotencyKey{Key: "click-0"})
+	_, err = fresh.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "m1", Idempotency: quota.IdempotencyKey{Key: "click-0"}})
 	require.ErrorIs(t, err, quota.ErrIdempotencyKeyReused)
-	_, err = fresh.ClaimCodeWithKey(b.ctx, "p", "m1", quota.IdempotencyKey{Key: "code-1"})
-	require.ErrorIs(t, err, quota.ErrCampaignKind)
 }
 
 func TestShardedClaimsInFlight(t *testing.T) {
@@ -384,15 +380,15 @@ func TestShardedClaimsInFlight(t *testing.T) {
 			b := setup(t, 6)
 			client, err := quota.New(b.pool, &quota.Config{ShardedClaimsInFlight: bound})
 			require.NoError(t, err)
-			_, err = client.CreateShardedPool(b.ctx, "p", 2, 2)
+			_, err = client.CreateShardedCampaign(b.ctx, "p", 2, 2)
 			require.NoError(t, err)
 			tx, err := b.pool.BeginTx(b.ctx, readCommitted)
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback(b.ctx) }()
-			held, err := client.ClaimVoucherTx(b.ctx, tx, "p", "holder")
+			held, err := client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "p", Member: "holder"})
 			require.NoError(t, err)
 			require.True(t, held.Claimed)
-			second, err := client.ClaimVoucher(b.ctx, "p", "second")
+			second, err := client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "second"})
 			require.NoError(t, err)
 			require.True(t, second.Claimed)
 
@@ -405,7 +401,7 @@ func TestShardedClaimsInFlight(t *testing.T) {
 				ctx, cancel := context.WithCancel(b.ctx)
 				fourthErr := make(chan error, 1)
 				go func() {
-					_, err := client.ClaimVoucher(ctx, "p", "fourth")
+					_, err := client.Claim(ctx, quota.ClaimRequest{Campaign: "p", Member: "fourth"})
 					fourthErr <- err
 				}()
 				time.Sleep(30 * time.Millisecond)
@@ -443,7 +439,7 @@ func TestShardedClaimsInFlight(t *testing.T) {
 			require.Contains(t, members, "second")
 			require.NotContains(t, members, "fourth", "a claim given up at the gate wrote nothing")
 			require.NotContains(t, members, "holder", "the holder's transaction rolled back")
-			st, err := client.VoucherStatus(b.ctx, "p")
+			st, err := client.Campaign(b.ctx, "p")
 			require.NoError(t, err)
 			require.Equal(t, int64(2), st.Claimed)
 			require.True(t, st.SoldOut)
@@ -469,13 +465,13 @@ func waitForLockWaits(t *testing.T, b *testBundle, n int) {
 	waitFor(t, fmt.Sprintf("%d lock waits", n), func() bool { return lockWaits(t, b) >= n })
 }
 
-// claimAsync runs ClaimVoucher in a goroutine and returns where its claim
+// claimAsync runs Claim in a goroutine and returns where its claim
 // arrives; an error fails the test.
-func claimAsync(t *testing.T, ctx context.Context, client *quota.Client, campaign, member string) <-chan quota.Claim {
+func claimAsync(t *testing.T, ctx context.Context, client *quota.Client, campaign, member string) <-chan quota.ClaimResult {
 	t.Helper()
-	out := make(chan quota.Claim, 1)
+	out := make(chan quota.ClaimResult, 1)
 	go func() {
-		c, err := client.ClaimVoucher(ctx, campaign, member)
+		c, err := client.Claim(ctx, quota.ClaimRequest{Campaign: campaign, Member: member})
 		if err != nil {
 			t.Errorf("%s's claim: %v", member, err)
 		}

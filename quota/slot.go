@@ -26,7 +26,7 @@ import (
 // unchanged: the token comes from the same sequence as every lease token
 // (strictly increasing, also across crashes and failovers); Renew, Release
 // and Keepalive take Slot.Lease; a fenced write by a holder names the
-// slot's lease (FenceWriteRequest.Lease, PresentTokenRequest.Lease) and is
+// slot's lease (WriteFencedRowRequest.Lease, PresentTokenRequest.Lease) and is
 // refused once the slot expired or was taken over; Leases lists slots
 // (prefix "slot:") and ReapLeases deletes expired ones. What a lease row
 // cannot do alone is count: pgquota.slot_acquire (migrations/00012_slots.sql)

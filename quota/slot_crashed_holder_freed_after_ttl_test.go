@@ -53,10 +53,10 @@ func TestSlotCrashedHolderFreedAfterTTL(t *testing.T) {
 	require.Greater(t, s.Token, crashed)
 	require.False(t, s.AcquiredAt.Before(expires), "taken at %s, the crashed holder's slot expired at %s", s.AcquiredAt, expires)
 
-	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: s.Name, Key: "k", Value: "late", Token: crashed, Lease: s.Name})
+	_, err = b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: s.Name, Key: "k", Value: "late", Token: crashed, Lease: s.Name})
 	require.ErrorIs(t, err, quota.ErrStaleToken, "the crashed holder's token")
-	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: s.Name, Key: "k", Value: "late", Token: crashed})
+	_, err = b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: s.Name, Key: "k", Value: "late", Token: crashed})
 	require.ErrorIs(t, err, quota.ErrStaleToken, "the crashed holder's token, without the lease check: the take-over raised the fence")
-	_, err = b.client.FenceWrite(b.ctx, quota.FenceWriteRequest{Resource: s.Name, Key: "k", Value: "mine", Token: s.Token, Lease: s.Name})
+	_, err = b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: s.Name, Key: "k", Value: "mine", Token: s.Token, Lease: s.Name})
 	require.NoError(t, err)
 }

@@ -91,7 +91,7 @@ type pausedSlotHolder struct {
 //     500ms) and are stopped (SIGSTOP), each with a fenced write of its
 //     slot queued on its input;
 //   - 200 goroutines, half on each Client, AcquireSlotWait, write to their
-//     slot's resource with FenceWrite (checked against the slot's lease),
+//     slot's resource with WriteFencedRow (checked against the slot's lease),
 //     hold 10-40ms and release;
 //   - a watcher samples the held slots in the lease table, by the database
 //     clock, in one statement at a time: never more than 5, and 5 seen;
@@ -148,7 +148,7 @@ FROM pgquota.slot_acquire('%s', %d, 'psql-%d', 'psql-attempt-%d', '%d millisecon
 		taken[h.slot] = true
 		w.signal(t, syscall.SIGSTOP)
 		lease := quota.SlotLeaseName(sem, h.slot)
-		// What FenceWrite sends (queries/fenced_row.sql), checked against
+		// What WriteFencedRow sends (queries/fenced_row.sql), checked against
 		// the slot's lease.
 		w.send(t, fmt.Sprintf(`INSERT INTO pgquota.fenced_row AS r (resource, key, value, fence_token, updated_at)
 SELECT '%[1]s', 'out', 'stale psql-%[2]d', %[3]d, clock_timestamp()
@@ -225,7 +225,7 @@ WHERE r.fence_token <= excluded.fence_token;
 					break
 				}
 			}
-			_, werr := c.FenceWrite(ctx, quota.FenceWriteRequest{Resource: s.Name, Key: "out", Value: who, Token: s.Token, Lease: s.Name})
+			_, werr := c.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: s.Name, Key: "out", Value: who, Token: s.Token, Lease: s.Name})
 			lastValue.Store(s.Name, who)
 			time.Sleep(time.Duration(10_000+rand.IntN(30_000)) * time.Microsecond)
 			local.Add(-1)

@@ -18,17 +18,17 @@ type CampaignKind string
 
 const (
 	// KindCounted is a pool with a total: a claim takes one unit while
-	// claimed < total. Created by CreateVoucherPool.
+	// claimed < total. Created by CreateCampaign.
 	KindCounted CampaignKind = "counted"
 	// KindCodes is a set of pre-loaded distinct codes: a claim takes one
 	// unclaimed code. Created by ImportCodes.
 	KindCodes CampaignKind = "codes"
 )
 
-// Pool is a voucher campaign and its totals.
-type Pool struct {
-	Campaign string       `json:"campaign"`
-	Kind     CampaignKind `json:"kind"`
+// Campaign is a voucher campaign and its totals.
+type Campaign struct {
+	Name string       `json:"campaign"`
+	Kind CampaignKind `json:"kind"`
 	// Total is the number of units (counted pool) or imported codes.
 	Total int64 `json:"total"`
 	// Claimed is the number of units or codes handed out.
@@ -39,13 +39,13 @@ type Pool struct {
 	SoldOut bool `json:"sold_out"`
 	// Shards is the number of shards of a sharded pool (KindSharded), 0
 	// for other kinds.
-	Shards    int       `json:"shards,omitempty"`
+	Shards    int       `json:"shards"`
 	CreatedAt time.Time `json:"created_at"`
 }
 
-// Claim is the outcome of a voucher claim. A sold-out campaign is a result
+// ClaimResult is the outcome of a voucher claim. A sold-out campaign is a result
 // (Claimed false), not an error.
-type Claim struct {
+type ClaimResult struct {
 	Campaign string `json:"campaign"`
 	Member   string `json:"member"`
 	// Claimed reports whether the member holds a voucher of the campaign
@@ -59,11 +59,11 @@ type Claim struct {
 	Seq int64 `json:"seq"`
 	// Code is the code handed out by a code campaign; "" for counted pools.
 	Code      string    `json:"code"`
-	ClaimedAt time.Time `json:"claimed_at,omitzero"`
+	ClaimedAt time.Time `json:"claimed_at"`
 	// Total is the campaign's total (units, or imported codes).
 	Total int64 `json:"total"`
 	// Keyed is the ledger record of a claim made with an idempotency key
-	// (ClaimVoucherWithKey, ClaimCodeWithKey).
+	// (Claim, Claim).
 	Keyed
 }
 
@@ -79,7 +79,7 @@ type ImportResult struct {
 	Total int64 `json:"total"`
 }
 
-// CreateVoucherPool creates a counted voucher pool of total units. Creating
+// CreateCampaign creates a counted voucher pool of total units. Creating
 // a pool that exists with the same total returns it unchanged.
 //
 // Errors: *InputError for a bad campaign or a total below 1;
@@ -90,21 +90,21 @@ type ImportResult struct {
 // COMMIT) was sent and no reply said how it ended, so it may have been
 // applied; to learn the outcome, repeat the call with the same total (a
 // create that exists with it returns the pool).
-func (c *Client) CreateVoucherPool(ctx context.Context, campaign string, total int64) (Pool, error) {
+func (c *Client) CreateCampaign(ctx context.Context, campaign string, total int64) (Campaign, error) {
 	return c.createVoucherPool(ctx, c.db, campaign, total)
 }
 
-// CreateVoucherPoolTx is CreateVoucherPool inside the caller's transaction.
-func (c *Client) CreateVoucherPoolTx(ctx context.Context, tx pgx.Tx, campaign string, total int64) (Pool, error) {
+// CreateCampaignTx is CreateCampaign inside the caller's transaction.
+func (c *Client) CreateCampaignTx(ctx context.Context, tx pgx.Tx, campaign string, total int64) (Campaign, error) {
 	return c.createVoucherPool(ctx, tx, campaign, total)
 }
 
-func (c *Client) createVoucherPool(ctx context.Context, x db.DBTX, campaign string, total int64) (Pool, error) {
+func (c *Client) createVoucherPool(ctx context.Context, x db.DBTX, campaign string, total int64) (Campaign, error) {
 	if err := checkName("campaign", campaign); err != nil {
-		return Pool{}, err
+		return Campaign{}, err
 	}
 	if err := checkUnits("total", total, 1); err != nil {
-		return Pool{}, err
+		return Campaign{}, err
 	}
 	row, err := c.queries.VoucherPoolCreate(ctx, x, db.VoucherPoolCreateParams{
 		Campaign: campaign, Kind: string(KindCounted), Total: total,
@@ -113,21 +113,21 @@ func (c *Client) createVoucherPool(ctx context.Context, x db.DBTX, campaign stri
 		return poolFromRow(row, row.Claimed), nil
 	}
 	if !isNoRows(err) {
-		return Pool{}, dbError("create voucher pool", err)
+		return Campaign{}, dbError("create voucher pool", err)
 	}
 	existing, err := c.queries.VoucherPoolGet(ctx, x, campaign)
 	if err != nil {
-		return Pool{}, dbError("create voucher pool", err)
+		return Campaign{}, dbError("create voucher pool", err)
 	}
 	if CampaignKind(existing.Kind) != KindCounted || existing.Total != total {
-		return Pool{}, fmt.Errorf("%w: %q is a %s campaign with total %d", ErrCampaignExists, campaign, existing.Kind, existing.Total)
+		return Campaign{}, fmt.Errorf("%w: %q is a %s campaign with total %d", ErrCampaignExists, campaign, existing.Kind, existing.Total)
 	}
 	return poolFromRow(existing, existing.Claimed), nil
 }
 
-func poolFromRow(r db.PgquotaVoucherPool, claimed int64) Pool {
-	return Pool{
-		Campaign:  r.Campaign,
+func poolFromRow(r db.PgquotaVoucherPool, claimed int64) Campaign {
+	return Campaign{
+		Name:      r.Campaign,
 		Kind:      CampaignKind(r.Kind),
 		Total:     r.Total,
 		Claimed:   claimed,
@@ -137,65 +137,30 @@ func poolFromRow(r db.PgquotaVoucherPool, claimed int64) Pool {
 	}
 }
 
-// VoucherStatus returns a campaign's totals. For a sharded pool, Claimed is
+// Campaign returns a campaign's totals. For a sharded pool, Claimed is
 // the sum of its shards' claimed units, read in one statement (one
 // snapshot).
 //
 // Errors: *InputError for a bad campaign; ErrCampaignNotFound;
 // ErrSchemaMissing; database errors.
-func (c *Client) VoucherStatus(ctx context.Context, campaign string) (Pool, error) {
+func (c *Client) Campaign(ctx context.Context, campaign string) (Campaign, error) {
 	if err := checkName("campaign", campaign); err != nil {
-		return Pool{}, err
+		return Campaign{}, err
 	}
 	row, err := c.queries.VoucherPoolStatus(ctx, c.db.reads(), campaign)
 	if isNoRows(err) {
-		return Pool{}, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
+		return Campaign{}, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
 	}
 	if err != nil {
-		return Pool{}, dbError("voucher status", err)
+		return Campaign{}, dbError("voucher status", err)
 	}
 	return poolFromStatus(row), nil
 }
 
-// ClaimVoucher claims one unit of a counted pool for member, in one SQL
-// statement. A member holds at most one unit per campaign: a repeated claim
-// (a double-click, a retry, a concurrent duplicate) returns the first claim
-// with Repeat set and takes nothing. The pool's total is never exceeded.
-//
-// For a sharded pool (CreateShardedPool) the claim takes a unit from a
-// shard with units left, starting at a random shard and skipping locked
-// ones (FOR UPDATE SKIP LOCKED); when every shard with units left is locked
-// by claims in progress, the same statement waits for one of them. The
-// result is sold out only when every shard is full. The first claim of a
-// sharded campaign by a client takes one more statement, to learn its kind
-// and number of shards.
-//
-// Errors: *InputError for a bad campaign or member; ErrCampaignNotFound;
-// ErrCampaignKind for a code campaign; ErrSchemaMissing; database errors.
-//
-// ErrOutcomeUnknown: the request (its statement, or its transaction's
-// COMMIT) was sent and no reply said how it ended, so it may have been
-// applied; to learn the outcome, repeat the call: a member holds at most one
-// voucher, so the repeat returns the first claim (Repeat) or claims once.
-func (c *Client) ClaimVoucher(ctx context.Context, campaign, member string) (cl Claim, err error) {
-	defer c.m.claimDone(ctx, opClaimVoucher, c.m.now(), &cl, &err)
-	return c.claimVoucher(ctx, c.db, campaign, member)
-}
-
-// ClaimVoucherTx is ClaimVoucher inside the caller's transaction. The unit
-// stays locked by tx until it ends; other claimers of the pool wait for it.
-func (c *Client) ClaimVoucherTx(ctx context.Context, tx pgx.Tx, campaign, member string) (cl Claim, err error) {
-	defer c.m.claimDone(ctx, opClaimVoucher, c.m.now(), &cl, &err)
-	return c.claimVoucher(ctx, tx, campaign, member)
-}
-
-func (c *Client) claimVoucher(ctx context.Context, x db.DBTX, campaign, member string) (Claim, error) {
-	if err := checkName("campaign", campaign); err != nil {
-		return Claim{}, err
-	}
-	if err := checkName("member", member); err != nil {
-		return Claim{}, err
-	}
+// claimVoucher claims a unit of a counted or sharded pool (Claim without
+// an idempotency key). The request was validated by Claim. A code campaign
+// returns errOtherKind, with nothing written.
+func (c *Client) claimVoucher(ctx context.Context, x db.DBTX, campaign, member string) (ClaimResult, error) {
 	if n, ok := c.shardCounts.Load(campaign); ok {
 		claim, kind, err := c.claimSharded(ctx, x, campaign, member, n.(int))
 		if err != nil || kind == KindSharded {
@@ -205,15 +170,15 @@ func (c *Client) claimVoucher(ctx context.Context, x db.DBTX, campaign, member s
 	}
 	row, err := c.queries.VoucherClaimCounted(ctx, x, db.VoucherClaimCountedParams{Campaign: campaign, Member: member})
 	if isNoRows(err) {
-		return Claim{}, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
+		return ClaimResult{}, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
 	}
 	if err != nil {
-		return Claim{}, dbError("claim voucher", err)
+		return ClaimResult{}, dbError("claim voucher", err)
 	}
 	if CampaignKind(row.Kind) == KindSharded {
 		n, err := c.shardCount(ctx, x, campaign)
 		if err != nil {
-			return Claim{}, err
+			return ClaimResult{}, err
 		}
 		claim, kind, err := c.claimSharded(ctx, x, campaign, member, n)
 		if err == nil && kind != KindSharded {
@@ -222,9 +187,9 @@ func (c *Client) claimVoucher(ctx context.Context, x db.DBTX, campaign, member s
 		return claim, err
 	}
 	if CampaignKind(row.Kind) != KindCounted {
-		return Claim{}, fmt.Errorf("%w: %q holds codes: use ClaimCode", ErrCampaignKind, campaign)
+		return ClaimResult{}, fmt.Errorf("%w: %q holds codes", errOtherKind, campaign)
 	}
-	return Claim{
+	return ClaimResult{
 		Campaign:  campaign,
 		Member:    member,
 		Claimed:   row.Seq > 0,
@@ -235,65 +200,35 @@ func (c *Client) claimVoucher(ctx context.Context, x db.DBTX, campaign, member s
 	}, nil
 }
 
-// ErrCodesBusy is returned by ClaimCode and ClaimCodeTx when unclaimed codes
-// remain but every one of them stayed locked by other claims in progress for
-// longer than Config.CodeClaimWait (or the context's deadline). The
-// campaign is not sold out; try again.
+// ErrCodesBusy is returned by Claim and ClaimTx on a code campaign when
+// unclaimed codes remain but every one of them stayed locked by other claims
+// in progress for longer than Config.CodeClaimWait (or the context's
+// deadline). The campaign is not sold out; try again.
 var ErrCodesBusy = errors.New("pgquota: every unclaimed code is locked by a claim in progress")
-
-// ClaimCode hands one unclaimed code of a code campaign to member. Concurrent
-// claimers take different codes (FOR UPDATE SKIP LOCKED) instead of queueing.
-// A member holds at most one code per campaign: a repeated claim returns the
-// first code with Repeat set. The result is sold out (Claimed false) only
-// when no unclaimed code is left: codes passed over because another claim
-// holds them locked are waited for, since that claim may roll back.
-//
-// Errors: *InputError for a bad campaign or member; ErrCampaignNotFound;
-// ErrCampaignKind for a counted pool; ErrCodesBusy; the context's error;
-// ErrSchemaMissing; database errors.
-//
-// ErrOutcomeUnknown: the request (its statement, or its transaction's
-// COMMIT) was sent and no reply said how it ended, so it may have been
-// applied; to learn the outcome, repeat the call: a member holds at most one
-// code, so the repeat returns the first code (Repeat) or claims once.
-func (c *Client) ClaimCode(ctx context.Context, campaign, member string) (cl Claim, err error) {
-	defer c.m.claimDone(ctx, opClaimCode, c.m.now(), &cl, &err)
-	return c.claimCode(ctx, c.db, campaign, member)
-}
-
-// ClaimCodeTx is ClaimCode inside the caller's transaction. The code stays
-// locked by tx until it ends; other claimers take other codes meanwhile.
-func (c *Client) ClaimCodeTx(ctx context.Context, tx pgx.Tx, campaign, member string) (cl Claim, err error) {
-	defer c.m.claimDone(ctx, opClaimCode, c.m.now(), &cl, &err)
-	return c.claimCode(ctx, tx, campaign, member)
-}
 
 // errCodesLocked marks an attempt that found only locked codes; it is
 // retried with backoff.
 var errCodesLocked = errors.New("codes locked")
 
-func (c *Client) claimCode(ctx context.Context, x db.DBTX, campaign, member string) (Claim, error) {
-	if err := checkName("campaign", campaign); err != nil {
-		return Claim{}, err
-	}
-	if err := checkName("member", member); err != nil {
-		return Claim{}, err
-	}
-	return c.whileCodesLocked(ctx, campaign, func() (Claim, error) {
+// claimCode hands one unclaimed code of a code campaign to member (Claim
+// without an idempotency key). Another kind of campaign returns
+// errOtherKind, with nothing written.
+func (c *Client) claimCode(ctx context.Context, x db.DBTX, campaign, member string) (ClaimResult, error) {
+	return c.whileCodesLocked(ctx, campaign, func() (ClaimResult, error) {
 		row, err := c.queries.VoucherCodeClaim(ctx, x, db.VoucherCodeClaimParams{Campaign: campaign, Member: member})
 		if isNoRows(err) {
-			return Claim{}, backoff.Permanent(fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign))
+			return ClaimResult{}, backoff.Permanent(fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign))
 		}
 		if err != nil {
-			return Claim{}, backoff.Permanent(dbError("claim code", err))
+			return ClaimResult{}, backoff.Permanent(dbError("claim code", err))
 		}
 		if CampaignKind(row.Kind) != KindCodes {
-			return Claim{}, backoff.Permanent(fmt.Errorf("%w: %q is a %s pool: use ClaimVoucher", ErrCampaignKind, campaign, row.Kind))
+			return ClaimResult{}, backoff.Permanent(fmt.Errorf("%w: %q is a %s pool", errOtherKind, campaign, row.Kind))
 		}
 		if row.CodesLeft {
-			return Claim{}, errCodesLocked
+			return ClaimResult{}, errCodesLocked
 		}
-		return Claim{
+		return ClaimResult{
 			Campaign:  campaign,
 			Member:    member,
 			Claimed:   row.Code != "",
@@ -308,7 +243,7 @@ func (c *Client) claimCode(ctx context.Context, x db.DBTX, campaign, member stri
 // whileCodesLocked runs a code claim attempt until it returns something
 // else than errCodesLocked, with backoff, for up to Config.CodeClaimWait.
 // attempt marks its final errors with backoff.Permanent.
-func (c *Client) whileCodesLocked(ctx context.Context, campaign string, attempt func() (Claim, error)) (Claim, error) {
+func (c *Client) whileCodesLocked(ctx context.Context, campaign string, attempt func() (ClaimResult, error)) (ClaimResult, error) {
 	b := &backoff.ExponentialBackOff{
 		InitialInterval:     2 * time.Millisecond,
 		RandomizationFactor: 0.5,
@@ -319,7 +254,7 @@ func (c *Client) whileCodesLocked(ctx context.Context, campaign string, attempt 
 		backoff.WithBackOff(b),
 		backoff.WithMaxElapsedTime(c.cfg.CodeClaimWait))
 	if errors.Is(err, errCodesLocked) {
-		return Claim{}, fmt.Errorf("%w (campaign %q)", ErrCodesBusy, campaign)
+		return ClaimResult{}, fmt.Errorf("%w (campaign %q)", ErrCodesBusy, campaign)
 	}
 	return claim, err
 }

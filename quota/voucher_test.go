@@ -23,7 +23,7 @@ func codeList(prefix string, n int) []string {
 	return codes
 }
 
-// waitClient returns a client on b's pool whose ClaimCode waits up to d for
+// waitClient returns a client on b's pool whose Claim waits up to d for
 // locked codes, so that a loaded test machine never turns a slow commit into
 // ErrCodesBusy.
 func (b *testBundle) waitClient(t *testing.T, d time.Duration) *quota.Client {
@@ -41,19 +41,19 @@ func TestVoucherPoolConcurrentClicks(t *testing.T) {
 		clicks  = 4
 	)
 	b := setup(t, 16)
-	p, err := b.client.CreateVoucherPool(b.ctx, "bf", total)
+	p, err := b.client.CreateCampaign(b.ctx, "bf", total)
 	require.NoError(t, err)
 	require.Equal(t, quota.KindCounted, p.Kind)
 	require.Equal(t, int64(total), p.Total)
 	require.Zero(t, p.Claimed)
 
-	results := make([]quota.Claim, members*clicks)
+	results := make([]quota.ClaimResult, members*clicks)
 	errs := make([]error, members*clicks)
 	concurrently(members*clicks, func(i int) {
-		results[i], errs[i] = b.client.ClaimVoucher(b.ctx, "bf", fmt.Sprintf("m%02d", i%members))
+		results[i], errs[i] = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "bf", Member: fmt.Sprintf("m%02d", i%members)})
 	})
 
-	byMember := map[string][]quota.Claim{}
+	byMember := map[string][]quota.ClaimResult{}
 	for i, r := range results {
 		require.NoError(t, errs[i])
 		require.Equal(t, "bf", r.Campaign)
@@ -110,13 +110,13 @@ func TestVoucherPoolConcurrentClicks(t *testing.T) {
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(DISTINCT member) FROM pgquota.voucher_claim`).Scan(&distinctMembers))
 	require.Equal(t, int64(total), distinctMembers)
 
-	st, err := b.client.VoucherStatus(b.ctx, "bf")
+	st, err := b.client.Campaign(b.ctx, "bf")
 	require.NoError(t, err)
-	require.Equal(t, quota.Pool{Campaign: "bf", Kind: quota.KindCounted, Total: total, Claimed: total, Remaining: 0, SoldOut: true, CreatedAt: st.CreatedAt}, st)
+	require.Equal(t, quota.Campaign{Name: "bf", Kind: quota.KindCounted, Total: total, Claimed: total, Remaining: 0, SoldOut: true, CreatedAt: st.CreatedAt}, st)
 
 	// A newcomer finds it sold out; a winner clicking later sees the first
 	// claim again.
-	c, err := b.client.ClaimVoucher(b.ctx, "bf", "late")
+	c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "bf", Member: "late"})
 	require.NoError(t, err)
 	require.False(t, c.Claimed)
 	require.False(t, c.Repeat)
@@ -125,7 +125,7 @@ func TestVoucherPoolConcurrentClicks(t *testing.T) {
 		if !rs[0].Claimed {
 			continue
 		}
-		again, err := b.client.ClaimVoucher(b.ctx, "bf", m)
+		again, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "bf", Member: m})
 		require.NoError(t, err)
 		require.True(t, again.Claimed)
 		require.True(t, again.Repeat)
@@ -138,48 +138,48 @@ func TestVoucherPoolConcurrentClicks(t *testing.T) {
 func TestVoucherPoolSequential(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
-	_, err := b.client.CreateVoucherPool(b.ctx, "p", 2)
+	_, err := b.client.CreateCampaign(b.ctx, "p", 2)
 	require.NoError(t, err)
 
-	c1, err := b.client.ClaimVoucher(b.ctx, "p", "alice")
+	c1, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "alice"})
 	require.NoError(t, err)
 	require.True(t, c1.Claimed)
 	require.False(t, c1.Repeat)
 	require.Equal(t, int64(1), c1.Seq)
 
-	again, err := b.client.ClaimVoucher(b.ctx, "p", "alice")
+	again, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "alice"})
 	require.NoError(t, err)
 	require.True(t, again.Repeat)
 	require.Equal(t, int64(1), again.Seq)
 
-	c2, err := b.client.ClaimVoucher(b.ctx, "p", "bob")
+	c2, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "bob"})
 	require.NoError(t, err)
 	require.Equal(t, int64(2), c2.Seq)
 
-	out, err := b.client.ClaimVoucher(b.ctx, "p", "carol")
+	out, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "carol"})
 	require.NoError(t, err)
 	require.False(t, out.Claimed)
 	// A holder's repeat still works on a sold-out pool.
-	again, err = b.client.ClaimVoucher(b.ctx, "p", "bob")
+	again, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "bob"})
 	require.NoError(t, err)
 	require.True(t, again.Claimed)
 	require.True(t, again.Repeat)
 	require.Equal(t, int64(2), again.Seq)
 
 	// A claim inside a rolled-back transaction leaves the unit in the pool.
-	_, err = b.client.CreateVoucherPool(b.ctx, "tx", 1)
+	_, err = b.client.CreateCampaign(b.ctx, "tx", 1)
 	require.NoError(t, err)
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
-	c, err := b.client.ClaimVoucherTx(b.ctx, tx, "tx", "dave")
+	c, err := b.client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "tx", Member: "dave"})
 	require.NoError(t, err)
 	require.True(t, c.Claimed)
 	require.NoError(t, tx.Rollback(b.ctx))
-	st, err := b.client.VoucherStatus(b.ctx, "tx")
+	st, err := b.client.Campaign(b.ctx, "tx")
 	require.NoError(t, err)
 	require.Zero(t, st.Claimed)
 	require.False(t, st.SoldOut)
-	c, err = b.client.ClaimVoucher(b.ctx, "tx", "erin")
+	c, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "tx", Member: "erin"})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), c.Seq)
 }
@@ -188,45 +188,35 @@ func TestVoucherCampaignErrors(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
 
-	p, err := b.client.CreateVoucherPool(b.ctx, "counted", 5)
+	p, err := b.client.CreateCampaign(b.ctx, "counted", 5)
 	require.NoError(t, err)
 	// The same create again is not an error and changes nothing.
-	again, err := b.client.CreateVoucherPool(b.ctx, "counted", 5)
+	again, err := b.client.CreateCampaign(b.ctx, "counted", 5)
 	require.NoError(t, err)
 	require.Equal(t, p, again)
-	_, err = b.client.ClaimVoucher(b.ctx, "counted", "m")
+	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "counted", Member: "m"})
 	require.NoError(t, err)
-	again, err = b.client.CreateVoucherPool(b.ctx, "counted", 5)
+	again, err = b.client.CreateCampaign(b.ctx, "counted", 5)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), again.Claimed)
 	// Another total is.
-	_, err = b.client.CreateVoucherPool(b.ctx, "counted", 6)
+	_, err = b.client.CreateCampaign(b.ctx, "counted", 6)
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
 
 	_, err = b.client.ImportCodes(b.ctx, "codes", []string{"a", "b"})
 	require.NoError(t, err)
-	_, err = b.client.CreateVoucherPool(b.ctx, "codes", 2)
+	_, err = b.client.CreateCampaign(b.ctx, "codes", 2)
 	require.ErrorIs(t, err, quota.ErrCampaignExists, "a code campaign is not a counted pool, whatever its total")
 	_, err = b.client.ImportCodes(b.ctx, "counted", []string{"x"})
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
 
-	claimsBefore := b.countRows(t, "voucher_claim")
-	codesBefore := b.countRows(t, "voucher_code")
-	_, err = b.client.ClaimVoucher(b.ctx, "codes", "m2")
-	require.ErrorIs(t, err, quota.ErrCampaignKind)
-	_, err = b.client.ClaimCode(b.ctx, "counted", "m2")
-	require.ErrorIs(t, err, quota.ErrCampaignKind)
-	require.Equal(t, claimsBefore, b.countRows(t, "voucher_claim"), "a wrong-kind claim writes nothing")
-	require.Equal(t, codesBefore, b.countRows(t, "voucher_code"))
 	var unclaimed int64
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pgquota.voucher_code WHERE member IS NULL`).Scan(&unclaimed))
 	require.Equal(t, int64(2), unclaimed)
 
-	_, err = b.client.ClaimVoucher(b.ctx, "nope", "m")
+	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "nope", Member: "m"})
 	require.ErrorIs(t, err, quota.ErrCampaignNotFound)
-	_, err = b.client.ClaimCode(b.ctx, "nope", "m")
-	require.ErrorIs(t, err, quota.ErrCampaignNotFound)
-	_, err = b.client.VoucherStatus(b.ctx, "nope")
+	_, err = b.client.Campaign(b.ctx, "nope")
 	require.ErrorIs(t, err, quota.ErrCampaignNotFound)
 	require.Zero(t, b.countRowsWhere(t, "voucher_pool", "campaign = 'nope'"))
 }
@@ -261,7 +251,7 @@ func TestImportCodes(t *testing.T) {
 	require.Equal(t, quota.ImportResult{Campaign: "spring", Imported: 0, Duplicates: 5, Total: 120}, res)
 
 	require.Equal(t, int64(120), b.countRows(t, "voucher_code"))
-	st, err := b.client.VoucherStatus(b.ctx, "spring")
+	st, err := b.client.Campaign(b.ctx, "spring")
 	require.NoError(t, err)
 	require.Equal(t, quota.KindCodes, st.Kind)
 	require.Equal(t, int64(120), st.Total)
@@ -276,19 +266,19 @@ func TestImportCodes(t *testing.T) {
 
 	// A campaign's claims show in its status.
 	for i := range 7 {
-		c, err := b.client.ClaimCode(b.ctx, "autumn", fmt.Sprintf("m%d", i))
+		c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "autumn", Member: fmt.Sprintf("m%d", i)})
 		require.NoError(t, err)
 		require.True(t, c.Claimed)
 	}
-	st, err = b.client.VoucherStatus(b.ctx, "autumn")
+	st, err = b.client.Campaign(b.ctx, "autumn")
 	require.NoError(t, err)
-	require.Equal(t, quota.Pool{Campaign: "autumn", Kind: quota.KindCodes, Total: 10, Claimed: 7, Remaining: 3, CreatedAt: st.CreatedAt}, st)
+	require.Equal(t, quota.Campaign{Name: "autumn", Kind: quota.KindCodes, Total: 10, Claimed: 7, Remaining: 3, CreatedAt: st.CreatedAt}, st)
 
 	// Importing more codes into a partly claimed campaign keeps the claims.
 	res, err = b.client.ImportCodes(b.ctx, "autumn", codeList("e", 5))
 	require.NoError(t, err)
 	require.Equal(t, int64(15), res.Total)
-	st, err = b.client.VoucherStatus(b.ctx, "autumn")
+	st, err = b.client.Campaign(b.ctx, "autumn")
 	require.NoError(t, err)
 	require.Equal(t, int64(7), st.Claimed)
 	require.Equal(t, int64(8), st.Remaining)
@@ -312,7 +302,7 @@ func TestImportCodesTxRollback(t *testing.T) {
 	for _, table := range []string{"voucher_pool", "voucher_code", "voucher_claim"} {
 		require.Zero(t, b.countRows(t, table), table)
 	}
-	_, err = b.client.VoucherStatus(b.ctx, "rolled")
+	_, err = b.client.Campaign(b.ctx, "rolled")
 	require.ErrorIs(t, err, quota.ErrCampaignNotFound)
 
 	// Committed, it is there.
@@ -324,14 +314,14 @@ func TestImportCodesTxRollback(t *testing.T) {
 	require.Equal(t, int64(3), b.countRows(t, "voucher_code"))
 }
 
-// claimCodes runs n concurrent ClaimCode calls by distinct members and
+// claimCodes runs n concurrent Claim calls by distinct members and
 // checks the invariants every run must keep: no code twice, no member
 // twice, every code handed out belongs to the campaign, and the database
 // agrees with what the callers were told. It returns the number of codes
 // handed out.
-func claimCodes(t *testing.T, b *testBundle, claim func(i int, member string) (quota.Claim, error), campaign string, codes []string, n int) int {
+func claimCodes(t *testing.T, b *testBundle, claim func(i int, member string) (quota.ClaimResult, error), campaign string, codes []string, n int) int {
 	t.Helper()
-	results := make([]quota.Claim, n)
+	results := make([]quota.ClaimResult, n)
 	errs := make([]error, n)
 	concurrently(n, func(i int) {
 		results[i], errs[i] = claim(i, fmt.Sprintf("member-%03d", i))
@@ -388,7 +378,9 @@ func TestClaimCodeConcurrent(t *testing.T) {
 			_, err := b.client.ImportCodes(b.ctx, "drop", list)
 			require.NoError(t, err)
 			client := b.waitClient(t, 30*time.Second)
-			claim := func(_ int, member string) (quota.Claim, error) { return client.ClaimCode(b.ctx, "drop", member) }
+			claim := func(_ int, member string) (quota.ClaimResult, error) {
+				return client.Claim(b.ctx, quota.ClaimRequest{Campaign: "drop", Member: member})
+			}
 			committing := tc.claimers
 			if tc.inTx {
 				// Each claimer holds its code locked a while, as an
@@ -397,23 +389,23 @@ func TestClaimCodeConcurrent(t *testing.T) {
 				// find every remaining code locked; that must not read as
 				// sold out, since a rollback may free one.
 				committing = tc.claimers - (tc.claimers+2)/3
-				claim = func(i int, member string) (quota.Claim, error) {
+				claim = func(i int, member string) (quota.ClaimResult, error) {
 					// READ COMMITTED whatever the server's default: the
 					// callers' transactions must commit or roll back as
 					// the test decides, not fail with 40001.
 					tx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 					if err != nil {
-						return quota.Claim{}, err
+						return quota.ClaimResult{}, err
 					}
 					defer func() { _ = tx.Rollback(b.ctx) }()
-					c, err := client.ClaimCodeTx(b.ctx, tx, "drop", member)
+					c, err := client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "drop", Member: member})
 					if err != nil {
-						return quota.Claim{}, err
+						return quota.ClaimResult{}, err
 					}
 					time.Sleep(20 * time.Millisecond)
 					if i%3 == 0 {
 						// Rolled back: the member holds nothing.
-						return quota.Claim{Campaign: c.Campaign, Member: member, Total: c.Total}, tx.Rollback(b.ctx)
+						return quota.ClaimResult{Campaign: c.Campaign, Member: member, Total: c.Total}, tx.Rollback(b.ctx)
 					}
 					return c, tx.Commit(b.ctx)
 				}
@@ -424,7 +416,7 @@ func TestClaimCodeConcurrent(t *testing.T) {
 			if committing < codes {
 				return
 			}
-			st, err := b.client.VoucherStatus(b.ctx, "drop")
+			st, err := b.client.Campaign(b.ctx, "drop")
 			require.NoError(t, err)
 			require.Equal(t, int64(codes), st.Claimed)
 			require.True(t, st.SoldOut)
@@ -438,11 +430,11 @@ func TestClaimCodeRepeat(t *testing.T) {
 	_, err := b.client.ImportCodes(b.ctx, "c", codeList("x", 20))
 	require.NoError(t, err)
 
-	first, err := b.client.ClaimCode(b.ctx, "c", "alice")
+	first, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "c", Member: "alice"})
 	require.NoError(t, err)
 	require.True(t, first.Claimed)
 	require.False(t, first.Repeat)
-	again, err := b.client.ClaimCode(b.ctx, "c", "alice")
+	again, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "c", Member: "alice"})
 	require.NoError(t, err)
 	require.True(t, again.Claimed)
 	require.True(t, again.Repeat)
@@ -452,10 +444,12 @@ func TestClaimCodeRepeat(t *testing.T) {
 	// A member's concurrent duplicates: one code, the rest repeat it, and
 	// the codes the losers picked go back unclaimed.
 	const dups = 16
-	results := make([]quota.Claim, dups)
+	results := make([]quota.ClaimResult, dups)
 	errs := make([]error, dups)
 	client := b.waitClient(t, 30*time.Second)
-	concurrently(dups, func(i int) { results[i], errs[i] = client.ClaimCode(b.ctx, "c", "bob") })
+	concurrently(dups, func(i int) {
+		results[i], errs[i] = client.Claim(b.ctx, quota.ClaimRequest{Campaign: "c", Member: "bob"})
+	})
 	firsts := 0
 	for i, r := range results {
 		require.NoError(t, errs[i])
@@ -468,7 +462,7 @@ func TestClaimCodeRepeat(t *testing.T) {
 	require.Equal(t, 1, firsts)
 	require.Equal(t, int64(1), b.countRowsWhere(t, "voucher_code", "member = 'bob'"))
 	require.Equal(t, int64(18), b.countRowsWhere(t, "voucher_code", "member IS NULL"))
-	st, err := b.client.VoucherStatus(b.ctx, "c")
+	st, err := b.client.Campaign(b.ctx, "c")
 	require.NoError(t, err)
 	require.Equal(t, int64(2), st.Claimed)
 	require.Equal(t, int64(18), st.Remaining)
@@ -497,25 +491,25 @@ func TestClaimCodeWaitsForLockedCode(t *testing.T) {
 			tx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = tx.Rollback(b.ctx) })
-			held, err := client.ClaimCodeTx(b.ctx, tx, "last", "holder")
+			held, err := client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "last", Member: "holder"})
 			require.NoError(t, err)
 			require.True(t, held.Claimed)
 
 			// The other code is free: a second member gets it at once
 			// (SKIP LOCKED), without waiting for the holder.
-			other, err := client.ClaimCode(b.ctx, "last", "second")
+			other, err := client.Claim(b.ctx, quota.ClaimRequest{Campaign: "last", Member: "second"})
 			require.NoError(t, err)
 			require.True(t, other.Claimed)
 			require.NotEqual(t, held.Code, other.Code)
 
 			// The last code is locked: a third member must wait.
 			type outcome struct {
-				claim quota.Claim
+				claim quota.ClaimResult
 				err   error
 			}
 			done := make(chan outcome, 1)
 			go func() {
-				c, err := client.ClaimCode(b.ctx, "last", "third")
+				c, err := client.Claim(b.ctx, quota.ClaimRequest{Campaign: "last", Member: "third"})
 				done <- outcome{c, err}
 			}()
 			select {
@@ -566,20 +560,20 @@ func TestClaimCodeWaitsForRollbacks(t *testing.T) {
 		tx, err := b.pool.Begin(b.ctx)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = tx.Rollback(b.ctx) })
-		c, err := client.ClaimCodeTx(b.ctx, tx, "c", fmt.Sprintf("holder-%d", i))
+		c, err := client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "c", Member: fmt.Sprintf("holder-%d", i)})
 		require.NoError(t, err)
 		require.True(t, c.Claimed)
 		holders[i] = tx
 	}
 
-	results := make([]quota.Claim, codes)
+	results := make([]quota.ClaimResult, codes)
 	errs := make([]error, codes)
 	var wg sync.WaitGroup
 	for i := range codes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i], errs[i] = client.ClaimCode(b.ctx, "c", fmt.Sprintf("member-%d", i))
+			results[i], errs[i] = client.Claim(b.ctx, quota.ClaimRequest{Campaign: "c", Member: fmt.Sprintf("member-%d", i)})
 		}()
 	}
 	time.Sleep(300 * time.Millisecond)
@@ -599,7 +593,7 @@ func TestClaimCodeWaitsForRollbacks(t *testing.T) {
 }
 
 // With every remaining code locked for longer than Config.CodeClaimWait,
-// ClaimCode gives up with ErrCodesBusy, not a false "sold out".
+// Claim gives up with ErrCodesBusy, not a false "sold out".
 func TestClaimCodeBusy(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
@@ -608,12 +602,12 @@ func TestClaimCodeBusy(t *testing.T) {
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(b.ctx) }()
-	_, err = b.client.ClaimCodeTx(b.ctx, tx, "one", "holder")
+	_, err = b.client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "one", Member: "holder"})
 	require.NoError(t, err)
 
 	impatient, err := quota.New(b.pool, &quota.Config{CodeClaimWait: 200 * time.Millisecond})
 	require.NoError(t, err)
-	_, err = impatient.ClaimCode(b.ctx, "one", "other")
+	_, err = impatient.Claim(b.ctx, quota.ClaimRequest{Campaign: "one", Member: "other"})
 	require.ErrorIs(t, err, quota.ErrCodesBusy)
 	require.Zero(t, b.countRowsWhere(t, "voucher_claim", "member = 'other'"))
 }
@@ -621,36 +615,36 @@ func TestClaimCodeBusy(t *testing.T) {
 func TestVoucherStatusBothKinds(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
-	_, err := b.client.CreateVoucherPool(b.ctx, "counted", 3)
+	_, err := b.client.CreateCampaign(b.ctx, "counted", 3)
 	require.NoError(t, err)
 	_, err = b.client.ImportCodes(b.ctx, "codes", codeList("z", 4))
 	require.NoError(t, err)
 
-	want := func(kind quota.CampaignKind, total, claimed int64) quota.Pool {
-		return quota.Pool{Kind: kind, Total: total, Claimed: claimed, Remaining: total - claimed, SoldOut: claimed == total}
+	want := func(kind quota.CampaignKind, total, claimed int64) quota.Campaign {
+		return quota.Campaign{Kind: kind, Total: total, Claimed: claimed, Remaining: total - claimed, SoldOut: claimed == total}
 	}
-	check := func(campaign string, w quota.Pool) {
+	check := func(campaign string, w quota.Campaign) {
 		t.Helper()
-		st, err := b.client.VoucherStatus(b.ctx, campaign)
+		st, err := b.client.Campaign(b.ctx, campaign)
 		require.NoError(t, err)
 		require.False(t, st.CreatedAt.IsZero())
-		w.Campaign, w.CreatedAt = campaign, st.CreatedAt
+		w.Name, w.CreatedAt = campaign, st.CreatedAt
 		require.Equal(t, w, st)
 	}
 	check("counted", want(quota.KindCounted, 3, 0))
 	check("codes", want(quota.KindCodes, 4, 0))
 	for i := range 5 {
-		_, err := b.client.ClaimVoucher(b.ctx, "counted", fmt.Sprintf("m%d", i))
+		_, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "counted", Member: fmt.Sprintf("m%d", i)})
 		require.NoError(t, err)
-		_, err = b.client.ClaimCode(b.ctx, "codes", fmt.Sprintf("m%d", i))
+		_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "codes", Member: fmt.Sprintf("m%d", i)})
 		require.NoError(t, err)
 		check("counted", want(quota.KindCounted, 3, min(int64(i+1), 3)))
 		check("codes", want(quota.KindCodes, 4, min(int64(i+1), 4)))
 	}
 	// Repeats change nothing.
-	_, err = b.client.ClaimVoucher(b.ctx, "counted", "m0")
+	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "counted", Member: "m0"})
 	require.NoError(t, err)
-	_, err = b.client.ClaimCode(b.ctx, "codes", "m0")
+	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "codes", Member: "m0"})
 	require.NoError(t, err)
 	check("counted", want(quota.KindCounted, 3, 3))
 	check("codes", want(quota.KindCodes, 4, 4))
@@ -661,19 +655,19 @@ func TestVoucherStatusBothKinds(t *testing.T) {
 func TestVoucherCampaignsIndependent(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
-	_, err := b.client.CreateVoucherPool(b.ctx, "a", 1)
+	_, err := b.client.CreateCampaign(b.ctx, "a", 1)
 	require.NoError(t, err)
-	_, err = b.client.CreateVoucherPool(b.ctx, "b", 1)
+	_, err = b.client.CreateCampaign(b.ctx, "b", 1)
 	require.NoError(t, err)
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(b.ctx) }()
-	_, err = b.client.ClaimVoucherTx(b.ctx, tx, "a", "m")
+	_, err = b.client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "a", Member: "m"})
 	require.NoError(t, err)
 
 	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
 	defer cancel()
-	c, err := b.client.ClaimVoucher(ctx, "b", "m")
+	c, err := b.client.Claim(ctx, quota.ClaimRequest{Campaign: "b", Member: "m"})
 	require.NoError(t, err, "a claim on another campaign must not wait for this one's lock")
 	require.True(t, c.Claimed)
 }
@@ -707,7 +701,7 @@ func TestImportCodesConcurrent(t *testing.T) {
 	}
 	require.Equal(t, int64(len(distinct)), imported)
 	require.Equal(t, int64(len(distinct)), b.countRows(t, "voucher_code"))
-	st, err := b.client.VoucherStatus(b.ctx, "race")
+	st, err := b.client.Campaign(b.ctx, "race")
 	require.NoError(t, err)
 	require.Equal(t, int64(len(distinct)), st.Total)
 }
@@ -739,7 +733,7 @@ func TestImportCodesConcurrentSizes(t *testing.T) {
 			imported += results[i].Imported
 		}
 		require.Equal(t, int64(len(distinct)), imported, "round %d", round)
-		st, err := b.client.VoucherStatus(b.ctx, campaign)
+		st, err := b.client.Campaign(b.ctx, campaign)
 		require.NoError(t, err)
 		require.Equal(t, int64(len(distinct)), st.Total)
 	}
@@ -752,11 +746,11 @@ func TestCreateVoucherPoolConcurrent(t *testing.T) {
 	b := setup(t, 8)
 	const n = 8
 	errs := make([]error, n)
-	concurrently(n, func(i int) { _, errs[i] = b.client.CreateVoucherPool(b.ctx, "same", 5) })
+	concurrently(n, func(i int) { _, errs[i] = b.client.CreateCampaign(b.ctx, "same", 5) })
 	for _, err := range errs {
 		require.NoError(t, err)
 	}
-	concurrently(n, func(i int) { _, errs[i] = b.client.CreateVoucherPool(b.ctx, "different", int64(i+1)) })
+	concurrently(n, func(i int) { _, errs[i] = b.client.CreateCampaign(b.ctx, "different", int64(i+1)) })
 	won := 0
 	for _, err := range errs {
 		if err == nil {

@@ -36,7 +36,7 @@ func setup(t *testing.T, external bool) (*pgxpool.Pool, *quota.Client, string) {
 	require.NoError(t, err)
 	oc, err := quota.New(owner, nil)
 	require.NoError(t, err)
-	_, err = oc.AttachFenceGuard(ctx, quota.FenceGuardRequest{Table: "public.reports", Column: "fence_token", External: external})
+	_, err = oc.GuardTable(ctx, quota.GuardTableRequest{Table: "public.reports", Column: "fence_token", External: external})
 	require.NoError(t, err)
 	_, err = owner.Exec(ctx, `BEGIN; SELECT pgquota.present_token('public.reports', 1); INSERT INTO public.reports (id, value) VALUES (1, 0); COMMIT`)
 	if !external {
@@ -123,7 +123,7 @@ func TestEtcdRevisionRefusesHolderPausedPastLease(t *testing.T) {
 	require.Equal(t, h2.Token, tok)
 
 	_, err = pool.Exec(ctx, `UPDATE public.reports SET value = 99 WHERE id = 1`)
-	require.ErrorIs(t, quota.FenceError(err), quota.ErrTokenNotPresented)
+	require.ErrorIs(t, quota.MapFenceError(err), quota.ErrTokenNotPresented)
 	require.NoError(t, h2.Unlock(ctx))
 }
 
@@ -170,7 +170,7 @@ func TestEtcdNewClusterNeedsEpochBump(t *testing.T) {
 // TestEtcdTokenOnLeaseGuardedTableRefused: on a table guarded for pgquota
 // lease tokens (attached without External), an etcd token is refused:
 // presented, it holds no pgquota lease (ErrLeaseLost, PQ002); as a
-// FenceWrite without a lease on the table's resource, a token above every
+// WriteFencedRow without a lease on the table's resource, a token above every
 // token pgquota's leases issued (pgquota.lease_token_ceiling) is refused
 // with PQ002 too, so it cannot lock the lease holders out. Nothing is
 // written.
@@ -190,7 +190,7 @@ func TestEtcdTokenOnLeaseGuardedTableRefused(t *testing.T) {
 
 	err = h.Write(ctx, pool, qc, "public.reports", 1, 5)
 	require.ErrorIs(t, err, quota.ErrLeaseLost)
-	_, err = qc.FenceWrite(ctx, quota.FenceWriteRequest{Resource: "public.reports", Key: "k", Value: "v", Token: h.Token})
+	_, err = qc.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "public.reports", Key: "k", Value: "v", Token: h.Token})
 	require.ErrorIs(t, err, quota.ErrLeaseLost)
 	require.Contains(t, err.Error(), "was never issued by a pgquota lease")
 	v, _ := row(t, pool)

@@ -3,7 +3,7 @@
 // lock key's create revision the holder's fencing token, and present it to
 // pgquota's fence guard, attached to the table for external tokens
 // (`pgquota fence guard --table T --column C --external`, or
-// quota.FenceGuardRequest{External: true}). Every statement on the table
+// quota.GuardTableRequest{External: true}). Every statement on the table
 // then lands only in a transaction that presented a token no lower than any
 // presented before, so a holder whose lease expired while it was paused
 // finds its late write refused (quota.ErrStaleToken, SQLSTATE PQ001) instead
@@ -140,7 +140,7 @@ func Lock(ctx context.Context, cli *clientv3.Client, prefix string, ttl int, epo
 // resource is the table's schema-qualified name.
 //
 // Errors: quota.ErrStaleToken when a later holder has presented a higher
-// token; those of PresentTokenTx and of the UPDATE (quota.FenceError maps
+// token; those of PresentTokenTx and of the UPDATE (quota.MapFenceError maps
 // the guard's SQLSTATEs).
 func (h *Holder) Write(ctx context.Context, pool *pgxpool.Pool, qc *quota.Client, table string, id int, value int64) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
@@ -148,7 +148,7 @@ func (h *Holder) Write(ctx context.Context, pool *pgxpool.Pool, qc *quota.Client
 			return err
 		}
 		_, err := tx.Exec(ctx, `UPDATE `+pgx.Identifier(strings.Split(table, ".")).Sanitize()+` SET value = $2 WHERE id = $1`, id, value)
-		return quota.FenceError(err)
+		return quota.MapFenceError(err)
 	})
 }
 

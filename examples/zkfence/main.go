@@ -159,9 +159,9 @@ func heldSeq(conn *zk.Conn, lockPath string) (int64, string, error) {
 // is refused even before its successor writes the row.
 //
 // Errors: quota.ErrStaleToken when a later holder's token has written;
-// those of quota.Client.FenceWrite.
+// those of quota.Client.WriteFencedRow.
 func (h *Holder) Write(ctx context.Context, qc *quota.Client, resource, key, value string) (quota.FencedRow, error) {
-	return qc.FenceWrite(ctx, quota.FenceWriteRequest{Resource: resource, Key: key, Value: value, Token: h.Token})
+	return qc.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: resource, Key: key, Value: value, Token: h.Token})
 }
 
 // Unlock deletes the holder's lock node (nothing to delete once its session

@@ -70,7 +70,8 @@ type Result struct {
 	// PgbenchStrategy names the strategy whose SQL pgbench ran, when it is
 	// not this one (see Baseline).
 	PgbenchStrategy string `json:"pgbench_strategy,omitempty"`
-	// Ratio is the library's operations per second over pgbench's.
+	// Ratio is the library's operations per second over pgbench's: higher
+	// is better, 1 is pgbench's throughput.
 	Ratio float64 `json:"ratio,omitempty"`
 	// Rounds holds every round's throughput, in the order they ran, when
 	// there was more than one; Library and Pgbench are then each side's

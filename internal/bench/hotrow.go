@@ -43,20 +43,20 @@ type voucherSharded struct{}
 
 func (voucherSharded) Name() string { return "voucher-sharded" }
 func (voucherSharded) Describe() string {
-	return fmt.Sprintf("pgquota ClaimVoucher, a new member every call, on a pool of %d shard rows (pgbench: voucher-claim's statement)", ShardedPoolShards)
+	return fmt.Sprintf("pgquota Claim, a new member every call, on a pool of %d shard rows (pgbench: voucher-claim's statement)", ShardedPoolShards)
 }
 func (voucherSharded) PgbenchBaseline() Strategy { return voucherClaim{} }
 func (voucherSharded) Setup(ctx context.Context, env Env) (Op, error) {
 	if _, err := env.Pool.Exec(ctx, `TRUNCATE pgquota.voucher_pool CASCADE`); err != nil {
 		return Op{}, fmt.Errorf("reset voucher pools: %w", err)
 	}
-	if _, err := env.Client.CreateShardedPool(ctx, benchCampaign, quota.MaxUnits, ShardedPoolShards); err != nil {
+	if _, err := env.Client.CreateShardedCampaign(ctx, benchCampaign, quota.MaxUnits, ShardedPoolShards); err != nil {
 		return Op{}, err
 	}
 	return Op{
 		Vars: []Var{{Name: "member", Min: 1, Max: uniqueMax}},
 		Do: func(ctx context.Context, vals []int64) (Outcome, error) {
-			c, err := env.Client.ClaimVoucher(ctx, benchCampaign, memberFromVar(vals))
+			c, err := env.Client.Claim(ctx, quota.ClaimRequest{Campaign: benchCampaign, Member: memberFromVar(vals)})
 			return Outcome{Granted: c.Claimed && !c.Repeat}, err
 		},
 	}, nil

@@ -65,7 +65,7 @@ func (leaseAcquire) Setup(ctx context.Context, env Env) (Op, error) {
 	}, nil
 }
 
-// fencedWrite is pgquota's FenceWrite by the current holder of one of
+// fencedWrite is pgquota's WriteFencedRow by the current holder of one of
 // FencedHolders held leases, each the lease of its own resource: the lease
 // row is checked and locked FOR SHARE, the resource's highest token is
 // raised (equal tokens are admitted), and the resource's row is updated.
@@ -73,7 +73,7 @@ type fencedWrite struct{}
 
 func (fencedWrite) Name() string { return "fenced-write" }
 func (fencedWrite) Describe() string {
-	return fmt.Sprintf("pgquota FenceWrite by the lease holder, one statement, spread over %d held leases", FencedHolders)
+	return fmt.Sprintf("pgquota WriteFencedRow by the lease holder, one statement, spread over %d held leases", FencedHolders)
 }
 func (fencedWrite) Setup(ctx context.Context, env Env) (Op, error) {
 	// The leases are written directly, with the tokens the script can
@@ -106,7 +106,7 @@ func (fencedWrite) Setup(ctx context.Context, env Env) (Op, error) {
 		},
 		Do: func(ctx context.Context, vals []int64) (Outcome, error) {
 			name := strconv.FormatInt(vals[0], 10)
-			_, err := env.Client.FenceWrite(ctx, quota.FenceWriteRequest{
+			_, err := env.Client.WriteFencedRow(ctx, quota.WriteFencedRowRequest{
 				Resource: name, Key: fencedKey, Value: strconv.FormatInt(vals[1], 10),
 				Token: vals[0], Lease: name,
 			})

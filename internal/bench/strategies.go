@@ -250,19 +250,19 @@ type voucherClaim struct{}
 
 func (voucherClaim) Name() string { return "voucher-claim" }
 func (voucherClaim) Describe() string {
-	return "pgquota ClaimVoucher, one statement, a new member every call on one pool row"
+	return "pgquota Claim, one statement, a new member every call on one pool row"
 }
 func (voucherClaim) Setup(ctx context.Context, env Env) (Op, error) {
 	if _, err := env.Pool.Exec(ctx, `TRUNCATE pgquota.voucher_pool CASCADE`); err != nil {
 		return Op{}, fmt.Errorf("reset voucher pools: %w", err)
 	}
-	if _, err := env.Client.CreateVoucherPool(ctx, benchCampaign, quota.MaxUnits); err != nil {
+	if _, err := env.Client.CreateCampaign(ctx, benchCampaign, quota.MaxUnits); err != nil {
 		return Op{}, err
 	}
 	return Op{
 		Vars: []Var{{Name: "member", Min: 1, Max: uniqueMax}},
 		Do: func(ctx context.Context, vals []int64) (Outcome, error) {
-			c, err := env.Client.ClaimVoucher(ctx, benchCampaign, memberFromVar(vals))
+			c, err := env.Client.Claim(ctx, quota.ClaimRequest{Campaign: benchCampaign, Member: memberFromVar(vals)})
 			return Outcome{Granted: c.Claimed && !c.Repeat}, err
 		},
 	}, nil

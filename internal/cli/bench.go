@@ -36,7 +36,8 @@ on a pool of exactly N connections.
 right after the library run) with the very statements the library sent:
 they are captured with a pgx tracer and written into a pgbench script, so
 the SQL is the same by construction. The output then ends with one line
-"ratio <strategy>/<clients> <library ops/s / pgbench tps>" per run.
+"ratio <strategy>/<clients> <library ops/s / pgbench tps>" per run: higher
+is better; 1.00 is pgbench's throughput, 0.90 is 90% of it.
 
 --rounds K measures each strategy and client count K times, alternating the
 library and pgbench, and prints each side's median round: on a shared

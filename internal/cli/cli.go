@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"go.opentelemetry.io/otel/metric"
@@ -90,17 +91,51 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return ExitDenied
 	}
 	if errors.Is(err, quota.ErrOutcomeUnknown) {
-		fmt.Fprintln(stderr, "pgquota: "+outcomeUnknownLine(cmd)+" ("+oneLine(strings.TrimPrefix(a.placeError(err).Error(), "pgquota: "))+")")
+		a.printError(err, ExitOutcomeUnknown, outcomeUnknownLine(cmd)+" ("+oneLine(strings.TrimPrefix(a.placeError(err).Error(), "pgquota: "))+")")
 		return ExitOutcomeUnknown
 	}
 	msg := a.placeError(err).Error() + hint(err)
-	fmt.Fprintln(stderr, "pgquota: "+oneLine(strings.TrimPrefix(msg, "pgquota: ")))
+	code := ExitError
 	var ue usageError
 	switch {
 	case errors.As(err, &ue), isCobraUsageError(err), isBadInput(err):
-		return ExitUsage
+		code = ExitUsage
 	}
-	return ExitError
+	a.printError(err, code, oneLine(strings.TrimPrefix(msg, "pgquota: ")))
+	return code
+}
+
+// errorJSON is the one object `--json` prints on stderr for a failed
+// command. Code names the exit status (usage, error, outcome_unknown);
+// SQLState is the PostgreSQL error code when the failure came from the
+// server, else null.
+type errorJSON struct {
+	Code       string  `json:"code"`
+	ExitStatus int     `json:"exit_status"`
+	Message    string  `json:"message"`
+	SQLState   *string `json:"sqlstate"`
+}
+
+// printError prints a failed command's one line on stderr: "pgquota: msg",
+// or with --json one errorJSON object.
+func (a *app) printError(err error, code int, msg string) {
+	if !a.json {
+		fmt.Fprintln(a.stderr, "pgquota: "+msg)
+		return
+	}
+	e := errorJSON{Code: "error", ExitStatus: code, Message: msg}
+	switch code {
+	case ExitUsage:
+		e.Code = "usage"
+	case ExitOutcomeUnknown:
+		e.Code = "outcome_unknown"
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		e.SQLState = &pgErr.Code
+	}
+	b, _ := jsonValue(e, "")
+	_, _ = a.stderr.Write(b)
 }
 
 // outcomeUnknownLine says, for the command cmd that failed with
@@ -150,7 +185,7 @@ func hint(err error) string {
 func isBadInput(err error) bool {
 	for _, target := range []error{
 		quota.ErrInvalidInput, quota.ErrQuotaNotFound, quota.ErrNoLimit,
-		quota.ErrCampaignNotFound, quota.ErrCampaignKind, quota.ErrCampaignExists,
+		quota.ErrCampaignNotFound, quota.ErrCampaignExists,
 		quota.ErrLeaseNotFound,
 		quota.ErrIdempotencyKeyReused, quota.ErrGrantNotFound,
 	} {
@@ -230,6 +265,7 @@ applied); 1 any other error.`,
 		a.benchCommand(),
 		needsSubcommand(a.ledgerCommand()),
 		needsSubcommand(a.outboxCommand()),
+		a.demoCommand(),
 		a.versionCommand(),
 	)
 	return root
@@ -265,6 +301,9 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, error) {
 	}
 	dsn, source, settings := settingsSource(a.databaseURL)
 	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil && dsn == "" && os.Getenv("PGSERVICE") != "" {
+		return nil, usageError{serviceError(err)}
+	}
 	if err != nil {
 		return nil, usagef("invalid %s: %v (expected a URL like postgres://user@host:5432/dbname, or libpq key=value settings)", source, unwrapAll(err))
 	}

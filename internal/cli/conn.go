@@ -153,3 +153,26 @@ func urlFor(cfg *pgconn.Config, name string) string {
 	u.RawQuery = q.Encode()
 	return u.String()
 }
+
+// serviceError explains a failure to read the connection service PGSERVICE
+// names (libpq's pg_service.conf): which service, and which files were
+// looked in, instead of pgx's "invalid connection string" wording.
+func serviceError(err error) error {
+	svc := os.Getenv("PGSERVICE")
+	file := os.Getenv("PGSERVICEFILE")
+	where := "$PGSERVICEFILE"
+	if file == "" {
+		where = "~/.pg_service.conf"
+		if home, herr := os.UserHomeDir(); herr == nil {
+			where = home + "/.pg_service.conf"
+		}
+		if dir := os.Getenv("PGSYSCONFDIR"); dir != "" {
+			where += " or " + dir + "/pg_service.conf"
+		}
+	} else {
+		where = file + " (PGSERVICEFILE)"
+	}
+	return fmt.Errorf("PGSERVICE=%s: the connection service could not be read from the service file %s: %v "+
+		"(create the file with a [%s] section of libpq settings such as host=, port=, dbname=, user=, point PGSERVICEFILE at it, "+
+		"or unset PGSERVICE and pass --database-url)", svc, where, unwrapAll(err), svc)
+}

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"text/tabwriter"
@@ -166,7 +165,12 @@ print the lease each time the leader changes (one JSON object per line with
 // printLeaderLine prints one observed state of an election on one line.
 func (a *app) printLeaderLine(l quota.Lease) error {
 	if a.json {
-		return json.NewEncoder(a.stdout).Encode(l)
+		b, err := jsonValue(l, "")
+		if err != nil {
+			return err
+		}
+		_, err = a.stdout.Write(b)
+		return err
 	}
 	leader := "none"
 	if l.Held {

@@ -48,11 +48,11 @@ zxid); the highest-token check still applies.`,
 			if err != nil {
 				return err
 			}
-			req := quota.FenceWriteRequest{Resource: resource, Key: key, Value: value, Token: token, Lease: lease}
+			req := quota.WriteFencedRowRequest{Resource: resource, Key: key, Value: value, Token: token, Lease: lease}
 			if req.Lease == "" && !external {
 				req.Lease = resource
 			}
-			r, err := c.FenceWrite(cmd.Context(), req)
+			r, err := c.WriteFencedRow(cmd.Context(), req)
 			if errors.Is(err, quota.ErrStaleToken) || errors.Is(err, quota.ErrLeaseLost) {
 				msg := oneLine(trimPrefix(err.Error()))
 				if errors.Is(err, quota.ErrLeaseLost) && !cmd.Flags().Changed("lease") {
@@ -91,7 +91,7 @@ zxid); the highest-token check still applies.`,
 			if err != nil {
 				return err
 			}
-			st, err := c.Fence(cmd.Context(), resource)
+			st, err := c.FenceState(cmd.Context(), resource)
 			if err != nil {
 				return err
 			}
@@ -171,7 +171,7 @@ TRUNCATE): "upgraded yes". Detach with:
 			if err != nil {
 				return err
 			}
-			g, err := c.AttachFenceGuard(cmd.Context(), quota.FenceGuardRequest{Table: table, Column: column, External: external})
+			g, err := c.GuardTable(cmd.Context(), quota.GuardTableRequest{Table: table, Column: column, External: external})
 			if err != nil {
 				return err
 			}

@@ -198,7 +198,7 @@ first revoke's outcome.`,
 				return err
 			}
 			if byGrant {
-				res, err := c.RevokeGrant(cmd.Context(), grantID)
+				res, err := c.CompensateGrant(cmd.Context(), grantID)
 				if err != nil {
 					return err
 				}

@@ -50,7 +50,7 @@ neither migrates nor attaches fence guards (run those as the owner).`,
 				Connection target `json:"connection"`
 				AppRole    string `json:"app_role"`
 				Created    bool   `json:"created"`
-				Member     string `json:"member,omitempty"`
+				Member     string `json:"member"`
 			}{*a.target, migrations.AppRole, created, role}
 			return a.output(out, func(w *tabwriter.Writer) {
 				row(w, "database", out.Connection.brief())

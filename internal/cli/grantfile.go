@@ -33,7 +33,7 @@ const maxBadLines = 20
 type fileSummary struct {
 	bulk.Summary
 	File string `json:"file"`
-	Out  string `json:"out,omitempty"`
+	Out  string `json:"out"`
 }
 
 func (a *app) grantFile(cmd *cobra.Command, opts fileOptions) error {

@@ -158,7 +158,7 @@ func (a *app) leaseLost(err error) error {
 func (a *app) printLease(l quota.Lease, acquired bool) error {
 	type leaseOut struct {
 		quota.Lease
-		Acquired  bool    `json:"acquired,omitempty"`
+		Acquired  bool    `json:"acquired"`
 		Remaining float64 `json:"remaining_seconds"`
 	}
 	return a.output(leaseOut{Lease: l, Acquired: acquired, Remaining: l.Remaining().Seconds()}, func(w *tabwriter.Writer) {

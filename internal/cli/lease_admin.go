@@ -199,7 +199,7 @@ lease held with its token, and the others meet the kept highest token.
 --fences also deletes each reaped lease's fence row of the same name, unless
 an external token raised it, a guarded table ('pgquota fence guard') uses it,
 or it was written within --older-than. Use it only when every write to those
-resources names its lease (fence write without --external, or GrantFenced in Go): a write
+resources names its lease (fence write without --external, or the fenced-grant comparison path): a write
 checked against the fence alone, with a token older than the deleted row
 held, would be admitted. Fence rows without a lease are never deleted.`,
 		Example: `  pgquota lease reap --older-than 24h

@@ -194,7 +194,7 @@ func TestCLILeaseListPayloadReap(t *testing.T) {
 	require.Equal(t, 1, reaped.Deleted)
 	require.Zero(t, reaped.Fences)
 	require.Equal(t, "job/b", reaped.Leases[0].Name)
-	f, err := c.Fence(ctx, "job/b")
+	f, err := c.FenceState(ctx, "job/b")
 	require.NoError(t, err)
 	require.Equal(t, l.Token, f.Highest, "the fence row stays")
 

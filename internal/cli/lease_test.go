@@ -68,7 +68,7 @@ func TestCLILeaseFenceDoneWhen(t *testing.T) {
 		Rows    []struct {
 			Key   string `json:"key"`
 			Value string `json:"value"`
-			Token int64  `json:"fence_token"`
+			Token int64  `json:"token"`
 		} `json:"rows"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(out), &shown))

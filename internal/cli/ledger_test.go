@@ -47,7 +47,7 @@ func TestGrantIdempotencyKeyTwice(t *testing.T) {
 	require.Equal(t, true, first["granted"])
 	require.NotZero(t, first["grant_id"])
 	require.Equal(t, first["grant_id"], second["grant_id"], "the same grant id both times")
-	require.Nil(t, first["replayed"])
+	require.Equal(t, false, first["replayed"])
 	require.Equal(t, true, second["replayed"])
 	require.Equal(t, "points", second["idempotency_scope"])
 

@@ -98,7 +98,7 @@ with a gap, naming them and the way out.`,
 					Version   int64      `json:"version"`
 					File      string     `json:"file"`
 					Applied   bool       `json:"applied"`
-					AppliedAt *time.Time `json:"applied_at,omitempty"`
+					AppliedAt *time.Time `json:"applied_at"`
 				}
 				var items []item
 				names, err := fs.Glob(migrations.FS, "*.sql")

@@ -133,12 +133,12 @@ once; no event is delivered by two of them at the same time.`,
 type relayLine struct {
 	ID               int64           `json:"id"`
 	Topic            string          `json:"topic"`
-	Payload          json.RawMessage `json:"payload,omitempty"`
-	PayloadBase64    []byte          `json:"payload_base64,omitempty"`
-	GrantID          int64           `json:"grant_id,omitempty"`
-	IdempotencyScope string          `json:"idempotency_scope,omitempty"`
-	IdempotencyKey   string          `json:"idempotency_key,omitempty"`
-	FencingToken     int64           `json:"fencing_token,omitempty"`
+	Payload          json.RawMessage `json:"payload"`
+	PayloadBase64    []byte          `json:"payload_base64"`
+	GrantID          int64           `json:"grant_id"`
+	IdempotencyScope string          `json:"idempotency_scope"`
+	IdempotencyKey   string          `json:"idempotency_key"`
+	FencingToken     int64           `json:"fencing_token"`
 	Attempt          int             `json:"attempt"`
 	CreatedAt        time.Time       `json:"created_at"`
 }
@@ -156,13 +156,13 @@ func (a *app) jsonLineHandler() quota.Handler {
 		} else {
 			line.PayloadBase64 = ev.Payload
 		}
-		b, err := json.Marshal(line)
+		b, err := jsonValue(line, "")
 		if err != nil {
 			return err
 		}
 		mu.Lock()
 		defer mu.Unlock()
-		_, err = a.stdout.Write(append(b, '\n'))
+		_, err = a.stdout.Write(b)
 		return err
 	}
 }
@@ -369,18 +369,18 @@ payload_base64).`,
 			type listLine struct {
 				ID               int64           `json:"id"`
 				Topic            string          `json:"topic"`
-				Payload          json.RawMessage `json:"payload,omitempty"`
-				PayloadBase64    []byte          `json:"payload_base64,omitempty"`
-				GrantID          int64           `json:"grant_id,omitempty"`
-				IdempotencyScope string          `json:"idempotency_scope,omitempty"`
-				IdempotencyKey   string          `json:"idempotency_key,omitempty"`
-				FencingToken     int64           `json:"fencing_token,omitempty"`
+				Payload          json.RawMessage `json:"payload"`
+				PayloadBase64    []byte          `json:"payload_base64"`
+				GrantID          int64           `json:"grant_id"`
+				IdempotencyScope string          `json:"idempotency_scope"`
+				IdempotencyKey   string          `json:"idempotency_key"`
+				FencingToken     int64           `json:"fencing_token"`
 				CreatedAt        time.Time       `json:"created_at"`
 				State            string          `json:"state"`
 				Attempts         int             `json:"attempts"`
-				LastError        string          `json:"last_error,omitempty"`
-				NextAttemptAt    time.Time       `json:"next_attempt_at,omitzero"`
-				FinishedAt       time.Time       `json:"finished_at,omitzero"`
+				LastError        string          `json:"last_error"`
+				NextAttemptAt    time.Time       `json:"next_attempt_at"`
+				FinishedAt       time.Time       `json:"finished_at"`
 			}
 			lines := make([]listLine, len(evs))
 			for i, ev := range evs {

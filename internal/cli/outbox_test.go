@@ -45,7 +45,7 @@ if [ "$PGQUOTA_GRANT_ID" = 42 ]; then echo "first complaint" >&2; echo "smtp: 55
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &evs), r.stdout)
 	require.Len(t, evs, 2)
 	require.Equal(t, "delivered", evs[0]["state"])
-	require.NotContains(t, evs[0], "last_error")
+	require.Equal(t, "", evs[0]["last_error"], "every field is present")
 	require.Equal(t, "pending", evs[1]["state"])
 	require.Equal(t, 42.0, evs[1]["grant_id"])
 	require.Contains(t, evs[1]["last_error"], "smtp: 550")

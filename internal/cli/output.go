@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"text/tabwriter"
@@ -11,9 +12,12 @@ import (
 // writer that is flushed afterwards.
 func (a *app) output(v any, text func(w *tabwriter.Writer)) error {
 	if a.json {
-		enc := json.NewEncoder(a.stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(v)
+		b, err := jsonValue(v, "  ")
+		if err != nil {
+			return err
+		}
+		_, err = a.stdout.Write(b)
+		return err
 	}
 	w := tabwriter.NewWriter(a.stdout, 0, 0, 2, ' ', 0)
 	text(w)
@@ -54,4 +58,50 @@ func window(start, end time.Time) string {
 		return "lifetime (no window)"
 	}
 	return stamp(start) + " .. " + stamp(end)
+}
+
+// zeroTime is how encoding/json spells a zero time.Time.
+const zeroTime = "0001-01-01T00:00:00Z"
+
+// jsonValue encodes v for --json with every field present: a time that is
+// not set (a zero time.Time, such as the window of a quota without one)
+// becomes null, so scripts can rely on each key of a command's output
+// being there, as false, 0, "" or null. Keys come out sorted. indent ""
+// gives one line.
+func jsonValue(v any, indent string) ([]byte, error) {
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var tree any
+	if err := dec.Decode(&tree); err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", indent)
+	if err := enc.Encode(nullZeroTimes(tree)); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+func nullZeroTimes(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, e := range v {
+			v[k] = nullZeroTimes(e)
+		}
+	case []any:
+		for i, e := range v {
+			v[i] = nullZeroTimes(e)
+		}
+	case string:
+		if v == zeroTime {
+			return nil
+		}
+	}
+	return v
 }

@@ -44,11 +44,11 @@ shard is empty. The total is never exceeded. Status sums the shards.`,
 			if err != nil {
 				return err
 			}
-			var p quota.Pool
+			var p quota.Campaign
 			if shards == 1 {
-				p, err = c.CreateVoucherPool(cmd.Context(), campaign, total)
+				p, err = c.CreateCampaign(cmd.Context(), campaign, total)
 			} else {
-				p, err = c.CreateShardedPool(cmd.Context(), campaign, total, shards)
+				p, err = c.CreateShardedCampaign(cmd.Context(), campaign, total, shards)
 			}
 			if err != nil {
 				return err
@@ -79,18 +79,7 @@ unique within --idempotency-scope, which defaults to the campaign.`,
 			if err != nil {
 				return err
 			}
-			var cl quota.Claim
-			if claimKey.Key != "" {
-				cl, err = c.ClaimVoucherWithKey(cmd.Context(), campaign, member, claimKey)
-				if errors.Is(err, quota.ErrCampaignKind) {
-					cl, err = c.ClaimCodeWithKey(cmd.Context(), campaign, member, claimKey)
-				}
-			} else {
-				cl, err = c.ClaimVoucher(cmd.Context(), campaign, member)
-				if errors.Is(err, quota.ErrCampaignKind) {
-					cl, err = c.ClaimCode(cmd.Context(), campaign, member)
-				}
-			}
+			cl, err := c.Claim(cmd.Context(), quota.ClaimRequest{Campaign: campaign, Member: member, Idempotency: claimKey})
 			if err != nil {
 				return err
 			}
@@ -173,7 +162,7 @@ whole file and nothing is written.`,
 			if err != nil {
 				return err
 			}
-			p, err := c.VoucherStatus(cmd.Context(), campaign)
+			p, err := c.Campaign(cmd.Context(), campaign)
 			if err != nil {
 				return err
 			}
@@ -187,9 +176,9 @@ whole file and nothing is written.`,
 	return cmd
 }
 
-func (a *app) printPool(p quota.Pool) error {
+func (a *app) printPool(p quota.Campaign) error {
 	return a.output(p, func(w *tabwriter.Writer) {
-		row(w, "campaign", p.Campaign)
+		row(w, "campaign", p.Name)
 		row(w, "kind", p.Kind)
 		if p.Shards > 0 {
 			row(w, "shards", p.Shards)

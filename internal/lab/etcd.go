@@ -97,7 +97,7 @@ func (s *etcdLock) Prepare(ctx context.Context, env *Env) error {
 			fence_token bigint)`); err != nil {
 			return err
 		}
-		g, err := env.Quota.AttachFenceGuard(ctx, quota.FenceGuardRequest{Table: etcdTable, Column: "fence_token", External: true})
+		g, err := env.Quota.GuardTable(ctx, quota.GuardTableRequest{Table: etcdTable, Column: "fence_token", External: true})
 		if err != nil {
 			return err
 		}
@@ -245,7 +245,7 @@ func (s *etcdLock) attempt(ctx context.Context, env *Env, c *Client, first bool,
 			return err
 		}
 		_, err := tx.Exec(ctx, `UPDATE `+etcdTable+` SET value = $1 WHERE id = 1`, v+1)
-		return quota.FenceError(err)
+		return quota.MapFenceError(err)
 	})
 	return err == nil, err
 }

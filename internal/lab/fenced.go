@@ -12,7 +12,7 @@ import (
 const (
 	// fencedName is both the lease the fenced strategy takes and the
 	// fenced resource its counter lives in, so a fenced write is checked
-	// against that lease (FenceWriteRequest.Lease) and against the highest
+	// against that lease (WriteFencedRowRequest.Lease) and against the highest
 	// token the resource has seen.
 	fencedName = "lab-fenced"
 	fencedKey  = "counter"
@@ -22,10 +22,10 @@ const (
 // locks (lock, read, think, pause, write read+1), but the lock is a pgquota
 // lease whose fencing token goes with the write, and the storage admits the
 // write only while that lease is held with that token and no higher token
-// has written (quota.Client.FenceWrite with Lease set). A holder paused
+// has written (quota.Client.WriteFencedRow with Lease set). A holder paused
 // past its TTL wakes up to a rejected write instead of an overwrite; it
 // then starts over with a new lease and reads the counter again, as
-// quota.Client.GrantFenced does, until it gets an answer or gives up
+// quota.Client.grantFenced (quota/grant_fenced.go, a comparison path) does, until it gets an answer or gives up
 // waiting for the lease like the naive locks (denied). "Granted" means
 // that the fenced write landed, so the decision behind it was made on a
 // value read under the lease that wrote it.
@@ -135,7 +135,7 @@ func (fenced) attempt(ctx, wctx context.Context, env *Env, c *Client, holder str
 	if first {
 		env.Faults.Pause(ctx) // the same GC pause as the naive locks get
 	}
-	_, err = c.Quota.FenceWrite(ctx, quota.FenceWriteRequest{
+	_, err = c.Quota.WriteFencedRow(ctx, quota.WriteFencedRowRequest{
 		Resource: fencedName, Key: fencedKey, Value: strconv.FormatInt(v+1, 10),
 		Token: l.Token, Lease: l.Name,
 	})

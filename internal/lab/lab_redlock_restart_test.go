@@ -139,7 +139,7 @@ func TestRedlockFencedRejectsTheFirstHoldersWrite(t *testing.T) {
 	row, err := env.Quota.FencedRow(ctx, redlockFencedResource, "counter")
 	require.NoError(t, err)
 	require.Equal(t, "1", row.Value)
-	fence, err := env.Quota.Fence(ctx, redlockFencedResource)
+	fence, err := env.Quota.FenceState(ctx, redlockFencedResource)
 	require.NoError(t, err)
 	require.Greater(t, fence.Highest, row.Token)
 	var held int

@@ -324,7 +324,7 @@ func (s *redlock) critical(ctx context.Context, env *Env, c *Client, m *redsync.
 		// writes, so the value read stays the newest unless a higher
 		// token comes, whose holder then reads after this one's write or
 		// fences this one off.
-		_, err = c.Quota.FenceWrite(ctx, quota.FenceWriteRequest{Resource: redlockFencedResource, Key: "holder", Value: owner, Token: token})
+		_, err = c.Quota.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: redlockFencedResource, Key: "holder", Value: owner, Token: token})
 		if errors.Is(err, quota.ErrStaleToken) {
 			return false, true, nil
 		}
@@ -367,7 +367,7 @@ func (s *redlock) critical(ctx context.Context, env *Env, c *Client, m *redsync.
 		err = writeCounter(ctx, c.Pool, s.Name(), v+1)
 		return err == nil, false, err
 	}
-	_, err = c.Quota.FenceWrite(ctx, quota.FenceWriteRequest{
+	_, err = c.Quota.WriteFencedRow(ctx, quota.WriteFencedRowRequest{
 		Resource: redlockFencedResource, Key: "counter", Value: strconv.FormatInt(v+1, 10), Token: token,
 	})
 	if errors.Is(err, quota.ErrStaleToken) {

@@ -129,7 +129,7 @@ func (s *zookeeperLock) Injected(cfg Config) string {
 		b += fmt.Sprintf("; the first %d past the check pause %s with their ZooKeeper connection blackholed (no byte either way), so the server expires their session while they sleep", cfg.Paused, pause)
 	}
 	if s.fenced {
-		return b + "; write read+1 fenced by the token (pgquota FenceWrite, external token), start over when rejected"
+		return b + "; write read+1 fenced by the token (pgquota WriteFencedRow, external token), start over when rejected"
 	}
 	return b + "; write read+1 with no token"
 }
@@ -301,7 +301,7 @@ func (s *zookeeperLock) attempt(ctx context.Context, env *Env, c *Client, first 
 		}
 		// Fence the resource with the token before reading: a holder
 		// paused since it read is refused from now on.
-		if _, err := c.Quota.FenceWrite(ctx, quota.FenceWriteRequest{
+		if _, err := c.Quota.WriteFencedRow(ctx, quota.WriteFencedRowRequest{
 			Resource: s.resource, Key: "holder", Value: strconv.Itoa(c.ID), Token: token,
 		}); err != nil {
 			return false, err
@@ -327,7 +327,7 @@ func (s *zookeeperLock) attempt(ctx context.Context, env *Env, c *Client, first 
 	if !s.fenced {
 		return true, writeCounter(ctx, c.Pool, s.Name(), v+1)
 	}
-	_, err = c.Quota.FenceWrite(ctx, quota.FenceWriteRequest{
+	_, err = c.Quota.WriteFencedRow(ctx, quota.WriteFencedRowRequest{
 		Resource: s.resource, Key: fencedKey, Value: strconv.FormatInt(v+1, 10), Token: token,
 	})
 	return err == nil, err

@@ -85,11 +85,11 @@ func TestPrometheusScrapesTheWorkloadExactly(t *testing.T) {
 	cur, err := c.Acquire(ctx, quota.AcquireRequest{Name: "job", Holder: "b", TTL: time.Minute})
 	require.NoError(t, err)
 	for range 3 {
-		_, err := c.FenceWrite(ctx, quota.FenceWriteRequest{Resource: "job", Key: "k", Value: "old", Token: old.Token})
+		_, err := c.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "job", Key: "k", Value: "old", Token: old.Token})
 		require.ErrorIs(t, err, quota.ErrStaleToken)
 	}
 	for range 2 {
-		_, err := c.FenceWrite(ctx, quota.FenceWriteRequest{Resource: "job", Key: "k", Value: "new", Token: cur.Token})
+		_, err := c.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "job", Key: "k", Value: "new", Token: cur.Token})
 		require.NoError(t, err)
 	}
 

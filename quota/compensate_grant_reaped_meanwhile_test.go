@@ -9,7 +9,7 @@ import (
 	"github.com/pgquota/pgquota/quota"
 )
 
-// A grant reaped from the ledger while RevokeGrant runs: the revoke gives
+// A grant reaped from the ledger while CompensateGrant runs: the revoke gives
 // nothing back and reports ErrGrantNotFound, as for a grant reaped before
 // the call, not a bare "no rows in result set".
 func TestRevokeGrantReapedMeanwhile(t *testing.T) {
@@ -29,7 +29,7 @@ func TestRevokeGrantReapedMeanwhile(t *testing.T) {
 
 	done := make(chan error, 1)
 	go func() {
-		_, err := b.client.RevokeGrant(b.ctx, g.GrantID)
+		_, err := b.client.CompensateGrant(b.ctx, g.GrantID)
 		done <- err
 	}()
 	b.waitForLockWait(t)

@@ -12,7 +12,7 @@ import (
 	"github.com/pgquota/pgquota/quota"
 )
 
-// claimsInFlight measures how many of client's ClaimVoucher calls on
+// claimsInFlight measures how many of client's Claim calls on
 // campaign run their statement at once: a transaction claims for k members
 // and stays open, then k duplicates of those claims are started; each one
 // admitted by the client waits in the database for the transaction's claim
@@ -26,7 +26,7 @@ func claimsInFlight(t *testing.T, b *testBundle, client *quota.Client, campaign,
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(b.ctx) }()
 	for i := range k {
-		c, err := client.ClaimVoucherTx(b.ctx, tx, campaign, fmt.Sprint(prefix, i))
+		c, err := client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: campaign, Member: fmt.Sprint(prefix, i)})
 		require.NoError(t, err)
 		require.True(t, c.Claimed)
 	}
@@ -36,7 +36,7 @@ func claimsInFlight(t *testing.T, b *testBundle, client *quota.Client, campaign,
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, _ = client.ClaimVoucher(ctx, campaign, fmt.Sprint(prefix, i))
+			_, _ = client.Claim(ctx, quota.ClaimRequest{Campaign: campaign, Member: fmt.Sprint(prefix, i)})
 		}()
 	}
 	deadline := time.Now().Add(2 * time.Second)
@@ -68,7 +68,7 @@ func (b *testBundle) recreateDrop(t *testing.T, campaign string) {
 // shards, 8 claims in flight; shrunk from 16 to 2, 1 (breaker3 found the
 // gate keeping the first pool's capacity forever). A fresh client gets the
 // same bound for the same pool.
-func TestBreaker3GateCapacityStaleAfterRecreate(t *testing.T) {
+func TestShardGateCapacityStaleAfterRecreate(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name      string
@@ -86,31 +86,31 @@ func TestBreaker3GateCapacityStaleAfterRecreate(t *testing.T) {
 			// Claims wait at the gate for as long as the measurement takes,
 			// instead of going ahead after 100ms.
 			quota.SetShardGateMaxWait(client, time.Hour)
-			_, err := client.CreateShardedPool(b.ctx, "p", 100, tc.from)
+			_, err := client.CreateShardedCampaign(b.ctx, "p", 100, tc.from)
 			require.NoError(t, err)
-			c, err := client.ClaimVoucher(b.ctx, "p", "first")
+			c, err := client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "first"})
 			require.NoError(t, err)
 			require.True(t, c.Claimed)
 
 			// Dropped, briefly a counted pool, then sharded again.
 			b.recreateDrop(t, "p")
-			_, err = client.CreateVoucherPool(b.ctx, "p", 100)
+			_, err = client.CreateCampaign(b.ctx, "p", 100)
 			require.NoError(t, err)
-			c, err = client.ClaimVoucher(b.ctx, "p", "counted")
+			c, err = client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "counted"})
 			require.NoError(t, err)
 			require.True(t, c.Claimed)
 			b.recreateDrop(t, "p")
-			p, err := client.CreateShardedPool(b.ctx, "p", 100, tc.to)
+			p, err := client.CreateShardedCampaign(b.ctx, "p", 100, tc.to)
 			require.NoError(t, err)
 			require.Equal(t, tc.to, p.Shards)
-			c, err = client.ClaimVoucher(b.ctx, "p", "sharded again")
+			c, err = client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "sharded again"})
 			require.NoError(t, err)
 			require.True(t, c.Claimed)
 
 			fresh, err := quota.New(b.pool, nil)
 			require.NoError(t, err)
 			quota.SetShardGateMaxWait(fresh, time.Hour)
-			c, err = fresh.ClaimVoucher(b.ctx, "p", "fresh")
+			c, err = fresh.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "fresh"})
 			require.NoError(t, err)
 			require.True(t, c.Claimed)
 			require.Equal(t, tc.wantLocks, claimsInFlight(t, b, fresh, "p", "fresh-", tc.probe), "a fresh client's bound")

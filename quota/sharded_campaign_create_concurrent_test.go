@@ -14,8 +14,8 @@ import (
 // Replicas that start at once each make sure their sharded pool exists.
 // With the database's default isolation at SERIALIZABLE (which the suite
 // must pass), the creates that lose the race fail with SQLSTATE 40001;
-// CreateShardedPool owns its transaction, so it must retry them, as
-// CreateVoucherPool and ImportCodes do, and return the existing pool.
+// CreateShardedCampaign owns its transaction, so it must retry them, as
+// CreateCampaign and ImportCodes do, and return the existing pool.
 func TestCreateShardedPoolConcurrentSerializable(t *testing.T) {
 	t.Parallel()
 	cfg, err := pgxpool.ParseConfig(pgtest.NewURL(t))
@@ -32,12 +32,12 @@ func TestCreateShardedPoolConcurrentSerializable(t *testing.T) {
 		campaign := "p" + string(rune('a'+round))
 		errs := make([]error, 8)
 		concurrently(8, func(i int) {
-			_, errs[i] = client.CreateShardedPool(context.Background(), campaign, 100, 4)
+			_, errs[i] = client.CreateShardedCampaign(context.Background(), campaign, 100, 4)
 		})
 		for i, err := range errs {
 			require.NoError(t, err, "round %d, replica %d", round, i)
 		}
-		p, err := client.VoucherStatus(context.Background(), campaign)
+		p, err := client.Campaign(context.Background(), campaign)
 		require.NoError(t, err)
 		require.Equal(t, 4, p.Shards)
 	}

@@ -12,14 +12,14 @@ import (
 )
 
 // A request handler claims a unit for alice in its transaction
-// (ClaimVoucherTx) and, before it commits, a unit for the referrer bob with
-// ClaimVoucher. Meanwhile alice double-clicks: her second ClaimVoucher
+// (ClaimTx) and, before it commits, a unit for the referrer bob with
+// Claim. Meanwhile alice double-clicks: her second Claim
 // takes the only place at the gate (3 shards: one claim in flight) and
 // waits in the database for the handler's uncommitted claim row. Had bob's
 // claim waited for that place, the three would wait for each other with
 // nothing to detect it (found by breaker3); it waits at most 100ms, then
 // takes a free shard.
-func TestBreaker3GateBlockedByDuplicateOfOpenTx(t *testing.T) {
+func TestShardGateBlockedByDuplicateOfOpenTx(t *testing.T) {
 	t.Parallel()
 	for _, bound := range []int{0, -1} {
 		t.Run(fmt.Sprint("bound ", bound), func(t *testing.T) {
@@ -27,17 +27,17 @@ func TestBreaker3GateBlockedByDuplicateOfOpenTx(t *testing.T) {
 			b := setup(t, 6)
 			client, err := quota.New(b.pool, &quota.Config{ShardedClaimsInFlight: bound})
 			require.NoError(t, err)
-			_, err = client.CreateShardedPool(b.ctx, "p", 30, 3)
+			_, err = client.CreateShardedCampaign(b.ctx, "p", 30, 3)
 			require.NoError(t, err)
 			// Warm the client's caches, as a running service has.
-			warm, err := client.ClaimVoucher(b.ctx, "p", "warm")
+			warm, err := client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "warm"})
 			require.NoError(t, err)
 			require.True(t, warm.Claimed)
 
 			tx, err := b.pool.BeginTx(b.ctx, readCommitted)
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback(b.ctx) }()
-			held, err := client.ClaimVoucherTx(b.ctx, tx, "p", "alice")
+			held, err := client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "p", Member: "alice"})
 			require.NoError(t, err)
 			require.True(t, held.Claimed)
 
@@ -45,7 +45,7 @@ func TestBreaker3GateBlockedByDuplicateOfOpenTx(t *testing.T) {
 			defer cancelDup()
 			dup := make(chan error, 1)
 			go func() {
-				_, err := client.ClaimVoucher(dupCtx, "p", "alice")
+				_, err := client.Claim(dupCtx, quota.ClaimRequest{Campaign: "p", Member: "alice"})
 				dup <- err
 			}()
 			waitForLockWaits(t, b, 1) // alice's duplicate waits for tx
@@ -54,7 +54,7 @@ func TestBreaker3GateBlockedByDuplicateOfOpenTx(t *testing.T) {
 			ctx, cancel := context.WithTimeout(b.ctx, 3*time.Second)
 			defer cancel()
 			start := time.Now()
-			bob, err := client.ClaimVoucher(ctx, "p", "bob")
+			bob, err := client.Claim(ctx, quota.ClaimRequest{Campaign: "p", Member: "bob"})
 			require.NoError(t, err, "bob's claim is stuck behind alice's duplicate (after %s) while shards with units are free", time.Since(start).Round(time.Millisecond))
 			require.True(t, bob.Claimed)
 			require.NoError(t, tx.Commit(b.ctx))
@@ -64,12 +64,12 @@ func TestBreaker3GateBlockedByDuplicateOfOpenTx(t *testing.T) {
 }
 
 // The same without duplicate clicks: two transactions hold the two shards
-// of a pool (ClaimVoucherTx, still open), so a ClaimVoucher waits in the
+// of a pool (ClaimTx, still open), so a Claim waits in the
 // database for one of them, as designed. The other transaction commits:
 // its shard is free and has units. A new claim must not wait behind the
 // first one for as long as the remaining transaction stays open (found by
 // breaker3): it waits at most 100ms at the gate, then takes the free shard.
-func TestBreaker3GateBlockedBehindClaimWaitingForOpenTx(t *testing.T) {
+func TestShardGateBlockedBehindClaimWaitingForOpenTx(t *testing.T) {
 	t.Parallel()
 	for _, bound := range []int{0, -1} {
 		t.Run(fmt.Sprint("bound ", bound), func(t *testing.T) {
@@ -77,9 +77,9 @@ func TestBreaker3GateBlockedBehindClaimWaitingForOpenTx(t *testing.T) {
 			b := setup(t, 6)
 			client, err := quota.New(b.pool, &quota.Config{ShardedClaimsInFlight: bound})
 			require.NoError(t, err)
-			_, err = client.CreateShardedPool(b.ctx, "p", 10, 2)
+			_, err = client.CreateShardedCampaign(b.ctx, "p", 10, 2)
 			require.NoError(t, err)
-			warm, err := client.ClaimVoucher(b.ctx, "p", "warm")
+			warm, err := client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "warm"})
 			require.NoError(t, err)
 			require.True(t, warm.Claimed)
 
@@ -88,7 +88,7 @@ func TestBreaker3GateBlockedBehindClaimWaitingForOpenTx(t *testing.T) {
 				tx, err := b.pool.BeginTx(b.ctx, readCommitted)
 				require.NoError(t, err)
 				defer func() { _ = tx.Rollback(b.ctx) }()
-				c, err := client.ClaimVoucherTx(b.ctx, tx, "p", fmt.Sprint("tx", i))
+				c, err := client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "p", Member: fmt.Sprint("tx", i)})
 				require.NoError(t, err)
 				require.True(t, c.Claimed)
 				var pid int32
@@ -102,7 +102,7 @@ func TestBreaker3GateBlockedBehindClaimWaitingForOpenTx(t *testing.T) {
 			defer cancelWaiter()
 			waiter := make(chan error, 1)
 			go func() {
-				_, err := client.ClaimVoucher(waiterCtx, "p", "waiter")
+				_, err := client.Claim(waiterCtx, quota.ClaimRequest{Campaign: "p", Member: "waiter"})
 				waiter <- err
 			}()
 			waitForLockWaits(t, b, 1)
@@ -119,7 +119,7 @@ func TestBreaker3GateBlockedBehindClaimWaitingForOpenTx(t *testing.T) {
 
 			ctx, cancel := context.WithTimeout(b.ctx, 3*time.Second)
 			defer cancel()
-			c, err := client.ClaimVoucher(ctx, "p", "newcomer")
+			c, err := client.Claim(ctx, quota.ClaimRequest{Campaign: "p", Member: "newcomer"})
 			require.NoError(t, err, "a claim waits behind one that waits for an open transaction, while a shard with units is free")
 			require.True(t, c.Claimed)
 			cancelWaiter()

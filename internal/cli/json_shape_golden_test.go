@@ -1,0 +1,107 @@
+package cli_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/pgquota/pgquota/internal/cli"
+)
+
+// keyPaths lists every key of a decoded JSON value as a path (a.b, a[].b),
+// sorted, so that a nested object's keys are pinned too.
+func keyPaths(prefix string, v any, into map[string]bool) {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, e := range v {
+			into[prefix+k] = true
+			keyPaths(prefix+k+".", e, into)
+		}
+	case []any:
+		for _, e := range v {
+			keyPaths(strings.TrimSuffix(prefix, ".")+"[].", e, into)
+		}
+	}
+}
+
+// Each command's --json output has exactly the keys of
+// testdata/json_keys.golden, whatever the outcome (granted or denied, keyed
+// or not): every field is always present (false, 0, "" or null), and one
+// concept has one name across commands (quota, token). An error is one
+// object on stderr with code, exit_status, message and sqlstate.
+// PGQUOTA_UPDATE_GOLDEN=1 rewrites the file.
+func TestJSONShapeGoldenKeys(t *testing.T) {
+	t.Parallel()
+	dbURL := migratedURL(t)
+	file := filepath.Join(t.TempDir(), "codes.txt")
+	require.NoError(t, os.WriteFile(file, []byte("x\ny\n"), 0o600))
+	cases := []struct {
+		name string
+		code int
+		args []string
+	}{
+		{"grant", cli.ExitOK, []string{"grant", "--quota", "lim", "--member", "m"}},
+		{"grant keyed", cli.ExitOK, []string{"grant", "--quota", "lim", "--member", "m", "--idempotency-key", "k1"}},
+		{"grant denied", cli.ExitDenied, []string{"grant", "--quota", "lim", "--member", "m"}},
+		{"usage", cli.ExitOK, []string{"usage", "--quota", "lim", "--member", "m"}},
+		{"revoke", cli.ExitOK, []string{"revoke", "--quota", "lim", "--member", "m", "--amount", "1"}},
+		{"quota define", cli.ExitOK, []string{"quota", "define", "--name", "tz", "--window", "week"}},
+		{"quota list", cli.ExitOK, []string{"quota", "list"}},
+		{"voucher create", cli.ExitOK, []string{"voucher", "create", "--campaign", "bf", "--total", "1"}},
+		{"voucher claim", cli.ExitOK, []string{"voucher", "claim", "--campaign", "bf", "--member", "m"}},
+		{"voucher claim sold out", cli.ExitDenied, []string{"voucher", "claim", "--campaign", "bf", "--member", "o"}},
+		{"voucher status", cli.ExitOK, []string{"voucher", "status", "--campaign", "bf"}},
+		{"voucher import", cli.ExitOK, []string{"voucher", "import", "--campaign", "codes", "--file", file}},
+		{"voucher claim code", cli.ExitOK, []string{"voucher", "claim", "--campaign", "codes", "--member", "m"}},
+		{"lease acquire", cli.ExitOK, []string{"lease", "acquire", "--name", "report", "--ttl", "1m"}},
+		{"lease show", cli.ExitOK, []string{"lease", "show", "--name", "report"}},
+		{"fence write", cli.ExitOK, []string{"fence", "write", "--resource", "ext", "--key", "k", "--token", "5", "--value", "v", "--external"}},
+		{"fence show", cli.ExitOK, []string{"fence", "show", "--resource", "ext"}},
+		{"migrate version", cli.ExitOK, []string{"migrate", "version"}},
+	}
+	var got strings.Builder
+	for _, tc := range cases {
+		v := okJSON(t, dbURL, tc.code, tc.args...)
+		keys := map[string]bool{}
+		keyPaths("", v, keys)
+		var list []string
+		for k := range keys {
+			list = append(list, k)
+		}
+		sort.Strings(list)
+		fmt.Fprintf(&got, "%s: %s\n", tc.name, strings.Join(list, " "))
+	}
+	r := runDB(t, dbURL, "--json", "grant", "--quota", "nope", "--member", "m")
+	require.Equal(t, cli.ExitUsage, r.code)
+	require.Empty(t, r.stdout)
+	var e map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r.stderr), &e), "stderr %q", r.stderr)
+	require.Equal(t, 1, strings.Count(strings.TrimSpace(r.stderr), "\n")+1, "one line")
+	require.Equal(t, "usage", e["code"])
+	require.Equal(t, 2.0, e["exit_status"])
+	require.Contains(t, e["message"], "quota not found")
+	require.Contains(t, e, "sqlstate")
+	require.Nil(t, e["sqlstate"])
+	keys := map[string]bool{}
+	keyPaths("", e, keys)
+	var list []string
+	for k := range keys {
+		list = append(list, k)
+	}
+	sort.Strings(list)
+	fmt.Fprintf(&got, "error: %s\n", strings.Join(list, " "))
+
+	golden := filepath.Join("testdata", "json_keys.golden")
+	if os.Getenv("PGQUOTA_UPDATE_GOLDEN") == "1" {
+		require.NoError(t, os.WriteFile(golden, []byte(got.String()), 0o644))
+	}
+	want, err := os.ReadFile(golden)
+	require.NoError(t, err, "run with PGQUOTA_UPDATE_GOLDEN=1 once to create it")
+	require.Equal(t, string(want), got.String())
+}
