@@ -108,7 +108,7 @@ type Slot struct {
 	Index int `json:"slot"`
 	// Holders is the number of slots held after the acquire (AcquireSlot
 	// only; 0 elsewhere).
-	Holders int `json:"holders,omitempty"`
+	Holders int `json:"holders"`
 }
 
 // SemaphoreFullError is returned when a semaphore's limit is reached. It

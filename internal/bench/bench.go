@@ -55,7 +55,7 @@ type Report struct {
 	Clients    []int     `json:"clients"`
 	Rounds     int       `json:"rounds"`
 	Results    []Result  `json:"results"`
-	Scripts    []*Script `json:"pgbench_scripts,omitempty"`
+	Scripts    []*Script `json:"pgbench_scripts"`
 }
 
 // Result is one strategy at one client count.
@@ -66,23 +66,23 @@ type Result struct {
 	Library     LibraryResult `json:"library"`
 	// Pgbench holds pgbench's figures for the same SQL and client count,
 	// with --pgbench.
-	Pgbench *PgbenchResult `json:"pgbench,omitempty"`
+	Pgbench *PgbenchResult `json:"pgbench"`
 	// PgbenchStrategy names the strategy whose SQL pgbench ran, when it is
 	// not this one (see Baseline).
-	PgbenchStrategy string `json:"pgbench_strategy,omitempty"`
+	PgbenchStrategy string `json:"pgbench_strategy"`
 	// Ratio is the library's operations per second over pgbench's: higher
 	// is better, 1 is pgbench's throughput.
-	Ratio float64 `json:"ratio,omitempty"`
+	Ratio float64 `json:"ratio"`
 	// Rounds holds every round's throughput, in the order they ran, when
 	// there was more than one; Library and Pgbench are then each side's
 	// median round (by throughput).
-	Rounds []Round `json:"rounds,omitempty"`
+	Rounds []Round `json:"rounds"`
 }
 
 // Round is one round's throughput of each side.
 type Round struct {
 	OpsPerSec  float64 `json:"ops_per_sec"`
-	PgbenchTPS float64 `json:"pgbench_tps,omitempty"`
+	PgbenchTPS float64 `json:"pgbench_tps"`
 }
 
 // medianBy returns the element at the middle of xs sorted by key (the

@@ -103,7 +103,7 @@ type PeerResult struct {
 	OpsPerSec float64 `json:"ops_per_sec"`
 	Latency
 	Errors int64  `json:"errors"`
-	Note   string `json:"note,omitempty"`
+	Note   string `json:"note"`
 }
 
 // PeersReport is what RunPeers measured.

@@ -37,7 +37,7 @@ type PgbenchResult struct {
 	// Command is the command line that ran (password not included).
 	Command string `json:"command"`
 	// Note says why the figures are missing or doubtful, when they are.
-	Note string `json:"note,omitempty"`
+	Note string `json:"note"`
 }
 
 // PgbenchOptions say how to run pgbench.

@@ -60,7 +60,7 @@ type LibraryResult struct {
 	CPUMicrosPerOp float64 `json:"cpu_us_per_op"`
 	// Errors counts operations that failed; FirstError is the first one.
 	Errors     int64  `json:"errors"`
-	FirstError string `json:"first_error,omitempty"`
+	FirstError string `json:"first_error"`
 }
 
 // sessionParams are set on every connection the bench opens, library and

@@ -175,7 +175,7 @@ name as the lease (pgquota fence write --resource slot:NAME:INDEX).`,
 func (a *app) printSlot(s quota.Slot, acquired bool) error {
 	type slotOut struct {
 		quota.Slot
-		Acquired  bool    `json:"acquired,omitempty"`
+		Acquired  bool    `json:"acquired"`
 		Remaining float64 `json:"remaining_seconds"`
 	}
 	return a.output(slotOut{Slot: s, Acquired: acquired, Remaining: s.Remaining().Seconds()}, func(w *tabwriter.Writer) {

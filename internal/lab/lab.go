@@ -271,7 +271,7 @@ type RunResult struct {
 	Counter int64   `json:"counter"`
 	WallMS  float64 `json:"wall_ms"`
 	// FirstError is the first request error, if any.
-	FirstError string `json:"first_error,omitempty"`
+	FirstError string `json:"first_error"`
 	// Holds counts the spans during which a request believed it held the
 	// lock (0 for strategies that measure none); TwoHolders the moments in
 	// which two or more requests believed so at once, TwoHoldersMS their
@@ -280,7 +280,7 @@ type RunResult struct {
 	TwoHolders   int64   `json:"two_holders"`
 	TwoHoldersMS float64 `json:"two_holders_ms"`
 	// Fault says which failure was injected in this run and how.
-	Fault string `json:"fault,omitempty"`
+	Fault string `json:"fault"`
 }
 
 // Stat is the minimum, median and maximum of a figure over the runs.
@@ -305,18 +305,18 @@ type StrategyReport struct {
 	Name     string `json:"name"`
 	Safe     bool   `json:"safe"`
 	Status   string `json:"status"`
-	Reason   string `json:"reason,omitempty"`
+	Reason   string `json:"reason"`
 	Injected string `json:"injected"`
 	// Runs are the runs in order; Summary their min/median/max.
-	Runs    []RunResult `json:"runs,omitempty"`
-	Summary *Summary    `json:"summary,omitempty"`
+	Runs    []RunResult `json:"runs"`
+	Summary *Summary    `json:"summary"`
 	// LeakedRuns counts the runs that leaked; ExactRuns those that granted
 	// exactly min(limit, requests) and leaked nothing.
 	LeakedRuns int `json:"leaked_runs"`
 	ExactRuns  int `json:"exact_runs"`
 	// Article is the background article's figure for this strategy, if
 	// it reported one (article.go).
-	Article string `json:"article,omitempty"`
+	Article string `json:"article"`
 }
 
 // Report is the lab's outcome.
