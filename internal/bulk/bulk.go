@@ -201,7 +201,7 @@ type Outcome struct {
 	Quota          string `json:"quota"`
 	Member         string `json:"member"`
 	Amount         int64  `json:"amount"`
-	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	IdempotencyKey string `json:"idempotency_key"`
 	// Status is one of the Status constants.
 	Status string `json:"status"`
 	// Used, Limit and Remaining are as in quota.GrantResult (zero unless
@@ -213,11 +213,11 @@ type Outcome struct {
 	// grant id), and Replayed reports that the key was used before (by an
 	// earlier run of the file, say): the outcome is the stored first one,
 	// and nothing was granted again.
-	GrantID  int64 `json:"grant_id,omitempty"`
-	Replayed bool  `json:"replayed,omitempty"`
+	GrantID  int64 `json:"grant_id"`
+	Replayed bool  `json:"replayed"`
 	// Error says why the row was not decided (statuses error, unknown and
 	// not_run).
-	Error string `json:"error,omitempty"`
+	Error string `json:"error"`
 
 	seq int64
 }
