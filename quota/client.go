@@ -115,6 +115,9 @@ type Client struct {
 	// coalescer queues Grant calls when Config.Coalesce is set (coalesce.go).
 	coalescer *coalescer
 
+	// kinds caches each quota's kind, to pick its grant statement (shape.go).
+	kinds kindCache
+
 	// shardCounts caches the number of shards of sharded pools, by
 	// campaign (shard.go).
 	shardCounts sync.Map
