@@ -33,7 +33,7 @@ func gcraReplay(arrivals []int64, t, tau int64) ([]bool, int64) {
 // (GrantResult.DecidedAt), and the stored TAT equals the replay's.
 func TestRateGCRAGrantsExactlyTheBoundForRecordedArrivals(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 40)
+	b := setup(t, 16)
 	b.define(t, quota.Definition{Name: "api", Window: quota.WindowRate, DefaultLimit: ptr(int64(100)), Period: time.Second, Burst: 10})
 	second, err := quota.New(b.pool, testConfig(t, nil))
 	require.NoError(t, err)

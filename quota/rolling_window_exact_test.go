@@ -18,7 +18,7 @@ import (
 // amount exceed 20.
 func TestRollingWindowNoIntervalHoldsMoreThanTheLimit(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 40)
+	b := setup(t, 16)
 	const limit, w = 20, 500 * time.Millisecond
 	b.define(t, quota.Definition{Name: "roll", Window: quota.WindowRolling, DefaultLimit: ptr(int64(limit)), Period: w})
 	second, err := quota.New(b.pool, testConfig(t, nil))
