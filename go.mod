@@ -17,6 +17,7 @@ require (
 )
 
 require (
+	github.com/go-redis/redis_rate/v10 v10.0.1
 	github.com/spf13/pflag v1.0.9
 	golang.org/x/term v0.48.0
 	gonum.org/v1/plot v0.17.0

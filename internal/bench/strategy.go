@@ -86,6 +86,7 @@ var strategies = []Strategy{
 	voucherClaim{},
 	leaseAcquire{}, fencedWrite{},
 	grantHotCoalesced{}, voucherSharded{},
+	rateGCRA{}, windowFixed{}, windowRolling{}, redisRate{}, redisRate{durable: true},
 }
 
 // Baseline is implemented by a strategy whose pgbench side runs another
