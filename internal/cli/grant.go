@@ -123,7 +123,9 @@ failed).`,
 				row(w, "used", res.Used)
 				row(w, "limit", res.Limit)
 				row(w, "remaining", res.Remaining)
-				row(w, "window", window(res.WindowStart, res.WindowEnd))
+				if len(res.Limits) == 0 || !res.WindowEnd.IsZero() {
+					row(w, "window", window(res.WindowStart, res.WindowEnd))
+				}
 				limitRows(w, res)
 				keyedRows(w, res.Keyed)
 			}); err != nil {
