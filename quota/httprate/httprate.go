@@ -42,7 +42,9 @@ const (
 //   - a calendar, fixed or rolling window is q=Limit;w=<window length>,
 //     r=Remaining;t=<until the window ends> (a rolling window: until its
 //     units have all left it, ResetAfter). A lifetime (WindowNone) quota
-//     has no w and no t.
+//     has no w and no t, nor has a calendar grant on its own (Grant's
+//     calendar statement returns no database clock instant; name the quota
+//     in GrantRequest.Quotas to have it decided by pgquota.grant_limits).
 //
 // Seconds are whole, rounded up (a client that waits t seconds finds the
 // state reset). Names are quoted as structured-field strings.
@@ -61,15 +63,13 @@ func Fields(res quota.GrantResult) (policy, limit string) {
 		ls = append(ls, l)
 	}
 	if len(res.Limits) == 0 {
-		var w, t time.Duration = 0, -1
+		// A calendar grant on its own carries no database clock instant:
+		// no t (grant with Quotas: []string{name} to get one).
+		var w time.Duration
 		if !res.WindowEnd.IsZero() {
 			w = res.WindowEnd.Sub(res.WindowStart)
-			t = res.ResetAfter
-			if t == 0 && !res.DecidedAt.IsZero() {
-				t = res.WindowEnd.Sub(res.DecidedAt)
-			}
 		}
-		add(res.Quota, res.Limit, w, res.Remaining, t)
+		add(res.Quota, res.Limit, w, res.Remaining, -1)
 		return strings.Join(ps, ", "), strings.Join(ls, ", ")
 	}
 	for _, l := range res.Limits {
@@ -94,10 +94,12 @@ func Fields(res quota.GrantResult) (policy, limit string) {
 }
 
 // RetryAfter returns the Retry-After value for a denied res: whole seconds,
-// rounded up, at least 1; "" when res was granted or no wait helps
-// (quota.Never).
+// rounded up, at least 1; "" when res was granted, when no wait helps
+// (quota.Never), or for a calendar grant on its own (it carries no
+// RetryAfter: grant with GrantRequest.Quotas: []string{name} to get one from
+// the database clock).
 func RetryAfter(res quota.GrantResult) string {
-	if res.Granted || res.RetryAfter < 0 {
+	if res.Granted || res.RetryAfter < 0 || len(res.Limits) == 0 {
 		return ""
 	}
 	return strconv.FormatInt(max(ceilSeconds(res.RetryAfter), 1), 10)
