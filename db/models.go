@@ -133,6 +133,29 @@ type PgquotaQuotaOverride struct {
 	UpdatedAt  pgtype.Timestamptz
 }
 
+type PgquotaQuotaShape struct {
+	QuotaName string
+	PeriodUs  int64
+	Burst     pgtype.Int8
+	Origin    pgtype.Timestamptz
+	UpdatedAt pgtype.Timestamptz
+}
+
+type PgquotaRateState struct {
+	QuotaName string
+	Member    string
+	TatUs     pgtype.Numeric
+	UpdatedAt pgtype.Timestamptz
+}
+
+type PgquotaRollingUsage struct {
+	QuotaName string
+	Member    string
+	Stamps    []pgtype.Timestamptz
+	Units     []int64
+	UpdatedAt pgtype.Timestamptz
+}
+
 type PgquotaSemaphore struct {
 	Name         string
 	SlotLimit    int32

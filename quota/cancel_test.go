@@ -331,6 +331,12 @@ func TestGrantKeyedRetryAfterLostReply(t *testing.T) {
 	u.Host = proxy.ln.Addr().String()
 	viaProxy, err := quota.New(pgtest.Connect(t, u.String(), 1), nil)
 	require.NoError(t, err)
+	// A Client's first grant on a quota name reads the quota's kind first
+	// (and remembers it): take that statement out of the way, so that the
+	// reply dropped below is the grant's own.
+	warm, err := viaProxy.Grant(b.ctx, quota.GrantRequest{Quota: "q", Member: "warm-up", Amount: 1})
+	require.NoError(t, err)
+	require.True(t, warm.Granted)
 
 	req := quota.GrantRequest{Quota: "q", Member: "m", Amount: 1, Idempotency: key("order-42")}
 	proxy.armed.Store(true)

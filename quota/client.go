@@ -148,6 +148,9 @@ type Client struct {
 	// set (groupcommit.go).
 	grouper *grouper
 
+	// kinds caches each quota's kind, to pick its grant statement (shape.go).
+	kinds kindCache
+
 	// shardCounts caches the number of shards of sharded pools, by
 	// campaign (shard.go), for the campaignCacheSize campaigns used last
 	// (campaign_cache.go).

@@ -29,8 +29,17 @@ type GrantRequest struct {
 	// Idempotency, when its Key is set, makes the grant safe to repeat: it
 	// is recorded in the grant ledger under a grant id, and a repeat with
 	// the same key and request returns the first outcome without granting
-	// again. Its Scope defaults to Quota. See IdempotencyKey.
+	// again. Its Scope defaults to Quota. See IdempotencyKey. Not
+	// accepted (ErrInvalidInput) with Quotas or for quotas of kind rate,
+	// fixed or rolling.
 	Idempotency IdempotencyKey
+	// Quotas, when set (instead of Quota), checks the grant against every
+	// quota named (at most MaxQuotasPerGrant, each once, of any kinds) in
+	// one statement: the amount is granted under all of them or none.
+	// GrantResult.DeniedBy names the quota that refused (with the
+	// longest RetryAfter when several did) and Limits holds each quota's
+	// outcome. Limit must be nil (member limits apply per quota).
+	Quotas []string
 }
 
 // GrantResult is the outcome of a grant. A denial is a result, not an error.
@@ -60,6 +69,20 @@ type GrantResult struct {
 	// its grant id (for CompensateGrant and outbox events), the key, and
 	// whether this result was replayed. Zero for a grant without a key.
 	Keyed
+	// RetryAfter and ResetAfter, DecidedAt, DeniedBy and Limits are set by
+	// grants decided by pgquota.grant_limits: against several quotas, or a
+	// quota of kind rate, fixed or rolling (grant_multi.go). RetryAfter is
+	// how long after DecidedAt the same grant can succeed (0 when granted,
+	// Never when no wait helps); ResetAfter how long until every quota is
+	// back at its full limit; both from the database clock. DecidedAt is
+	// the database clock's instant of the decision. DeniedBy names the
+	// quota that refused ("" when granted). Zero for calendar grants on
+	// their own (see WindowEnd).
+	RetryAfter time.Duration `json:"retry_after"`
+	ResetAfter time.Duration `json:"reset_after"`
+	DecidedAt  time.Time     `json:"decided_at"`
+	DeniedBy   string        `json:"denied_by"`
+	Limits     []LimitResult `json:"limits"`
 }
 
 // Grant grants req.Amount units of req.Quota to req.Member if that keeps
@@ -115,6 +138,11 @@ type GrantResult struct {
 // any other error nothing was written.
 func (c *Client) Grant(ctx context.Context, req GrantRequest) (res GrantResult, err error) {
 	defer c.m.grantDone(ctx, opGrant, c.m.now(), &req, &res, &err)
+	// Rates, fixed durations, rolling windows and several quotas at once
+	// take pgquota.grant_limits (grant_multi.go), which checks its request.
+	if c.shapedRoute(ctx, c.db.reads(), req) {
+		return c.grantLimits(ctx, c.db, req)
+	}
 	if err := checkGrantRequest(req); err != nil {
 		return GrantResult{}, err
 	}
@@ -140,6 +168,9 @@ func (c *Client) Grant(ctx context.Context, req GrantRequest) (res GrantResult, 
 // if tx committed, or grants itself if tx rolled back.
 func (c *Client) GrantTx(ctx context.Context, tx pgx.Tx, req GrantRequest) (res GrantResult, err error) {
 	defer c.m.grantDone(ctx, opGrantTx, c.m.now(), &req, &res, &err)
+	if c.shapedRoute(ctx, tx, req) {
+		return c.grantLimits(ctx, tx, req)
+	}
 	if err := checkGrantRequest(req); err != nil {
 		return GrantResult{}, err
 	}
@@ -150,6 +181,9 @@ func (c *Client) GrantTx(ctx context.Context, tx pgx.Tx, req GrantRequest) (res 
 // Grant, GrantTx, GrantBatch), which is the only place requests are
 // checked.
 func (c *Client) grant(ctx context.Context, x db.DBTX, req GrantRequest) (GrantResult, error) {
+	if c.shapedRoute(ctx, x, req) {
+		return c.grantLimits(ctx, x, req)
+	}
 	if req.Idempotency.Key != "" {
 		return c.grantKeyed(ctx, x, fingerprint(req))
 	}
@@ -167,7 +201,7 @@ func (c *Client) grant(ctx context.Context, x db.DBTX, req GrantRequest) (GrantR
 		return GrantResult{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, req.Quota)
 	}
 	if err != nil {
-		return GrantResult{}, dbError("grant", err)
+		return GrantResult{}, c.kindError(req.Quota, dbError("grant", err))
 	}
 	if !row.HasLimit {
 		return GrantResult{}, fmt.Errorf("%w (quota %q, member %q)", ErrNoLimit, req.Quota, req.Member)

@@ -55,16 +55,34 @@ type Definition struct {
 	// grant names none. nil means no default: such grants fail with
 	// ErrNoLimit. 0 is a valid limit that denies every grant.
 	DefaultLimit *int64
+	// Period is, for WindowRate, the time in which DefaultLimit units are
+	// granted (10 per second: DefaultLimit 10, Period 1s); for WindowFixed
+	// and WindowRolling, the window's length. Required for those kinds,
+	// not accepted for the others: 1ms to 36525 days, whole milliseconds.
+	Period time.Duration
+	// Burst (WindowRate only) is the most units granted at once; at least 1.
+	// Defaults to the limit (DefaultLimit, or the member's limit).
+	Burst int64
+	// Origin (WindowFixed only) is where the windows are cut: window k is
+	// [Origin + k*Period, Origin + (k+1)*Period), also for instants before
+	// Origin. Whole milliseconds. Defaults to the Unix epoch (so a 1h
+	// window starts at each full UTC hour, a 10s window at :00, :10, ...).
+	Origin time.Time
 }
 
 // Quota is a defined quota.
 type Quota struct {
-	Name         string    `json:"quota"`
-	Window       Window    `json:"window"`
-	TimeZone     string    `json:"time_zone"`
-	DefaultLimit *int64    `json:"default_limit"`
-	CreatedAt    time.Time `json:"created_at"`
-	UpdatedAt    time.Time `json:"updated_at"`
+	Name         string `json:"quota"`
+	Window       Window `json:"window"`
+	TimeZone     string `json:"time_zone"`
+	DefaultLimit *int64 `json:"default_limit"`
+	// Period, Burst and Origin are the shape of a quota of kind rate,
+	// fixed or rolling (see Definition); zero for calendar windows.
+	Period    time.Duration `json:"period"`
+	Burst     int64         `json:"burst"`
+	Origin    time.Time     `json:"origin"`
+	CreatedAt time.Time     `json:"created_at"`
+	UpdatedAt time.Time     `json:"updated_at"`
 }
 
 // MemberLimit is a per-member limit override.
@@ -99,6 +117,12 @@ func (c *Client) defineQuota(ctx context.Context, x db.DBTX, d Definition) (Quot
 	if err := checkName("quota name", d.Name); err != nil {
 		return Quota{}, err
 	}
+	if d.Window.Shaped() {
+		return c.defineShaped(ctx, x, d)
+	}
+	if d.Period != 0 || d.Burst != 0 || !d.Origin.IsZero() {
+		return Quota{}, inputError("window", "%q is a calendar window: period, burst and origin apply to windows rate, fixed and rolling", string(d.Window))
+	}
 	if d.Window == "" {
 		return Quota{}, inputError("window", "is required (one of hour, day, week, month, none)")
 	}
@@ -131,6 +155,7 @@ func (c *Client) defineQuota(ctx context.Context, x db.DBTX, d Definition) (Quot
 	if err != nil {
 		return Quota{}, dbError("define quota", err)
 	}
+	c.kinds.Store(d.Name, d.Window)
 	return quotaFromRow(db.QuotaRow(row)), nil
 }
 
@@ -149,7 +174,7 @@ func (c *Client) Quota(ctx context.Context, name string) (Quota, error) {
 	if err != nil {
 		return Quota{}, dbError("get quota", err)
 	}
-	return quotaFromRow(row), nil
+	return c.withShape(ctx, quotaFromRow(row))
 }
 
 // Quotas lists every defined quota, ordered by name.
@@ -164,7 +189,7 @@ func (c *Client) Quotas(ctx context.Context) ([]Quota, error) {
 	for i, r := range rows {
 		out[i] = quotaFromRow(r)
 	}
-	return out, nil
+	return c.withShapes(ctx, out)
 }
 
 func quotaFromRow(r db.QuotaRow) Quota {

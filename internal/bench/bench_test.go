@@ -52,7 +52,12 @@ func snapshot(t *testing.T, env Env) string {
 			(SELECT string_agg(format('fenced %s|%s|%s|%s', f.resource, f.key, f.value, f.fence_token), E'\n' ORDER BY f.resource, f.key)
 			   FROM pgquota.fenced_row f WHERE f.value <> ''),
 			(SELECT string_agg(format('fence %s|%s', resource, max_token), E'\n' ORDER BY resource)
-			   FROM pgquota.fence WHERE resource IN (SELECT resource FROM pgquota.fenced_row WHERE value <> '')))`,
+			   FROM pgquota.fence WHERE resource IN (SELECT resource FROM pgquota.fenced_row WHERE value <> '')),
+			-- Rate and rolling-window states (their instants differ from run to run).
+			(SELECT string_agg(format('rate %s|%s', quota_name, member), E'\n' ORDER BY quota_name, member)
+			   FROM pgquota.rate_state WHERE tat_us > 0),
+			(SELECT string_agg(format('rolling %s|%s|%s', quota_name, member, units), E'\n' ORDER BY quota_name, member)
+			   FROM pgquota.rolling_usage WHERE cardinality(units) > 0))`,
 		acquireHolder).Scan(&s)
 	require.NoError(t, err)
 	return s
@@ -83,6 +88,7 @@ var wantStatements = map[string]int{
 	"grant-hot": 1, "grant-spread": 1, "grant-first": 1, "voucher-claim": 1,
 	"for-update": 4, "advisory-lock": 5, "serializable": 4,
 	"lease-acquire": 1, "fenced-write": 1,
+	"rate-gcra": 1, "window-fixed": 1, "window-rolling": 1,
 }
 
 // TestPgbenchEquivalence checks, for every strategy, how many statements
@@ -98,6 +104,18 @@ func TestPgbenchEquivalence(t *testing.T) {
 	_, noPgbench := LookPgbench("")
 	for _, s := range Strategies() {
 		t.Run(s.Name(), func(t *testing.T) {
+			if r, ok := s.(redisRate); ok {
+				// Redis, not PostgreSQL: the operation must be granted.
+				pool, err := db.Pool(ctx, 2)
+				require.NoError(t, err)
+				defer pool.Close()
+				op, err := r.Setup(ctx, Env{Pool: pool})
+				require.NoError(t, err)
+				out, err := op.Do(ctx, []int64{4242 % rateMembers})
+				require.NoError(t, err)
+				require.True(t, out.Granted)
+				return
+			}
 			if base := pgbenchSide(s); base.Name() != s.Name() {
 				// pgbench runs the baseline's script, checked in the
 				// baseline's own subtest; the strategy's own operation must
@@ -256,7 +274,9 @@ func TestRegistry(t *testing.T) {
 	}
 	require.Equal(t, []string{"grant-hot", "grant-spread", "grant-first", "for-update", "advisory-lock",
 		"serializable", "voucher-claim", "lease-acquire", "fenced-write",
-		"grant-hot-coalesced", "voucher-sharded", "grant-spread-grouped", "grant-hot-grouped"}, names)
+		"grant-hot-coalesced", "voucher-sharded",
+		"rate-gcra", "window-fixed", "window-rolling", "redis-rate", "redis-rate-durable",
+		"grant-spread-grouped", "grant-hot-grouped"}, names)
 	_, ok := Lookup("nope")
 	require.False(t, ok)
 	require.Equal(t, "10000", strconv.Itoa(SpreadMembers))

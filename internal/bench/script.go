@@ -238,6 +238,13 @@ func argText(v any) (string, error) {
 		return x.String, nil
 	case nil:
 		return "", fmt.Errorf("NULL cannot be passed as a pgbench variable")
+	case []string:
+		// A text[] parameter, as its array literal ("$1::text[]" parses it).
+		q := make([]string, len(x))
+		for i, e := range x {
+			q[i] = `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(e) + `"`
+		}
+		return "{" + strings.Join(q, ",") + "}", nil
 	}
 	return "", fmt.Errorf("cannot pass a %T as a pgbench variable", v)
 }

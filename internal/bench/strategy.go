@@ -86,6 +86,7 @@ var strategies = []Strategy{
 	voucherClaim{},
 	leaseAcquire{}, fencedWrite{},
 	grantHotCoalesced{}, voucherSharded{},
+	rateGCRA{}, windowFixed{}, windowRolling{}, redisRateStrategy{}, redisRateStrategy{durable: true},
 	grantSpreadGrouped{}, grantHotGrouped{},
 }
 

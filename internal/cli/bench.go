@@ -275,6 +275,13 @@ func benchText(w *tabwriter.Writer, rep *bench.Report, chart string) {
 			fmt.Fprintf(w, "%s/%d: %s\n", r.Strategy, r.Clients, r.Pgbench.Note)
 		}
 	}
+	if rs := bench.RedisRatios(rep); len(rs) > 0 {
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "pgquota's ops/s over go-redis/redis_rate's at the same client count (redis-rate: local Redis, no persistence; -durable: appendfsync always):")
+		for _, l := range rs {
+			fmt.Fprintln(w, l)
+		}
+	}
 	if withPgbench {
 		fmt.Fprintln(w)
 		for _, r := range rep.Results {

@@ -12,6 +12,7 @@ import (
 func (a *app) grantCommand() *cobra.Command {
 	var req quota.GrantRequest
 	var limit int64
+	var quotas []string
 	var file fileOptions
 	cmd := &cobra.Command{
 		Use:   "grant",
@@ -20,6 +21,13 @@ func (a *app) grantCommand() *cobra.Command {
 conditional statement: granted only if the member's counter stays at or below
 the limit. The limit is --limit, else the member's own limit, else the quota's
 default. Exit status 0 when granted, 3 when denied.
+
+Repeat --quota to grant against several quotas at once: the units are granted
+under all of them or none, and a denial names the quota that refused
+("denied by") and when to retry. Grants of quotas of kind rate, fixed or
+rolling, and against several quotas, print "retry after" (how long until the
+same grant can succeed, by the database clock; "never" when no wait helps)
+and "reset after" (until every quota is back at its full limit).
 
 With --idempotency-key the grant is recorded in the ledger under a grant id,
 and running the same command again (after a timeout, say) prints the first
@@ -63,6 +71,7 @@ as a whole: read the summary or --out); 2 when some rows had errors (the
 others still ran); 1 when the run stopped (interrupted, or the database
 failed).`,
 		Example: `  pgquota grant --quota api-calls --member acme
+  pgquota grant --quota per-second --quota per-hour --member acme
   pgquota grant --quota vouchers --member alice --limit 1 --json
   pgquota grant --quota points --member alice --amount 50 --idempotency-key order-1234
   pgquota grant --file requests.csv --out results.csv
@@ -94,6 +103,10 @@ failed).`,
 			if cmd.Flags().Changed("limit") {
 				req.Limit = &limit
 			}
+			req.Quota, req.Quotas = quotas[0], nil
+			if len(quotas) > 1 {
+				req.Quota, req.Quotas = "", quotas
+			}
 			c, err := a.quotaClient(cmd.Context())
 			if err != nil {
 				return err
@@ -110,7 +123,10 @@ failed).`,
 				row(w, "used", res.Used)
 				row(w, "limit", res.Limit)
 				row(w, "remaining", res.Remaining)
-				row(w, "window", window(res.WindowStart, res.WindowEnd))
+				if len(res.Limits) == 0 || !res.WindowEnd.IsZero() {
+					row(w, "window", window(res.WindowStart, res.WindowEnd))
+				}
+				limitRows(w, res)
 				keyedRows(w, res.Keyed)
 			}); err != nil {
 				return err
@@ -121,7 +137,7 @@ failed).`,
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&req.Quota, "quota", "", "quota name (required without --file)")
+	cmd.Flags().StringArrayVar(&quotas, "quota", nil, "quota name (required without --file); repeat it to grant against several quotas at once, all or none")
 	cmd.Flags().StringVar(&req.Member, "member", "", "member (required without --file)")
 	cmd.Flags().Int64Var(&req.Amount, "amount", 1, "units to grant")
 	cmd.Flags().Int64Var(&limit, "limit", 0, "limit for this call (default: the member's limit, else the quota's)")

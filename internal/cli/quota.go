@@ -18,16 +18,36 @@ func (a *app) quotaCommand() *cobra.Command {
 	var def quota.Definition
 	var window string
 	var limit int64
+	var shape shapeFlags
 	define := &cobra.Command{
 		Use:   "define",
-		Short: "Create or redefine a quota: its window, time zone and default limit",
+		Short: "Create or redefine a quota: its window (or rate), time zone and default limit",
+		Long: `Create or redefine a quota. Its kind is one of:
+  --window hour|day|week|month|none  a counter per calendar window in --tz
+  --window 10s|1m|15m|36h            a counter per fixed window of that length,
+                                     cut at --origin + k * length (default origin:
+                                     the Unix epoch)
+  --rolling 1h                       at most --limit units in any period of that
+                                     length (exact; --limit at most 10000)
+  --rate 10/s [--burst 20]           a rate with a burst (GCRA): 10 units per
+                                     second, at most 20 at once (default burst:
+                                     the rate's count); N/s, N/m, N/h, N/d or
+                                     N/<duration> such as 5/10s
+--limit is the default limit per member (a member's own limit, set-limit,
+replaces it; for a rate it replaces the count per period).`,
 		Example: `  pgquota quota define --name api-calls --window day --tz Europe/Berlin --limit 1000
-  pgquota quota define --name signup-bonus --window none --limit 1`,
+  pgquota quota define --name signup-bonus --window none --limit 1
+  pgquota quota define --name api-rate --rate 10/s --burst 20
+  pgquota quota define --name bursts --window 10s --limit 50
+  pgquota quota define --name shifts --window 36h --origin 2026-01-05T06:00:00Z --limit 500
+  pgquota quota define --name sends --rolling 1h --limit 100`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			def.Window = quota.Window(window)
 			if cmd.Flags().Changed("limit") {
 				def.DefaultLimit = &limit
+			}
+			if err := shape.apply(cmd, window, &def); err != nil {
+				return err
 			}
 			c, err := a.quotaClient(cmd.Context())
 			if err != nil {
@@ -41,11 +61,11 @@ func (a *app) quotaCommand() *cobra.Command {
 		},
 	}
 	define.Flags().StringVar(&def.Name, "name", "", "quota name (required)")
-	define.Flags().StringVar(&window, "window", "", "window: hour, day, week, month or none (required)")
+	define.Flags().StringVar(&window, "window", "", "window: hour, day, week, month, none, or a length such as 10s, 15m, 36h (one of --window, --rolling, --rate is required)")
 	define.Flags().StringVar(&def.TimeZone, "tz", "UTC", "IANA time zone the windows are cut in")
 	define.Flags().Int64Var(&limit, "limit", 0, "default limit per member and window (none when omitted)")
+	shape.register(define)
 	_ = define.MarkFlagRequired("name")
-	_ = define.MarkFlagRequired("window")
 
 	list := &cobra.Command{
 		Use:   "list",
@@ -169,6 +189,7 @@ func (a *app) printQuotas(qs []quota.Quota, single bool) error {
 			row(w, "window", q.Window)
 			row(w, "time zone", q.TimeZone)
 			row(w, "default limit", limit(q))
+			shapeRows(w, q)
 			return
 		}
 		row(w, "NAME", "WINDOW", "TIME ZONE", "DEFAULT LIMIT")

@@ -18,8 +18,11 @@ import (
 // redis-server of its own that the lab starts on a loopback port. Every
 // request that GETs before the first SET lands believes it holds the lock;
 // each then reads the counter, thinks, and writes read+1 with no token
-// and no freshness check, and deletes the key. No pause is injected: the
-// race between the check and the set is the whole failure.
+// and no freshness check, and deletes the key. The race between the check
+// and the set is the whole failure; the one fault injected widens it to
+// what a network round trip between the two commands costs
+// (redisNaiveGap), as the article's requests over HTTP/2 paid, so that it
+// shows on a busy machine too, where the requests start less together.
 type redisNaive struct {
 	srv *redisServer
 	dir string
@@ -28,11 +31,15 @@ type redisNaive struct {
 
 const redisNaiveKey = "pgquota:lab:redis-naive:lock"
 
+// redisNaiveGap is the time between the GET and the SET of redis-naive.
+const redisNaiveGap = 10 * time.Millisecond
+
 func (*redisNaive) Name() string { return "redis-naive" }
 func (*redisNaive) Safe() bool   { return false }
 func (*redisNaive) Injected(cfg Config) string {
 	return fmt.Sprintf("the article's non-atomic Redis lock on a redis-server started for the lab: GET the key, "+
-		"if free SET it PX %s (not NX), read, think %s, write read+1 with no token, DEL; no pause", cfg.TTL, cfg.Think)
+		"if free wait %s (a network round trip) and SET it PX %s (not NX), read, think %s, write read+1 with no token, DEL; no pause",
+		redisNaiveGap, cfg.TTL, cfg.Think)
 }
 
 func (s *redisNaive) Prepare(ctx context.Context, env *Env) (err error) {
@@ -105,7 +112,9 @@ func (s *redisNaive) Request(ctx context.Context, env *Env, c *Client) (Outcome,
 		// The check...
 		_, err := s.rdb.Get(ctx, redisNaiveKey).Result()
 		if errors.Is(err, redis.Nil) {
-			// ...then the act, by another command: not atomic.
+			// ...then the act, by another command a round trip later: not
+			// atomic.
+			sleep(ctx, redisNaiveGap)
 			if err := s.rdb.Set(ctx, redisNaiveKey, owner, cfg.TTL).Err(); err != nil {
 				return Outcome{}, err
 			}

@@ -1,0 +1,185 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/pgquota/pgquota/internal/svcproc"
+	"github.com/pgquota/pgquota/quota"
+)
+
+// The limit shapes (quota kinds rate, fixed and rolling) beside
+// go-redis/redis_rate, the GCRA limiter users pick instead: the same rate
+// and burst, members drawn from the same range, on the local Redis (as it
+// runs here: no persistence) and on a Redis this process starts with
+// --appendonly yes --appendfsync always (durable, like our commits).
+// RedisRatios prints pgquota's throughput over redis_rate's per client
+// count.
+
+const (
+	rateQuota    = "bench-rate"
+	fixedQuota   = "bench-fixed"
+	rollingQuota = "bench-rolling"
+	// rateMembers is how many members the rate strategies spread over.
+	rateMembers = 1000
+	// ratePerSecond is the rate (and burst) of every rate strategy: high
+	// enough that grants succeed, so both sides write on every call.
+	ratePerSecond = 1_000_000
+)
+
+var rateVar = Var{Name: "member", Min: 1, Max: rateMembers}
+
+// shapeGrant defines q and returns an Op granting 1 unit of it to a member
+// drawn from rateVar.
+// The call names the quota's limit, so the statement has no NULL argument
+// (pgbench cannot pass one).
+func shapeGrant(ctx context.Context, env Env, d quota.Definition, reset string) (Op, error) {
+	if _, err := env.Client.DefineQuota(ctx, d); err != nil {
+		return Op{}, err
+	}
+	if _, err := env.Pool.Exec(ctx, reset, d.Name); err != nil {
+		return Op{}, fmt.Errorf("reset %s: %w", d.Name, err)
+	}
+	return Op{
+		Vars: []Var{rateVar},
+		Do: func(ctx context.Context, vals []int64) (Outcome, error) {
+			res, err := env.Client.Grant(ctx, quota.GrantRequest{Quota: d.Name, Member: strconv.FormatInt(vals[0], 10), Amount: 1, Limit: d.DefaultLimit})
+			return Outcome{Granted: res.Granted}, err
+		},
+	}, nil
+}
+
+// rateGCRA is a grant of a rate quota (GCRA), 1,000,000/s with that burst,
+// over 1,000 members.
+type rateGCRA struct{}
+
+func (rateGCRA) Name() string { return "rate-gcra" }
+func (rateGCRA) Describe() string {
+	return "grant 1 of a rate quota (GCRA, 1000000/s, burst 1000000), 1000 members (pgquota.grant_limits)"
+}
+func (rateGCRA) Setup(ctx context.Context, env Env) (Op, error) {
+	return shapeGrant(ctx, env, quota.Definition{Name: rateQuota, Window: quota.WindowRate, DefaultLimit: ptrInt(ratePerSecond), Period: time.Second},
+		`DELETE FROM pgquota.rate_state WHERE quota_name = $1`)
+}
+
+// windowFixed is a grant of a 10 s fixed window quota.
+type windowFixed struct{}
+
+func (windowFixed) Name() string { return "window-fixed" }
+func (windowFixed) Describe() string {
+	return "grant 1 of a 10s fixed-window quota (limit 1000000000), 1000 members (pgquota.grant_limits)"
+}
+func (windowFixed) Setup(ctx context.Context, env Env) (Op, error) {
+	return shapeGrant(ctx, env, quota.Definition{Name: fixedQuota, Window: quota.WindowFixed, DefaultLimit: ptrInt(1_000_000_000), Period: 10 * time.Second},
+		`DELETE FROM pgquota.usage WHERE quota_name = $1`)
+}
+
+// windowRolling is a grant of a rolling window quota: at most 10,000 per
+// second, exactly.
+type windowRolling struct{}
+
+func (windowRolling) Name() string { return "window-rolling" }
+func (windowRolling) Describe() string {
+	return "grant 1 of a rolling-window quota (10000 in any 1s), 1000 members (pgquota.grant_limits)"
+}
+func (windowRolling) Setup(ctx context.Context, env Env) (Op, error) {
+	return shapeGrant(ctx, env, quota.Definition{Name: rollingQuota, Window: quota.WindowRolling, DefaultLimit: ptrInt(quota.MaxRollingLimit), Period: time.Second},
+		`DELETE FROM pgquota.rolling_usage WHERE quota_name = $1`)
+}
+
+func ptrInt(v int64) *int64 { return &v }
+
+// redisRateStrategy is go-redis/redis_rate/v10's AllowN with the rate of rateGCRA.
+// Durable selects the Redis this process starts with appendfsync always;
+// otherwise it runs on $PGQUOTA_BENCH_REDIS_ADDR, default 127.0.0.1:6379.
+type redisRateStrategy struct{ durable bool }
+
+func (r redisRateStrategy) Name() string {
+	if r.durable {
+		return "redis-rate-durable"
+	}
+	return "redis-rate"
+}
+func (r redisRateStrategy) Describe() string {
+	if r.durable {
+		return "go-redis/redis_rate AllowN, same rate, on a Redis the bench starts with --appendonly yes --appendfsync always"
+	}
+	return "go-redis/redis_rate AllowN, same rate, on the local Redis (no persistence; PGQUOTA_BENCH_REDIS_ADDR)"
+}
+
+// PgbenchBaseline: Redis sends no SQL; with --pgbench the ratio compares it
+// with pgbench running rate-gcra's statement.
+func (redisRateStrategy) PgbenchBaseline() Strategy { return rateGCRA{} }
+
+var durableRedis struct {
+	once sync.Once
+	r    *svcproc.Redis
+	err  error
+}
+
+func (r redisRateStrategy) Setup(ctx context.Context, env Env) (Op, error) {
+	addr := os.Getenv("PGQUOTA_BENCH_REDIS_ADDR")
+	if addr == "" {
+		addr = "127.0.0.1:6379"
+	}
+	if r.durable {
+		// Started once per process, killed with it (svcproc: Pdeathsig).
+		durableRedis.once.Do(func() {
+			durableRedis.r, durableRedis.err = svcproc.StartRedis(context.WithoutCancel(ctx), svcproc.RedisOptions{Durable: true})
+		})
+		if durableRedis.err != nil {
+			return Op{}, fmt.Errorf("start a durable redis-server: %w", durableRedis.err)
+		}
+		addr = durableRedis.r.Addr
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: addr, PoolSize: int(env.Pool.Config().MaxConns)})
+	if err := rdb.Ping(ctx).Err(); err != nil {
+		return Op{}, fmt.Errorf("redis at %s: %w (start it, or set PGQUOTA_BENCH_REDIS_ADDR)", addr, err)
+	}
+	limiter := redis_rate.NewLimiter(rdb)
+	limit := redis_rate.Limit{Rate: ratePerSecond, Burst: ratePerSecond, Period: time.Second}
+	prefix := fmt.Sprintf("pgquota-bench-%d-%d:", os.Getpid(), time.Now().UnixNano())
+	return Op{
+		Vars: []Var{rateVar},
+		Do: func(ctx context.Context, vals []int64) (Outcome, error) {
+			res, err := limiter.AllowN(ctx, prefix+strconv.FormatInt(vals[0], 10), limit, 1)
+			if err != nil {
+				return Outcome{}, err
+			}
+			return Outcome{Granted: res.Allowed > 0}, nil
+		},
+	}, nil
+}
+
+// RedisRatios returns, for every client count at which a pgquota rate or
+// window strategy and a redis_rate strategy both ran, the line
+// "ratio <pgquota strategy>/<redis strategy>/<clients> <ops/s over ops/s>".
+func RedisRatios(rep *Report) []string {
+	byKey := map[string]float64{}
+	for _, r := range rep.Results {
+		byKey[r.Strategy+"/"+strconv.Itoa(r.Clients)] = r.Library.OpsPerSec
+	}
+	var out []string
+	for _, r := range rep.Results {
+		switch r.Strategy {
+		case "rate-gcra", "window-fixed", "window-rolling":
+		default:
+			continue
+		}
+		for _, redisName := range []string{"redis-rate", "redis-rate-durable"} {
+			v, ok := byKey[redisName+"/"+strconv.Itoa(r.Clients)]
+			if !ok || v == 0 {
+				continue
+			}
+			out = append(out, fmt.Sprintf("ratio %s/%s/%d %.2f", r.Strategy, redisName, r.Clients, r.Library.OpsPerSec/v))
+		}
+	}
+	return out
+}

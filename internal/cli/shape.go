@@ -1,0 +1,156 @@
+package cli
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/pgquota/pgquota/quota"
+)
+
+// shapeFlags are quota define's flags for the kinds rate, fixed and
+// rolling: --rate N/period, --burst, --rolling length, --origin (fixed
+// windows; --window then holds a length).
+type shapeFlags struct {
+	rate, rolling, origin string
+	burst                 int64
+}
+
+func (f *shapeFlags) register(cmd *cobra.Command) {
+	cmd.Flags().StringVar(&f.rate, "rate", "", "a rate: N/s, N/m, N/h, N/d or N/<duration> (e.g. 10/s, 5/10s), decided by GCRA")
+	cmd.Flags().Int64Var(&f.burst, "burst", 0, "with --rate: the most units granted at once (default: the rate's count)")
+	cmd.Flags().StringVar(&f.rolling, "rolling", "", "a rolling window's length (e.g. 1h): at most --limit units in any period that long")
+	cmd.Flags().StringVar(&f.origin, "origin", "", "with --window <length>: where windows are cut, RFC 3339 (default 1970-01-01T00:00:00Z)")
+}
+
+var calendarWindows = map[string]bool{"hour": true, "day": true, "week": true, "month": true, "none": true}
+
+// apply sets def's kind and shape from the flags and --window.
+func (f *shapeFlags) apply(cmd *cobra.Command, window string, def *quota.Definition) error {
+	ch := cmd.Flags().Changed
+	kinds := 0
+	for _, n := range []string{"window", "rate", "rolling"} {
+		if ch(n) {
+			kinds++
+		}
+	}
+	if kinds != 1 {
+		return usagef("give exactly one of --window, --rolling and --rate")
+	}
+	if ch("burst") && !ch("rate") {
+		return usagef("--burst needs --rate")
+	}
+	switch {
+	case ch("rate"):
+		if ch("limit") {
+			return usagef("--rate gives the limit (N of N/period): leave out --limit")
+		}
+		n, per, err := parseRate(f.rate)
+		if err != nil {
+			return usagef("--rate %q: %v", f.rate, err)
+		}
+		def.Window, def.Period, def.DefaultLimit, def.Burst = quota.WindowRate, per, &n, f.burst
+		if ch("burst") && f.burst == 0 {
+			def.Burst = -1 // rejected by DefineQuota, naming burst: 0 would mean the default
+		}
+	case ch("rolling"):
+		d, err := time.ParseDuration(f.rolling)
+		if err != nil {
+			return usagef("--rolling %q: not a length such as 30s, 1h or 36h", f.rolling)
+		}
+		def.Window, def.Period = quota.WindowRolling, d
+		if d == 0 {
+			def.Period = -1 // rejected by DefineQuota, naming period
+		}
+	case calendarWindows[window]:
+		def.Window = quota.Window(window)
+	default:
+		d, err := time.ParseDuration(window)
+		if err != nil {
+			return usagef("--window %q: not one of hour, day, week, month, none, nor a length such as 10s, 15m, 36h", window)
+		}
+		def.Window, def.Period = quota.WindowFixed, d
+		if d == 0 {
+			def.Period = -1
+		}
+	}
+	if ch("origin") {
+		if def.Window != quota.WindowFixed {
+			return usagef("--origin needs --window with a length (such as 10s or 36h)")
+		}
+		t, err := time.Parse(time.RFC3339Nano, f.origin)
+		if err != nil {
+			return usagef("--origin %q: not an RFC 3339 instant such as 2026-01-05T06:00:00Z", f.origin)
+		}
+		def.Origin = t
+	}
+	return nil
+}
+
+// parseRate parses N/s, N/m, N/h, N/d or N/<duration>.
+func parseRate(s string) (int64, time.Duration, error) {
+	num, per, ok := strings.Cut(s, "/")
+	if !ok {
+		return 0, 0, fmt.Errorf("not N/period such as 10/s or 5/10s")
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil {
+		return 0, 0, fmt.Errorf("%q is not a whole number of units", num)
+	}
+	if n <= 0 {
+		return 0, 0, fmt.Errorf("the rate must be at least 1 unit per period, got %d", n)
+	}
+	units := map[string]time.Duration{"s": time.Second, "m": time.Minute, "h": time.Hour, "d": 24 * time.Hour}
+	if d, ok := units[per]; ok {
+		return n, d, nil
+	}
+	d, err := time.ParseDuration(per)
+	if err != nil || d <= 0 {
+		return 0, 0, fmt.Errorf("period %q is not s, m, h, d or a length such as 10s", per)
+	}
+	return n, d, nil
+}
+
+// shapeRows prints a quota's shape (quota define, single quota).
+func shapeRows(w *tabwriter.Writer, q quota.Quota) {
+	switch q.Window {
+	case quota.WindowRate:
+		row(w, "period", q.Period)
+		row(w, "burst", q.Burst)
+	case quota.WindowFixed:
+		row(w, "length", q.Period)
+		row(w, "origin", stamp(q.Origin))
+	case quota.WindowRolling:
+		row(w, "length", q.Period)
+	}
+}
+
+// limitRows prints what pgquota.grant_limits adds to a grant's result:
+// retry-after, reset-after, the refusing quota and each quota's outcome.
+func limitRows(w *tabwriter.Writer, res quota.GrantResult) {
+	if len(res.Limits) == 0 {
+		return
+	}
+	row(w, "retry after", waitText(res.RetryAfter))
+	row(w, "reset after", waitText(res.ResetAfter))
+	if res.DeniedBy != "" {
+		row(w, "denied by", res.DeniedBy)
+	}
+	if len(res.Limits) > 1 {
+		for _, l := range res.Limits {
+			row(w, "limit "+l.Quota, fmt.Sprintf("%s: fits %s, used %d of %d, remaining %d, retry after %s",
+				l.Window, yesNo(l.Fits), l.Used, l.Limit, l.Remaining, waitText(l.RetryAfter)))
+		}
+	}
+}
+
+func waitText(d time.Duration) string {
+	if d == quota.Never {
+		return "never"
+	}
+	return d.String()
+}

@@ -1,0 +1,229 @@
+package quota
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/pgquota/pgquota/db"
+)
+
+// Never is the RetryAfter (or ResetAfter) of a state that no wait changes:
+// an amount above a quota's limit or burst, a limit of 0, a lifetime
+// (WindowNone) counter that is full.
+const Never time.Duration = -1
+
+// MaxQuotasPerGrant is the most quotas one grant may name (GrantRequest.Quotas).
+const MaxQuotasPerGrant = 16
+
+// LimitResult is the outcome of one quota of a grant decided by
+// pgquota.grant_limits: a quota of kind rate, fixed or rolling, or any quota
+// of a grant against several (GrantRequest.Quotas).
+type LimitResult struct {
+	Quota  string `json:"quota"`
+	Window Window `json:"window"`
+	// Fits reports whether this quota had room for the amount. The grant
+	// moved every quota's state, or none: GrantResult.Granted.
+	Fits bool `json:"fits"`
+	// Used, Limit and Remaining after the call, in units. For a counter
+	// (calendar or fixed window) Used is the counter and Limit the
+	// limit; for a rolling window, Used is the units granted in the last
+	// Period. For a rate, Limit is the units per Period, Burst the most
+	// at once, Remaining the units grantable at DecidedAt, and Used is
+	// Burst - Remaining.
+	Used      int64 `json:"used"`
+	Limit     int64 `json:"limit"`
+	Remaining int64 `json:"remaining"`
+	// Burst is a rate's burst (0 for the other kinds).
+	Burst int64 `json:"burst"`
+	// Period is a rate's period or a fixed or rolling window's length; 0
+	// for the calendar windows.
+	Period time.Duration `json:"period"`
+	// WindowStart and WindowEnd bound the counter's window (calendar and
+	// fixed windows; zero for the others and for WindowNone).
+	WindowStart time.Time `json:"window_start"`
+	WindowEnd   time.Time `json:"window_end"`
+	// RetryAfter is how long after DecidedAt this quota has room for the
+	// same amount (0 when it has, Never when it never will). ResetAfter is
+	// how long until it is back at its full limit (Never for a lifetime
+	// counter, or a rate of limit 0).
+	RetryAfter time.Duration `json:"retry_after"`
+	ResetAfter time.Duration `json:"reset_after"`
+}
+
+// checkLimitsRequest validates a grant for pgquota.grant_limits and
+// returns the quota names it names.
+func checkLimitsRequest(req GrantRequest) ([]string, error) {
+	names := req.Quotas
+	if len(names) == 0 {
+		names = []string{req.Quota}
+	} else if req.Quota != "" {
+		return nil, inputError("quota", "set Quota or Quotas, not both")
+	}
+	if len(names) > MaxQuotasPerGrant {
+		return nil, inputError("quotas", "at most %d quotas per grant, got %d", MaxQuotasPerGrant, len(names))
+	}
+	seen := make(map[string]bool, len(names))
+	for i, n := range names {
+		field := "quota name"
+		if len(req.Quotas) > 0 {
+			field = fmt.Sprintf("quotas[%d]", i)
+		}
+		if err := checkName(field, n); err != nil {
+			return nil, err
+		}
+		if seen[n] {
+			return nil, inputError(field, "names quota %q twice", n)
+		}
+		seen[n] = true
+	}
+	if err := checkName("member", req.Member); err != nil {
+		return nil, err
+	}
+	if err := checkUnits("amount", req.Amount, 1); err != nil {
+		return nil, err
+	}
+	if req.Limit != nil {
+		if len(req.Quotas) > 0 {
+			return nil, inputError("limit", "a call's limit is not accepted with several quotas (set member limits instead)")
+		}
+		if err := checkUnits("limit", *req.Limit, 0); err != nil {
+			return nil, err
+		}
+	}
+	if req.Idempotency.Key != "" {
+		return nil, inputError("idempotency key", "not supported for a grant against several quotas or a quota of kind rate, fixed or rolling (only calendar quotas record keyed grants)")
+	}
+	return names, nil
+}
+
+// shapedRoute reports whether req is decided by pgquota.grant_limits: a
+// grant against several quotas, or one of kind rate, fixed or rolling. The
+// kind of a quota this client has not seen is read once (QuotaKindGet); when
+// that read fails, the calendar path runs and reports its own error.
+func (c *Client) shapedRoute(ctx context.Context, x db.DBTX, req GrantRequest) bool {
+	if len(req.Quotas) > 0 {
+		return true
+	}
+	if checkName("quota name", req.Quota) != nil {
+		return false
+	}
+	w, err := c.quotaKind(ctx, x, req.Quota)
+	return err == nil && w.Shaped()
+}
+
+// kindError is the error of a calendar grant statement: when it failed
+// because the quota is no longer a calendar window (redefined by another
+// client since this one cached its kind: date_trunc rejects the unit,
+// SQLSTATE 22023), the cached kind is dropped, so the next call takes the
+// right path, and the error says to repeat the call. Nothing was written.
+func (c *Client) kindError(quota string, err error) error {
+	if sqlState(err) == "22023" {
+		c.kinds.Delete(quota)
+		return fmt.Errorf("pgquota: grant: quota %q is no longer a calendar window (redefined meanwhile): nothing was granted, repeat the call: %w", quota, err)
+	}
+	return err
+}
+
+// grantLimits grants req through pgquota.grant_limits (one statement).
+func (c *Client) grantLimits(ctx context.Context, x db.DBTX, req GrantRequest) (GrantResult, error) {
+	names, err := checkLimitsRequest(req)
+	if err != nil {
+		return GrantResult{}, err
+	}
+	var limit pgtype.Int8
+	if req.Limit != nil {
+		limit = pgtype.Int8{Int64: *req.Limit, Valid: true}
+	}
+	rows, err := c.queries.LimitsGrant(ctx, x, db.LimitsGrantParams{
+		QuotaNames: names, Member: req.Member, Amount: req.Amount, LimitValue: limit,
+	})
+	if err != nil {
+		return GrantResult{}, dbError("grant", err)
+	}
+	if len(rows) != len(names) {
+		return GrantResult{}, fmt.Errorf("pgquota: grant: %d rows for %d quotas", len(rows), len(names))
+	}
+	for _, r := range rows {
+		if !r.Found {
+			c.kinds.Delete(r.QuotaName)
+			return GrantResult{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, r.QuotaName)
+		}
+		c.kinds.Store(r.QuotaName, Window(r.Kind))
+	}
+	for _, r := range rows {
+		switch {
+		case r.Decided:
+		case !r.HasLimit:
+			return GrantResult{}, fmt.Errorf("%w (quota %q, member %q)", ErrNoLimit, r.QuotaName, req.Member)
+		case Window(r.Kind) == WindowRolling && r.LimitValue > MaxRollingLimit:
+			return GrantResult{}, inputError("limit", "of rolling quota %q for member %q is %d, at most %d is supported", r.QuotaName, req.Member, r.LimitValue, MaxRollingLimit)
+		case r.PeriodUs == 0 && Window(r.Kind).Shaped():
+			return GrantResult{}, fmt.Errorf("pgquota: grant: quota %q of kind %s has no shape row", r.QuotaName, r.Kind)
+		}
+	}
+	res := GrantResult{
+		Member:    req.Member,
+		Amount:    req.Amount,
+		Granted:   rows[0].Granted,
+		DecidedAt: timeFromPG(rows[0].DecidedAt),
+		Limits:    make([]LimitResult, len(rows)),
+	}
+	bind := -1 // the binding limit: the refusing one with the longest wait, else the one with the least room
+	for i, r := range rows {
+		l := LimitResult{
+			Quota:       r.QuotaName,
+			Window:      Window(r.Kind),
+			Fits:        r.Fits,
+			Used:        r.Used,
+			Limit:       r.LimitValue,
+			Remaining:   r.Remaining,
+			Burst:       r.Burst,
+			Period:      time.Duration(r.PeriodUs) * time.Microsecond,
+			WindowStart: timeFromPG(r.WindowStart),
+			WindowEnd:   timeFromPG(r.WindowEnd),
+			RetryAfter:  usDuration(r.RetryAfterUs),
+			ResetAfter:  usDuration(r.ResetAfterUs),
+		}
+		res.Limits[i] = l
+		if bind < 0 {
+			bind = i
+			continue
+		}
+		b := res.Limits[bind]
+		switch {
+		case !l.Fits && b.Fits:
+			bind = i
+		case !l.Fits && !b.Fits && b.RetryAfter != Never && (l.RetryAfter == Never || l.RetryAfter > b.RetryAfter):
+			bind = i
+		case l.Fits && b.Fits && l.Remaining < b.Remaining:
+			bind = i
+		}
+	}
+	b := res.Limits[bind]
+	res.Quota = b.Quota
+	res.Used, res.Limit, res.Remaining = b.Used, b.Limit, b.Remaining
+	res.WindowStart, res.WindowEnd = b.WindowStart, b.WindowEnd
+	res.RetryAfter = b.RetryAfter
+	if !res.Granted {
+		res.DeniedBy = b.Quota
+	}
+	// The state is full again when every quota is.
+	for _, l := range res.Limits {
+		if l.ResetAfter == Never || res.ResetAfter == Never {
+			res.ResetAfter = Never
+		} else {
+			res.ResetAfter = max(res.ResetAfter, l.ResetAfter)
+		}
+	}
+	return res, nil
+}
+
+func usDuration(us int64) time.Duration {
+	if us < 0 {
+		return Never
+	}
+	return time.Duration(us) * time.Microsecond
+}
