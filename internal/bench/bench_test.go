@@ -104,7 +104,7 @@ func TestPgbenchEquivalence(t *testing.T) {
 	_, noPgbench := LookPgbench("")
 	for _, s := range Strategies() {
 		t.Run(s.Name(), func(t *testing.T) {
-			if r, ok := s.(redisRate); ok {
+			if r, ok := s.(redisRateStrategy); ok {
 				// Redis, not PostgreSQL: the operation must be granted.
 				pool, err := db.Pool(ctx, 2)
 				require.NoError(t, err)
