@@ -142,7 +142,7 @@ func TestGrantFileIdempotencyKeys(t *testing.T) {
 	require.Equal(t, []string{"granted", "granted", "denied", "granted"}, statuses(first))
 	for _, o := range first[:3] {
 		require.Positive(t, o["grant_id"])
-		require.Nil(t, o["replayed"])
+		require.Equal(t, false, o["replayed"])
 	}
 	// The same file again: the keyed rows replay their first outcomes.
 	out2 := filepath.Join(t.TempDir(), "second.jsonl")

@@ -30,7 +30,7 @@ func TestLabRedisNaiveLeaksLikeTheArticle(t *testing.T) {
 	require.Equal(t, lab.StatusOK, naive.Status, "redis-server must start for this test (Debian package redis-server): %s", naive.Reason)
 	require.False(t, naive.Safe)
 	require.Equal(t, "leaked 9 of 20", naive.Article)
-	require.Contains(t, naive.Injected, "GET the key, if free SET it")
+	require.Contains(t, naive.Injected, "GET the key, if free wait 10ms (a network round trip) and SET it")
 	for i, r := range naive.Runs {
 		require.Zero(t, r.Errors, r.FirstError)
 		require.Greater(t, r.Granted, int64(1), "run %d", i+1)
