@@ -88,3 +88,15 @@ func GrantFenced(ctx context.Context, c *Client, req GrantRequest, ttl time.Dura
 
 // FencedGrantLease is the name of the lease grantFenced takes.
 func FencedGrantLease(quota, member string) string { return fencedGrantLease(quota, member) }
+
+// WarmKinds makes c read and remember the kind of each named quota now, so
+// that a test's next statement through c is the grant itself (a Client
+// reads a quota's kind before its first grant on it).
+func WarmKinds(ctx context.Context, c *Client, names ...string) error {
+	for _, n := range names {
+		if _, err := c.quotaKind(ctx, c.db.reads(), n); err != nil {
+			return err
+		}
+	}
+	return nil
+}

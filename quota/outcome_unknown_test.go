@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
@@ -220,6 +221,14 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			u.Host = proxy.ln.Addr().String()
 			viaProxy, err := quota.New(pgtest.Connect(t, u.String(), 1), tc.cfg)
 			require.NoError(t, err)
+			// The reply dropped must be the call's own statement's, not
+			// that of the quota-kind lookup a Client makes before its first
+			// grant on a quota.
+			rows, err := direct.Query(b.ctx, `SELECT name FROM pgquota.quota`)
+			require.NoError(t, err)
+			names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			require.NoError(t, err)
+			require.NoError(t, quota.WarmKinds(b.ctx, viaProxy, names...))
 
 			proxy.armed.Store(true)
 			err = tc.call(b.ctx, viaProxy, prepared)
