@@ -1,6 +1,9 @@
 package cli_test
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -9,9 +12,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/internal/cli"
+	"github.com/pgquota/pgquota/internal/pgtest"
 )
 
 // keyPaths lists every key of a decoded JSON value as a path (a.b, a[].b),
@@ -41,33 +46,57 @@ func TestJSONShapeGoldenKeys(t *testing.T) {
 	dbURL := migratedURL(t)
 	file := filepath.Join(t.TempDir(), "codes.txt")
 	require.NoError(t, os.WriteFile(file, []byte("x\ny\n"), 0o600))
+	ok(t, dbURL, "quota", "define", "--name", "rt", "--rate", "5/m", "--burst", "2")
+	// demo connects to the server and makes a database of its own: a
+	// name of this test's, dropped at the end.
+	base := pgtest.BaseURL(t)
+	suffix := make([]byte, 4)
+	_, _ = rand.Read(suffix)
+	demoDB := "pgquota_demo_golden_" + hex.EncodeToString(suffix)
+	t.Cleanup(func() {
+		ctx := context.Background()
+		conn, err := pgx.Connect(ctx, base)
+		require.NoError(t, err)
+		defer conn.Close(ctx)
+		_, err = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{demoDB}.Sanitize()+" WITH (FORCE)")
+		require.NoError(t, err)
+	})
 	cases := []struct {
 		name string
 		code int
 		args []string
+		url  string // the --database-url when not dbURL
 	}{
-		{"grant", cli.ExitOK, []string{"grant", "--quota", "lim", "--member", "m"}},
-		{"grant keyed", cli.ExitOK, []string{"grant", "--quota", "lim", "--member", "m", "--idempotency-key", "k1"}},
-		{"grant denied", cli.ExitDenied, []string{"grant", "--quota", "lim", "--member", "m"}},
-		{"usage", cli.ExitOK, []string{"usage", "--quota", "lim", "--member", "m"}},
-		{"revoke", cli.ExitOK, []string{"revoke", "--quota", "lim", "--member", "m", "--amount", "1"}},
-		{"quota define", cli.ExitOK, []string{"quota", "define", "--name", "tz", "--window", "week"}},
-		{"quota list", cli.ExitOK, []string{"quota", "list"}},
-		{"voucher create", cli.ExitOK, []string{"voucher", "create", "--campaign", "bf", "--total", "1"}},
-		{"voucher claim", cli.ExitOK, []string{"voucher", "claim", "--campaign", "bf", "--member", "m"}},
-		{"voucher claim sold out", cli.ExitDenied, []string{"voucher", "claim", "--campaign", "bf", "--member", "o"}},
-		{"voucher status", cli.ExitOK, []string{"voucher", "status", "--campaign", "bf"}},
-		{"voucher import", cli.ExitOK, []string{"voucher", "import", "--campaign", "codes", "--file", file}},
-		{"voucher claim code", cli.ExitOK, []string{"voucher", "claim", "--campaign", "codes", "--member", "m"}},
-		{"lease acquire", cli.ExitOK, []string{"lease", "acquire", "--name", "report", "--ttl", "1m"}},
-		{"lease show", cli.ExitOK, []string{"lease", "show", "--name", "report"}},
-		{"fence write", cli.ExitOK, []string{"fence", "write", "--resource", "ext", "--key", "k", "--token", "5", "--value", "v", "--external"}},
-		{"fence show", cli.ExitOK, []string{"fence", "show", "--resource", "ext"}},
-		{"migrate version", cli.ExitOK, []string{"migrate", "version"}},
+		{"grant", cli.ExitOK, []string{"grant", "--quota", "lim", "--member", "m"}, ""},
+		{"grant keyed", cli.ExitOK, []string{"grant", "--quota", "lim", "--member", "m", "--idempotency-key", "k1"}, ""},
+		{"grant denied", cli.ExitDenied, []string{"grant", "--quota", "lim", "--member", "m"}, ""},
+		{"usage", cli.ExitOK, []string{"usage", "--quota", "lim", "--member", "m"}, ""},
+		{"revoke", cli.ExitOK, []string{"revoke", "--quota", "lim", "--member", "m", "--amount", "1"}, ""},
+		{"quota define", cli.ExitOK, []string{"quota", "define", "--name", "tz", "--window", "week"}, ""},
+		{"quota list", cli.ExitOK, []string{"quota", "list"}, ""},
+		{"voucher create", cli.ExitOK, []string{"voucher", "create", "--campaign", "bf", "--total", "1"}, ""},
+		{"voucher claim", cli.ExitOK, []string{"voucher", "claim", "--campaign", "bf", "--member", "m"}, ""},
+		{"voucher claim sold out", cli.ExitDenied, []string{"voucher", "claim", "--campaign", "bf", "--member", "o"}, ""},
+		{"voucher status", cli.ExitOK, []string{"voucher", "status", "--campaign", "bf"}, ""},
+		{"voucher import", cli.ExitOK, []string{"voucher", "import", "--campaign", "codes", "--file", file}, ""},
+		{"voucher claim code", cli.ExitOK, []string{"voucher", "claim", "--campaign", "codes", "--member", "m"}, ""},
+		{"lease acquire", cli.ExitOK, []string{"lease", "acquire", "--name", "report", "--ttl", "1m"}, ""},
+		{"lease show", cli.ExitOK, []string{"lease", "show", "--name", "report"}, ""},
+		{"fence write", cli.ExitOK, []string{"fence", "write", "--resource", "ext", "--key", "k", "--token", "5", "--value", "v", "--external"}, ""},
+		{"fence show", cli.ExitOK, []string{"fence", "show", "--resource", "ext"}, ""},
+		{"migrate version", cli.ExitOK, []string{"migrate", "version"}, ""},
+		{"slot acquire", cli.ExitOK, []string{"slot", "acquire", "--name", "sem", "--limit", "2", "--ttl", "1m"}, ""},
+		{"slot show", cli.ExitOK, []string{"slot", "show", "--name", "sem"}, ""},
+		{"grant rate", cli.ExitOK, []string{"grant", "--quota", "rt", "--member", "m"}, ""},
+		{"demo", cli.ExitOK, []string{"demo", "--demo-database", demoDB}, base},
 	}
 	var got strings.Builder
 	for _, tc := range cases {
-		v := okJSON(t, dbURL, tc.code, tc.args...)
+		url := dbURL
+		if tc.url != "" {
+			url = tc.url
+		}
+		v := okJSON(t, url, tc.code, tc.args...)
 		keys := map[string]bool{}
 		keyPaths("", v, keys)
 		var list []string
