@@ -128,7 +128,17 @@ func (c *Client) kindError(quota string, err error) error {
 }
 
 // grantLimits grants req through pgquota.grant_limits (one statement).
+// On the client's pool (pgquota owns the statement's implicit transaction)
+// a serialization failure or deadlock is retried, as for a calendar grant
+// (retry); in the caller's transaction it is returned unchanged.
 func (c *Client) grantLimits(ctx context.Context, x db.DBTX, req GrantRequest) (GrantResult, error) {
+	if p, ok := x.(retryPool); ok {
+		return retry(ctx, c.policy, func() (GrantResult, error) { return c.grantLimitsOnce(ctx, p.pool, req) })
+	}
+	return c.grantLimitsOnce(ctx, x, req)
+}
+
+func (c *Client) grantLimitsOnce(ctx context.Context, x db.DBTX, req GrantRequest) (GrantResult, error) {
 	names, err := checkLimitsRequest(req)
 	if err != nil {
 		return GrantResult{}, err
