@@ -185,7 +185,11 @@ func (c *Client) grant(ctx context.Context, x db.DBTX, req GrantRequest) (GrantR
 		return c.grantLimits(ctx, x, req)
 	}
 	if req.Idempotency.Key != "" {
-		return c.grantKeyed(ctx, x, fingerprint(req))
+		res, err := c.grantKeyed(ctx, x, fingerprint(req))
+		if err != nil {
+			return res, c.kindError(req.Quota, err)
+		}
+		return res, nil
 	}
 	var limit pgtype.Int8
 	if req.Limit != nil {

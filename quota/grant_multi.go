@@ -102,13 +102,20 @@ func checkLimitsRequest(req GrantRequest) ([]string, error) {
 // shapedRoute reports whether req is decided by pgquota.grant_limits: a
 // grant against several quotas, or one of kind rate, fixed or rolling. The
 // kind of a quota this client has not seen is read once (QuotaKindGet); when
-// that read fails, the calendar path runs and reports its own error.
+// that read fails, the calendar path runs and reports its own error. A keyed
+// request, which grant_limits refuses, re-reads a cached shaped kind first.
 func (c *Client) shapedRoute(ctx context.Context, x db.DBTX, req GrantRequest) bool {
 	if len(req.Quotas) > 0 {
 		return true
 	}
 	if checkName("quota name", req.Quota) != nil {
 		return false
+	}
+	if w, ok := c.kinds.Load(req.Quota); ok && w.Shaped() && req.Idempotency.Key != "" {
+		// grantLimits refuses a key: before refusing on a cached kind,
+		// read it again (another client may have redefined the quota as
+		// a calendar window, which records keyed grants).
+		c.kinds.Delete(req.Quota)
 	}
 	w, err := c.quotaKind(ctx, x, req.Quota)
 	return err == nil && w.Shaped()
