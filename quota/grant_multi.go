@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -238,9 +239,15 @@ func (c *Client) grantLimitsOnce(ctx context.Context, x db.DBTX, req GrantReques
 	return res, nil
 }
 
+// usDuration converts a wait in microseconds (-1 for Never) to a Duration,
+// saturating at math.MaxInt64 (~292 years) instead of wrapping: a rate's
+// wait can be up to burst x period (the SQL clamps it to bigint).
 func usDuration(us int64) time.Duration {
 	if us < 0 {
 		return Never
+	}
+	if us > math.MaxInt64/int64(time.Microsecond) {
+		return math.MaxInt64
 	}
 	return time.Duration(us) * time.Microsecond
 }
