@@ -248,7 +248,7 @@ BEGIN
                 k_retry[i] := -1;
                 k_rem[i] := CASE WHEN k_limit[i] = 0 THEN 0
                                  ELSE least(k_burst[i], greatest(0, floor((v_now_us - greatest(k_tat[i], v_now_us)) * k_limit[i] / k_period[i] + k_burst[i])))::bigint END;
-                k_reset[i] := CASE WHEN k_limit[i] = 0 THEN -1 ELSE ceil(greatest(k_tat[i] - v_now_us, 0))::bigint END;
+                k_reset[i] := CASE WHEN k_limit[i] = 0 THEN -1 ELSE least(ceil(greatest(k_tat[i] - v_now_us, 0)), 9223372036854775807)::bigint END;
             ELSE
                 -- GCRA (the ATM Forum's generic cell rate algorithm, in the
                 -- form of go-redis/redis_rate): emission interval T =
@@ -262,12 +262,12 @@ BEGIN
                     k_tat[i] := v_new;
                     k_retry[i] := 0;
                     k_rem[i] := least(k_burst[i], floor(v_diff / v_t))::bigint;
-                    k_reset[i] := ceil(v_new - v_now_us)::bigint;
+                    k_reset[i] := least(ceil(v_new - v_now_us), 9223372036854775807)::bigint;
                 ELSE
                     k_fits[i] := false;
-                    k_retry[i] := ceil(-v_diff)::bigint;
+                    k_retry[i] := least(ceil(-v_diff), 9223372036854775807)::bigint;
                     k_rem[i] := least(k_burst[i], greatest(0, floor((v_now_us - (v_tat - k_burst[i] * v_t)) / v_t)))::bigint;
-                    k_reset[i] := ceil(v_tat - v_now_us)::bigint;
+                    k_reset[i] := least(ceil(v_tat - v_now_us), 9223372036854775807)::bigint;
                 END IF;
             END IF;
             k_used[i] := k_burst[i] - k_rem[i];
@@ -358,7 +358,7 @@ BEGIN
                 v_t := k_period[i]::numeric / k_limit[i];
                 k_rem[i] := least(k_burst[i], k_rem[i] + p_amount);
                 k_used[i] := k_burst[i] - k_rem[i];
-                k_reset[i] := ceil(greatest(k_tat[i] - p_amount * v_t - v_now_us, 0))::bigint;
+                k_reset[i] := least(ceil(greatest(k_tat[i] - p_amount * v_t - v_now_us, 0)), 9223372036854775807)::bigint;
             ELSIF k_kind[i] = 'rolling' THEN
                 v_st := k_stamps[i]::timestamptz[];
                 k_used[i] := k_used[i] - p_amount;

@@ -18,8 +18,9 @@ import (
 type BatchOutcome struct {
 	// GrantResult is the request's outcome when Err is nil.
 	GrantResult
-	// Err is *InputError (ErrInvalidInput) for a bad request,
-	// ErrQuotaNotFound, ErrNoLimit, or ErrIdempotencyKeyReused; nil
+	// Err is *InputError (ErrInvalidInput) for a bad request (among
+	// them a request with Quotas, or for a quota of kind rate, fixed or
+	// rolling: GrantBatch serves calendar quotas, use Grant), ErrQuotaNotFound, ErrNoLimit, or ErrIdempotencyKeyReused; nil
 	// otherwise. Nothing was granted for a request with an error.
 	Err error `json:"-"`
 
@@ -132,7 +133,15 @@ func (c *Client) grantBatch(ctx context.Context, x db.DBTX, reqs []GrantRequest)
 	keyed := false
 	for i, req := range reqs {
 		out[i].Quota, out[i].Member, out[i].Amount = req.Quota, req.Member, req.Amount
+		if len(req.Quotas) > 0 {
+			out[i].Err = inputError("quotas", "GrantBatch serves calendar quotas; use Grant for a grant against several quotas")
+			continue
+		}
 		if err := checkGrantRequest(req); err != nil {
+			out[i].Err = err
+			continue
+		}
+		if err := c.batchKind(ctx, x, req.Quota); err != nil {
 			out[i].Err = err
 			continue
 		}
@@ -312,3 +321,19 @@ func batchResult(req GrantRequest, r db.UsageGrantBatchRow, limit *int64, grante
 // transaction (the pool): pgquota owns those transactions and may run a
 // statement again after a serialization failure or deadlock.
 type ownTx struct{ db.DBTX }
+
+// batchKind refuses a request of GrantBatch for a quota of kind rate, fixed
+// or rolling (the batch statement serves calendar quotas): an *InputError.
+// A cached shaped kind is read again first (another client may have
+// redefined the quota as a calendar window); a kind that cannot be read
+// leaves the request to the batch statement, which reports its own error.
+func (c *Client) batchKind(ctx context.Context, x db.DBTX, quota string) error {
+	if w, ok := c.kinds.Load(quota); ok && w.Shaped() {
+		c.kinds.Delete(quota)
+	}
+	w, err := c.quotaKind(ctx, readsOf(x), quota)
+	if err != nil || !w.Shaped() {
+		return nil
+	}
+	return inputError("quota", "%q is of kind %s: GrantBatch serves calendar quotas; use Grant", quota, w)
+}

@@ -185,7 +185,11 @@ func (c *Client) grant(ctx context.Context, x db.DBTX, req GrantRequest) (GrantR
 		return c.grantLimits(ctx, x, req)
 	}
 	if req.Idempotency.Key != "" {
-		return c.grantKeyed(ctx, x, fingerprint(req))
+		res, err := c.grantKeyed(ctx, x, fingerprint(req))
+		if err != nil {
+			return res, c.kindError(req.Quota, err)
+		}
+		return res, nil
 	}
 	var limit pgtype.Int8
 	if req.Limit != nil {
@@ -255,7 +259,8 @@ type RevokeResult struct {
 // Grant. Serialization failures and deadlocks are retried as for Grant.
 //
 // Errors: *InputError for a bad quota name, member, amount or idempotency
-// key; ErrQuotaNotFound; ErrIdempotencyKeyReused; ErrSchemaMissing;
+// key, or a quota of kind rate, fixed or rolling (Revoke serves calendar
+// quotas); ErrQuotaNotFound; ErrIdempotencyKeyReused; ErrSchemaMissing;
 // database errors; ErrOutcomeUnknown when the statement was sent and no reply said how it
 // ended (it may have committed: repeat with the same idempotency key, or
 // read the state, to learn the outcome). On any other error nothing was written.
@@ -281,7 +286,11 @@ func (c *Client) revoke(ctx context.Context, x db.DBTX, req RevokeRequest) (Revo
 		return RevokeResult{}, err
 	}
 	if req.Idempotency.Key != "" {
-		return c.revokeKeyed(ctx, x, req)
+		res, err := c.revokeKeyed(ctx, x, req)
+		if err != nil {
+			return res, c.calendarOnly(ctx, "revoke", req.Quota, err)
+		}
+		return res, nil
 	}
 	row, err := c.queries.UsageRevoke(ctx, x, db.UsageRevokeParams{
 		QuotaName: req.Quota, Member: req.Member, Amount: req.Amount,
@@ -290,7 +299,7 @@ func (c *Client) revoke(ctx context.Context, x db.DBTX, req RevokeRequest) (Revo
 		return RevokeResult{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, req.Quota)
 	}
 	if err != nil {
-		return RevokeResult{}, dbError("revoke", err)
+		return RevokeResult{}, c.calendarOnly(ctx, "revoke", req.Quota, dbError("revoke", err))
 	}
 	return RevokeResult{
 		Quota:       req.Quota,
@@ -320,7 +329,8 @@ type Usage struct {
 
 // Usage reads a member's counter in the current window.
 //
-// Errors: *InputError for a bad quota name or member; ErrQuotaNotFound;
+// Errors: *InputError for a bad quota name or member, or a quota of kind
+// rate, fixed or rolling (Usage serves calendar quotas); ErrQuotaNotFound;
 // ErrSchemaMissing; database errors.
 func (c *Client) Usage(ctx context.Context, quota, member string) (Usage, error) {
 	if err := checkName("quota name", quota); err != nil {
@@ -334,7 +344,7 @@ func (c *Client) Usage(ctx context.Context, quota, member string) (Usage, error)
 		return Usage{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, quota)
 	}
 	if err != nil {
-		return Usage{}, dbError("usage", err)
+		return Usage{}, c.calendarOnly(ctx, "usage", quota, dbError("usage", err))
 	}
 	u := Usage{
 		Quota:       quota,

@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -102,13 +103,20 @@ func checkLimitsRequest(req GrantRequest) ([]string, error) {
 // shapedRoute reports whether req is decided by pgquota.grant_limits: a
 // grant against several quotas, or one of kind rate, fixed or rolling. The
 // kind of a quota this client has not seen is read once (QuotaKindGet); when
-// that read fails, the calendar path runs and reports its own error.
+// that read fails, the calendar path runs and reports its own error. A keyed
+// request, which grant_limits refuses, re-reads a cached shaped kind first.
 func (c *Client) shapedRoute(ctx context.Context, x db.DBTX, req GrantRequest) bool {
 	if len(req.Quotas) > 0 {
 		return true
 	}
 	if checkName("quota name", req.Quota) != nil {
 		return false
+	}
+	if w, ok := c.kinds.Load(req.Quota); ok && w.Shaped() && req.Idempotency.Key != "" {
+		// grantLimits refuses a key: before refusing on a cached kind,
+		// read it again (another client may have redefined the quota as
+		// a calendar window, which records keyed grants).
+		c.kinds.Delete(req.Quota)
 	}
 	w, err := c.quotaKind(ctx, x, req.Quota)
 	return err == nil && w.Shaped()
@@ -128,7 +136,17 @@ func (c *Client) kindError(quota string, err error) error {
 }
 
 // grantLimits grants req through pgquota.grant_limits (one statement).
+// On the client's pool (pgquota owns the statement's implicit transaction)
+// a serialization failure or deadlock is retried, as for a calendar grant
+// (retry); in the caller's transaction it is returned unchanged.
 func (c *Client) grantLimits(ctx context.Context, x db.DBTX, req GrantRequest) (GrantResult, error) {
+	if p, ok := x.(retryPool); ok {
+		return retry(ctx, c.policy, func() (GrantResult, error) { return c.grantLimitsOnce(ctx, p.pool, req) })
+	}
+	return c.grantLimitsOnce(ctx, x, req)
+}
+
+func (c *Client) grantLimitsOnce(ctx context.Context, x db.DBTX, req GrantRequest) (GrantResult, error) {
 	names, err := checkLimitsRequest(req)
 	if err != nil {
 		return GrantResult{}, err
@@ -221,9 +239,15 @@ func (c *Client) grantLimits(ctx context.Context, x db.DBTX, req GrantRequest) (
 	return res, nil
 }
 
+// usDuration converts a wait in microseconds (-1 for Never) to a Duration,
+// saturating at math.MaxInt64 (~292 years) instead of wrapping: a rate's
+// wait can be up to burst x period (the SQL clamps it to bigint).
 func usDuration(us int64) time.Duration {
 	if us < 0 {
 		return Never
+	}
+	if us > math.MaxInt64/int64(time.Microsecond) {
+		return math.MaxInt64
 	}
 	return time.Duration(us) * time.Microsecond
 }

@@ -56,7 +56,7 @@ func TestQuotaDefineShapesAndGrantSeveralQuotas(t *testing.T) {
 		{[]string{"--rate", "5"}, "--rate"},
 		{[]string{"--rate", "5/s", "--burst", "-1"}, "burst"},
 		{[]string{"--rate", "5/s", "--burst", "0"}, "burst"},
-		{[]string{"--window", "0s", "--limit", "1"}, "period"},
+		{[]string{"--window", "0s", "--limit", "1"}, `--window "0s"`},
 		{[]string{"--window", "fortnight", "--limit", "1"}, "--window"},
 		{[]string{"--window", "day", "--origin", "2026-01-01T00:00:00Z"}, "--origin"},
 		{[]string{"--window", "10s", "--origin", "2026-01-01T00:00:00.0005Z"}, "origin"},

@@ -53,6 +53,9 @@ func (f *shapeFlags) apply(cmd *cobra.Command, window string, def *quota.Definit
 		if err != nil {
 			return usagef("--rate %q: %v", f.rate, err)
 		}
+		if err := checkLength("--rate", f.rate, per); err != nil {
+			return err
+		}
 		def.Window, def.Period, def.DefaultLimit, def.Burst = quota.WindowRate, per, &n, f.burst
 		if ch("burst") && f.burst == 0 {
 			def.Burst = -1 // rejected by DefineQuota, naming burst: 0 would mean the default
@@ -62,10 +65,10 @@ func (f *shapeFlags) apply(cmd *cobra.Command, window string, def *quota.Definit
 		if err != nil {
 			return usagef("--rolling %q: not a length such as 30s, 1h or 36h", f.rolling)
 		}
-		def.Window, def.Period = quota.WindowRolling, d
-		if d == 0 {
-			def.Period = -1 // rejected by DefineQuota, naming period
+		if err := checkLength("--rolling", f.rolling, d); err != nil {
+			return err
 		}
+		def.Window, def.Period = quota.WindowRolling, d
 	case calendarWindows[window]:
 		def.Window = quota.Window(window)
 	default:
@@ -73,10 +76,10 @@ func (f *shapeFlags) apply(cmd *cobra.Command, window string, def *quota.Definit
 		if err != nil {
 			return usagef("--window %q: not one of hour, day, week, month, none, nor a length such as 10s, 15m, 36h", window)
 		}
-		def.Window, def.Period = quota.WindowFixed, d
-		if d == 0 {
-			def.Period = -1
+		if err := checkLength("--window", window, d); err != nil {
+			return err
 		}
+		def.Window, def.Period = quota.WindowFixed, d
 	}
 	if ch("origin") {
 		if def.Window != quota.WindowFixed {
@@ -87,6 +90,22 @@ func (f *shapeFlags) apply(cmd *cobra.Command, window string, def *quota.Definit
 			return usagef("--origin %q: not an RFC 3339 instant such as 2026-01-05T06:00:00Z", f.origin)
 		}
 		def.Origin = t
+	}
+	return nil
+}
+
+// checkLength checks a period given by flag (value as typed) against
+// Definition.Period's bounds, naming the flag and the value: a whole
+// number of milliseconds from 1ms to 36525 days.
+func checkLength(flag, value string, d time.Duration) error {
+	const most = 36525 * 24 * time.Hour
+	switch {
+	case d < time.Millisecond:
+		return usagef("%s %q: the length must be at least 1ms, got %s", flag, value, d)
+	case d > most:
+		return usagef("%s %q: the length must be at most 36525 days (876600h), got %s", flag, value, d)
+	case d%time.Millisecond != 0:
+		return usagef("%s %q: the length must be a whole number of milliseconds, got %s", flag, value, d)
 	}
 	return nil
 }
