@@ -42,7 +42,7 @@ lint: ## gofmt, go vet, staticcheck, and go mod tidy leaving no diff
 
 .PHONY: test
 test: ## Run every test with the race detector against PGQUOTA_TEST_DATABASE_URL (default: postgres@127.0.0.1:5432, trust auth)
-	go test -race -count=1 ./...
+	go test -race -count=1 -timeout 20m ./...
 
 .PHONY: crash-rounds
 crash-rounds: ## 20 immediate shutdowns (the test's default; PGQUOTA_CRASH_ROUNDS=N for more) of a throwaway server under synchronous_commit = off: prints how many tokens were issued twice (must be 0) and outcomes lost; about 40s
