@@ -77,6 +77,35 @@ type waiter struct {
 	done  chan struct{} // closed when the outcome is set
 }
 
+// await waits for w's outcome or for ctx to end. When ctx ends first, it
+// takes mu (the lock of the queue w was added to) and, by w's state, drops
+// w from waiting (not sent yet: nothing granted, the context's error),
+// marks it abandoned (sent: ErrGrantAbandoned, outcome unknown), or returns
+// the outcome that arrived together with the cancellation. The coalescer
+// and group commit share it.
+func (w *waiter) await(ctx context.Context, mu *sync.Mutex, waiting *[]*waiter) (GrantResult, error) {
+	select {
+	case <-w.done:
+		return w.res, w.err
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	switch w.state {
+	case waitQueued:
+		*waiting = slices.DeleteFunc(*waiting, func(x *waiter) bool { return x == w })
+		w.state = waitDropped
+		return GrantResult{}, ctx.Err()
+	case waitDropped:
+		return GrantResult{}, ctx.Err()
+	case waitSent:
+		w.state = waitAbandoned
+		return GrantResult{}, abandonedError(ctx)
+	default: // waitDone: the outcome arrived together with the cancellation
+		return w.res, w.err
+	}
+}
+
 // queue holds the calls of one key that wait for a statement. running is
 // true while a goroutine sends its statements; the queue leaves the
 // coalescer's map when that goroutine finds it empty.
@@ -120,26 +149,7 @@ func (co *coalescer) grant(ctx context.Context, req GrantRequest) (GrantResult, 
 	}
 	co.mu.Unlock()
 
-	select {
-	case <-w.done:
-		return w.res, w.err
-	case <-ctx.Done():
-	}
-	co.mu.Lock()
-	defer co.mu.Unlock()
-	switch w.state {
-	case waitQueued:
-		q.waiting = slices.DeleteFunc(q.waiting, func(x *waiter) bool { return x == w })
-		w.state = waitDropped
-		return GrantResult{}, ctx.Err()
-	case waitDropped:
-		return GrantResult{}, ctx.Err()
-	case waitSent:
-		w.state = waitAbandoned
-		return GrantResult{}, abandonedError(ctx)
-	default: // waitDone: the outcome arrived together with the cancellation
-		return w.res, w.err
-	}
+	return w.await(ctx, &co.mu, &q.waiting)
 }
 
 // run sends the statements of queue q, one at a time, each for every call

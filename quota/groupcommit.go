@@ -3,7 +3,6 @@ package quota
 import (
 	"context"
 	"fmt"
-	"slices"
 	"sync"
 )
 
@@ -151,26 +150,7 @@ func (g *grouper) grant(ctx context.Context, req GrantRequest) (GrantResult, err
 	}
 	g.mu.Unlock()
 
-	select {
-	case <-w.done:
-		return w.res, w.err
-	case <-ctx.Done():
-	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	switch w.state {
-	case waitQueued:
-		ln.waiting = slices.DeleteFunc(ln.waiting, func(x *waiter) bool { return x == w })
-		w.state = waitDropped
-		return GrantResult{}, ctx.Err()
-	case waitDropped:
-		return GrantResult{}, ctx.Err()
-	case waitSent:
-		w.state = waitAbandoned
-		return GrantResult{}, abandonedError(ctx)
-	default: // waitDone: the outcome arrived together with the cancellation
-		return w.res, w.err
-	}
+	return w.await(ctx, &g.mu, &ln.waiting)
 }
 
 // abandonedError is the error of a grouped or coalesced call whose caller
