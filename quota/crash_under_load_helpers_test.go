@@ -104,14 +104,21 @@ type crashLoad struct {
 	stopped bool
 	resumed chan struct{}
 
+	stopOnce sync.Once
+
 	mu       sync.Mutex
 	unknown  int // errors wrapping quota.ErrOutcomeUnknown
 	preSend  int // isPreSend errors
 	crashDur time.Duration
+	downAt   time.Time // when the postmaster had exited
 }
 
+// newCrashLoad returns a load that stops in t.Cleanup at the latest (so a
+// check that fails mid-load stops its goroutines before the server goes).
 func newCrashLoad(t *testing.T) *crashLoad {
-	return &crashLoad{t: t, resumed: make(chan struct{})}
+	l := &crashLoad{t: t, resumed: make(chan struct{})}
+	t.Cleanup(l.stop)
+	return l
 }
 
 // start runs n goroutines, each calling op(worker) until stop.
@@ -154,6 +161,7 @@ func (l *crashLoad) crash(cl *pgcluster.Cluster) {
 	l.t.Helper()
 	start := time.Now()
 	cl.Crash()
+	l.downAt = time.Now()
 	time.Sleep(30 * time.Millisecond)
 	l.gate.Lock()
 	l.paused = true
@@ -171,12 +179,15 @@ func (l *crashLoad) resume() {
 	l.gate.Unlock()
 }
 
-// stop ends the load and waits for its goroutines.
+// stop ends the load and waits for its goroutines. Stopping again is
+// harmless.
 func (l *crashLoad) stop() {
-	l.gate.Lock()
-	l.stopped = true
-	close(l.resumed)
-	l.gate.Unlock()
+	l.stopOnce.Do(func() {
+		l.gate.Lock()
+		l.stopped = true
+		close(l.resumed)
+		l.gate.Unlock()
+	})
 	l.wg.Wait()
 }
 
