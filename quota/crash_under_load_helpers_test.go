@@ -67,8 +67,9 @@ func crashLoadPool(t *testing.T, url string, maxConns int, cfg *quota.Config) (*
 	return client, pool.Close
 }
 
-// requireSetting fails the test unless the client's sessions run with
-// synchronous_commit as wanted: the setting under test is in force.
+// requireSynchronousCommit fails the test unless the client's sessions
+// run with the target's synchronous_commit: the setting under test is in
+// force.
 func requireSynchronousCommit(t *testing.T, c *quota.Client, tg crashTarget) {
 	t.Helper()
 	var sc string

@@ -17,7 +17,9 @@ import (
 
 // envCrashRounds names the environment variable that sets how many
 // immediate shutdowns TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit
-// makes (default 20, about 1s each).
+// makes (default 20, about 1s each), and the *UnderLoad crash tests
+// (crashRounds: default 2, one with synchronous_commit on and one off for
+// the role, about 6s each).
 const envCrashRounds = "PGQUOTA_CRASH_ROUNDS"
 
 // TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit proves that an
