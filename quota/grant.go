@@ -313,7 +313,7 @@ func (c *Client) revoke(ctx context.Context, x db.DBTX, req RevokeRequest) (Revo
 }
 
 // Usage is a member's state under one quota, of any kind, as the database
-// clock read it at At: what a grant decided at that instant would report
+// clock read it at DBNow: what a grant decided at that instant would report
 // (its Used, Limit, Remaining and ResetAfter when it is denied; see
 // LimitResult).
 type Usage struct {
@@ -331,7 +331,7 @@ type Usage struct {
 	// then 0.
 	Limit    int64 `json:"limit"`
 	HasLimit bool  `json:"has_limit"`
-	// Remaining is how many units a grant could take at At: Limit - Used
+	// Remaining is how many units a grant could take at DBNow: Limit - Used
 	// (0 when Used exceeds a since-lowered Limit), or for a rate the units
 	// the bucket holds.
 	Remaining int64 `json:"remaining"`
@@ -344,7 +344,7 @@ type Usage struct {
 	// windows).
 	Burst  int64         `json:"burst"`
 	Period time.Duration `json:"period"`
-	// ResetAfter is how long after At the member is back at its full limit
+	// ResetAfter is how long after DBNow the member is back at its full limit
 	// with no grant meanwhile, as GrantResult.ResetAfter: the window's end
 	// (Never for WindowNone), when a rate's bucket is full again, when the
 	// newest grant of a rolling window leaves it. RefillAfter is how long
@@ -354,8 +354,8 @@ type Usage struct {
 	// Both are rounded up to whole microseconds.
 	ResetAfter  time.Duration `json:"reset_after"`
 	RefillAfter time.Duration `json:"refill_after"`
-	// At is the database clock's instant of the read.
-	At time.Time `json:"at"`
+	// DBNow is the database clock's instant of the read.
+	DBNow time.Time `json:"db_now"`
 }
 
 // Usage reads a member's state under a quota of any kind, writing nothing
@@ -393,6 +393,6 @@ func (c *Client) Usage(ctx context.Context, quota, member string) (Usage, error)
 		Period:      time.Duration(row.PeriodUs) * time.Microsecond,
 		ResetAfter:  usDuration(row.ResetAfterUs),
 		RefillAfter: usDuration(row.RefillAfterUs),
-		At:          timeFromPG(row.ReadAt),
+		DBNow:       timeFromPG(row.ReadAt),
 	}, nil
 }

@@ -15,7 +15,7 @@ import (
 // the Used and Remaining that the next grant reports: a grant of
 // Remaining+1 is denied with that same Remaining, and a grant of
 // Remaining then fits and leaves 0. Its waits are those of the grant path
-// at Usage's instant, to the microsecond: ResetAfter is the grant's
+// at Usage's instant (DBNow), to the microsecond: ResetAfter is the grant's
 // ResetAfter plus the time between the two reads (both from the database
 // clock), and RefillAfter is when the oldest rolling grant leaves, the
 // rate's next unit, the window's end.
@@ -67,7 +67,7 @@ func TestUsageEveryKindMatchesTheNextGrant(t *testing.T) {
 			require.Equal(t, int64(10), u.Limit)
 			require.Equal(t, tc.remaining, u.Remaining)
 			require.Equal(t, int64(5), u.Used, "the units granted (a rate's burst - remaining)")
-			require.False(t, u.At.Before(last.DecidedAt), "read after the grants")
+			require.False(t, u.DBNow.Before(last.DecidedAt), "read after the grants")
 
 			switch tc.kind {
 			case "rate":
@@ -75,18 +75,18 @@ func TestUsageEveryKindMatchesTheNextGrant(t *testing.T) {
 				require.Equal(t, hour, u.Period)
 				// TAT = first decision + 5T: full again then; the 4th unit
 				// back 4T earlier.
-				require.Equal(t, first.DecidedAt.Add(5*emission).Sub(u.At), u.ResetAfter)
-				require.Equal(t, first.DecidedAt.Add(emission).Sub(u.At), u.RefillAfter)
+				require.Equal(t, first.DecidedAt.Add(5*emission).Sub(u.DBNow), u.ResetAfter)
+				require.Equal(t, first.DecidedAt.Add(emission).Sub(u.DBNow), u.RefillAfter)
 				require.True(t, u.WindowStart.IsZero() && u.WindowEnd.IsZero())
 			case "rolling":
 				require.Equal(t, hour, u.Period)
-				require.Equal(t, last.DecidedAt.Add(hour).Sub(u.At), u.ResetAfter, "the newest grant leaves")
-				require.Equal(t, first.DecidedAt.Add(hour).Sub(u.At), u.RefillAfter, "the oldest grant leaves")
+				require.Equal(t, last.DecidedAt.Add(hour).Sub(u.DBNow), u.ResetAfter, "the newest grant leaves")
+				require.Equal(t, first.DecidedAt.Add(hour).Sub(u.DBNow), u.RefillAfter, "the oldest grant leaves")
 				require.True(t, u.WindowStart.IsZero() && u.WindowEnd.IsZero())
 			default:
 				require.Equal(t, last.WindowStart, u.WindowStart)
 				require.Equal(t, last.WindowEnd, u.WindowEnd)
-				require.Equal(t, u.WindowEnd.Sub(u.At), u.ResetAfter)
+				require.Equal(t, u.WindowEnd.Sub(u.DBNow), u.ResetAfter)
 				require.Equal(t, u.ResetAfter, u.RefillAfter)
 			}
 
@@ -96,7 +96,7 @@ func TestUsageEveryKindMatchesTheNextGrant(t *testing.T) {
 			require.Equal(t, u.Remaining, denied.Remaining, "the denial reports Usage's remaining")
 			require.Equal(t, u.Used, denied.Used)
 			if tc.kind != "day" { // a calendar grant on its own reports no waits
-				require.Equal(t, u.ResetAfter-denied.DecidedAt.Sub(u.At), denied.ResetAfter)
+				require.Equal(t, u.ResetAfter-denied.DecidedAt.Sub(u.DBNow), denied.ResetAfter)
 			}
 
 			rest, err := b.client.Grant(b.ctx, quota.GrantRequest{Quota: tc.kind, Member: "m", Amount: u.Remaining})
