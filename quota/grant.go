@@ -349,8 +349,9 @@ type Usage struct {
 	// (Never for WindowNone), when a rate's bucket is full again, when the
 	// newest grant of a rolling window leaves it. RefillAfter is how long
 	// until Remaining next grows: 0 when nothing is in use, the window's
-	// end for a counter, when the oldest grant of a rolling window leaves
-	// it, when a rate emits its next unit (Never for a rate of limit 0).
+	// end for a counter (Never for WindowNone), when the oldest grant of a
+	// rolling window leaves it, when a rate emits its next unit (Never for
+	// a rate of limit 0).
 	// Both are rounded up to whole microseconds.
 	ResetAfter  time.Duration `json:"reset_after"`
 	RefillAfter time.Duration `json:"refill_after"`
