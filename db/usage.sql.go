@@ -12,54 +12,61 @@ import (
 )
 
 const usageGet = `-- name: UsageGet :one
-WITH def AS (
-    SELECT q.name,
-           coalesce(o.limit_value, q.default_limit) AS limit_value,
-           pgquota.window_start(q.window_unit, q.time_zone, c.at) AS window_start,
-           pgquota.window_end(q.window_unit, q.time_zone, c.at) AS window_end
-    FROM pgquota.quota q
-    CROSS JOIN (SELECT pgquota.clock() AS at) c
-    LEFT JOIN pgquota.quota_override o ON o.quota_name = q.name AND o.member = $1::text
-    WHERE q.name = $2::text
-)
-SELECT (def.limit_value IS NOT NULL)::boolean AS has_limit,
-       coalesce(def.limit_value, 0)::bigint AS limit_value,
-       def.window_start::timestamptz AS window_start,
-       def.window_end::timestamptz AS window_end,
-       coalesce((
-           SELECT u.used FROM pgquota.usage u
-           WHERE u.quota_name = def.name
-             AND u.member = $1::text
-             AND u.window_start = def.window_start
-             AND u.window_end = def.window_end
-       ), 0)::bigint AS used
-FROM def
+SELECT coalesce(l.kind, '')::text AS kind,
+       (l.limit_value IS NOT NULL)::boolean AS has_limit,
+       coalesce(l.limit_value, 0)::bigint AS limit_value,
+       coalesce(l.burst, 0)::bigint AS burst,
+       coalesce(l.period_us, 0)::bigint AS period_us,
+       l.used::bigint AS used,
+       l.remaining::bigint AS remaining,
+       l.window_start::timestamptz AS window_start,
+       l.window_end::timestamptz AS window_end,
+       l.reset_after_us::bigint AS reset_after_us,
+       l.refill_after_us::bigint AS refill_after_us,
+       l.read_at::timestamptz AS read_at
+FROM pgquota.limit_usage($1::text, $2::text) l
 `
 
 type UsageGetParams struct {
-	Member    string
 	QuotaName string
+	Member    string
 }
 
 type UsageGetRow struct {
-	HasLimit    bool
-	LimitValue  int64
-	WindowStart pgtype.Timestamptz
-	WindowEnd   pgtype.Timestamptz
-	Used        int64
+	Kind          string
+	HasLimit      bool
+	LimitValue    int64
+	Burst         int64
+	PeriodUs      int64
+	Used          int64
+	Remaining     int64
+	WindowStart   pgtype.Timestamptz
+	WindowEnd     pgtype.Timestamptz
+	ResetAfterUs  int64
+	RefillAfterUs int64
+	ReadAt        pgtype.Timestamptz
 }
 
-// Reads a member's counter in the current window and the limit that applies
-// to it (the member's override, else the quota's default).
+// Reads a member's state under a quota of any kind, and the limit that
+// applies to it (the member's override, else the quota's default), writing
+// nothing: pgquota.limit_usage (migrations/00017) documents the figures.
+// No row when the quota does not exist.
 func (q *Queries) UsageGet(ctx context.Context, db DBTX, arg UsageGetParams) (UsageGetRow, error) {
-	row := db.QueryRow(ctx, usageGet, arg.Member, arg.QuotaName)
+	row := db.QueryRow(ctx, usageGet, arg.QuotaName, arg.Member)
 	var i UsageGetRow
 	err := row.Scan(
+		&i.Kind,
 		&i.HasLimit,
 		&i.LimitValue,
+		&i.Burst,
+		&i.PeriodUs,
+		&i.Used,
+		&i.Remaining,
 		&i.WindowStart,
 		&i.WindowEnd,
-		&i.Used,
+		&i.ResetAfterUs,
+		&i.RefillAfterUs,
+		&i.ReadAt,
 	)
 	return i, err
 }

@@ -124,27 +124,20 @@ FROM def
 WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '');
 
 -- name: UsageGet :one
--- Reads a member's counter in the current window and the limit that applies
--- to it (the member's override, else the quota's default).
-WITH def AS (
-    SELECT q.name,
-           coalesce(o.limit_value, q.default_limit) AS limit_value,
-           pgquota.window_start(q.window_unit, q.time_zone, c.at) AS window_start,
-           pgquota.window_end(q.window_unit, q.time_zone, c.at) AS window_end
-    FROM pgquota.quota q
-    CROSS JOIN (SELECT pgquota.clock() AS at) c
-    LEFT JOIN pgquota.quota_override o ON o.quota_name = q.name AND o.member = @member::text
-    WHERE q.name = @quota_name::text
-)
-SELECT (def.limit_value IS NOT NULL)::boolean AS has_limit,
-       coalesce(def.limit_value, 0)::bigint AS limit_value,
-       def.window_start::timestamptz AS window_start,
-       def.window_end::timestamptz AS window_end,
-       coalesce((
-           SELECT u.used FROM pgquota.usage u
-           WHERE u.quota_name = def.name
-             AND u.member = @member::text
-             AND u.window_start = def.window_start
-             AND u.window_end = def.window_end
-       ), 0)::bigint AS used
-FROM def;
+-- Reads a member's state under a quota of any kind, and the limit that
+-- applies to it (the member's override, else the quota's default), writing
+-- nothing: pgquota.limit_usage (migrations/00017) documents the figures.
+-- No row when the quota does not exist.
+SELECT coalesce(l.kind, '')::text AS kind,
+       (l.limit_value IS NOT NULL)::boolean AS has_limit,
+       coalesce(l.limit_value, 0)::bigint AS limit_value,
+       coalesce(l.burst, 0)::bigint AS burst,
+       coalesce(l.period_us, 0)::bigint AS period_us,
+       l.used::bigint AS used,
+       l.remaining::bigint AS remaining,
+       l.window_start::timestamptz AS window_start,
+       l.window_end::timestamptz AS window_end,
+       l.reset_after_us::bigint AS reset_after_us,
+       l.refill_after_us::bigint AS refill_after_us,
+       l.read_at::timestamptz AS read_at
+FROM pgquota.limit_usage(@quota_name::text, @member::text) l;

@@ -312,25 +312,59 @@ func (c *Client) revoke(ctx context.Context, x db.DBTX, req RevokeRequest) (Revo
 	}, nil
 }
 
-// Usage is a member's counter in the current window.
+// Usage is a member's state under one quota, of any kind, as the database
+// clock read it at DBNow: what a grant decided at that instant would report
+// (its Used, Limit, Remaining and ResetAfter when it is denied; see
+// LimitResult).
 type Usage struct {
 	Quota  string `json:"quota"`
 	Member string `json:"member"`
-	Used   int64  `json:"used"`
+	// Window is the quota's kind.
+	Window Window `json:"window"`
+	// Used is the member's counter in the current window (calendar and
+	// fixed windows), the units granted in the last Period (rolling), or
+	// Burst - Remaining (rate), in units.
+	Used int64 `json:"used"`
 	// Limit is the limit that applies when a grant names none: the
-	// member's own limit, else the quota's default. HasLimit is false when
-	// neither exists.
-	Limit       int64     `json:"limit"`
-	HasLimit    bool      `json:"has_limit"`
-	Remaining   int64     `json:"remaining"`
+	// member's own limit, else the quota's default (for a rate, the units
+	// per Period). HasLimit is false when neither exists; Remaining is
+	// then 0.
+	Limit    int64 `json:"limit"`
+	HasLimit bool  `json:"has_limit"`
+	// Remaining is how many units a grant could take at DBNow: Limit - Used
+	// (0 when Used exceeds a since-lowered Limit), or for a rate the units
+	// the bucket holds.
+	Remaining int64 `json:"remaining"`
+	// WindowStart and WindowEnd bound the current window (calendar and
+	// fixed windows); zero for WindowNone, rate and rolling.
 	WindowStart time.Time `json:"window_start"`
 	WindowEnd   time.Time `json:"window_end"`
+	// Burst is a rate's burst (0 for the other kinds); Period a rate's
+	// period or a fixed or rolling window's length (0 for the calendar
+	// windows).
+	Burst  int64         `json:"burst"`
+	Period time.Duration `json:"period"`
+	// ResetAfter is how long after DBNow the member is back at its full limit
+	// with no grant meanwhile, as GrantResult.ResetAfter: the window's end
+	// (Never for WindowNone), when a rate's bucket is full again, when the
+	// newest grant of a rolling window leaves it. RefillAfter is how long
+	// until Remaining next grows: 0 when nothing is in use, the window's
+	// end for a counter (Never for WindowNone), when the oldest grant of a
+	// rolling window leaves it, when a rate emits its next unit (Never for
+	// a rate of limit 0).
+	// Both are rounded up to whole microseconds.
+	ResetAfter  time.Duration `json:"reset_after"`
+	RefillAfter time.Duration `json:"refill_after"`
+	// DBNow is the database clock's instant of the read.
+	DBNow time.Time `json:"db_now"`
 }
 
-// Usage reads a member's counter in the current window.
+// Usage reads a member's state under a quota of any kind, writing nothing
+// and taking no lock: one statement, pgquota.limit_usage
+// (migrations/00017_limit_usage.sql), with the formulas of the grant path
+// (pgquota.grant_limits). A grant not yet committed is not seen.
 //
-// Errors: *InputError for a bad quota name or member, or a quota of kind
-// rate, fixed or rolling (Usage serves calendar quotas); ErrQuotaNotFound;
+// Errors: *InputError for a bad quota name or member; ErrQuotaNotFound;
 // ErrSchemaMissing; database errors.
 func (c *Client) Usage(ctx context.Context, quota, member string) (Usage, error) {
 	if err := checkName("quota name", quota); err != nil {
@@ -344,19 +378,22 @@ func (c *Client) Usage(ctx context.Context, quota, member string) (Usage, error)
 		return Usage{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, quota)
 	}
 	if err != nil {
-		return Usage{}, c.calendarOnly(ctx, "usage", quota, dbError("usage", err))
+		return Usage{}, dbError("usage", err)
 	}
-	u := Usage{
+	return Usage{
 		Quota:       quota,
 		Member:      member,
+		Window:      Window(row.Kind),
 		Used:        row.Used,
 		Limit:       row.LimitValue,
 		HasLimit:    row.HasLimit,
+		Remaining:   row.Remaining,
 		WindowStart: timeFromPG(row.WindowStart),
 		WindowEnd:   timeFromPG(row.WindowEnd),
-	}
-	if u.HasLimit {
-		u.Remaining = max(u.Limit-u.Used, 0)
-	}
-	return u, nil
+		Burst:       row.Burst,
+		Period:      time.Duration(row.PeriodUs) * time.Microsecond,
+		ResetAfter:  usDuration(row.ResetAfterUs),
+		RefillAfter: usDuration(row.RefillAfterUs),
+		DBNow:       timeFromPG(row.ReadAt),
+	}, nil
 }

@@ -3,7 +3,7 @@ package quota
 import "context"
 
 // calendarOnly is the error of a statement that serves calendar quotas only
-// (Usage, Revoke, their keyed forms): when it failed because the quota is of
+// (Revoke and its keyed form): when it failed because the quota is of
 // kind rate, fixed or rolling (date_trunc rejects the unit, SQLSTATE 22023),
 // it is an *InputError naming the quota's kind and the calls that serve it.
 // Nothing was written. Any other error is returned as is.
@@ -16,5 +16,5 @@ func (c *Client) calendarOnly(ctx context.Context, op, quota string, err error) 
 	if kerr != nil || !w.Shaped() {
 		return err
 	}
-	return inputError("quota", "%q is of kind %s: %s serves calendar quotas only (day, week, month, year, none); the state of a rate, fixed or rolling quota is in a grant's result (GrantResult.Limits), and its grants cannot be revoked", quota, w, op)
+	return inputError("quota", "%q is of kind %s: %s serves calendar quotas only (hour, day, week, month, none): the grants of a rate, fixed or rolling quota cannot be revoked (Usage reads its state)", quota, w, op)
 }

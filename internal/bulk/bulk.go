@@ -246,10 +246,11 @@ type Summary struct {
 	Interrupted bool `json:"interrupted"`
 	// Batches is the number of batch statements (each one commit).
 	Batches int64 `json:"batches"`
-	// Seconds is the run's wall time; RowsPerSec is the rows run (neither
-	// not run nor skipped) per second.
-	Seconds    float64 `json:"seconds"`
-	RowsPerSec float64 `json:"rows_per_sec"`
+	// Elapsed is the run's wall time (elapsed_ms in JSON, whole
+	// milliseconds, as every duration pgquota --json prints); RowsPerSec is
+	// the rows run (neither not run nor skipped) per second.
+	Elapsed    time.Duration `json:"-"`
+	RowsPerSec float64       `json:"rows_per_sec"`
 }
 
 // Decided is a row an earlier run decided, as its outcome file records
@@ -475,9 +476,9 @@ func Run(ctx context.Context, client *quota.Client, next func() (Row, error), op
 		emitErr = fmt.Errorf("read: %w", rerr)
 	}
 	batches.Range(func(_, v any) bool { sum.Batches += v.(int64); return true })
-	sum.Seconds = time.Since(start).Seconds()
-	if sum.Seconds > 0 {
-		sum.RowsPerSec = float64(sum.Rows-sum.NotRun-sum.Skipped) / sum.Seconds
+	sum.Elapsed = time.Since(start)
+	if sum.Elapsed > 0 {
+		sum.RowsPerSec = float64(sum.Rows-sum.NotRun-sum.Skipped) / sum.Elapsed.Seconds()
 	}
 	sum.Interrupted = ctx.Err() != nil
 	if emitErr != nil {

@@ -186,7 +186,7 @@ func TestRun100kRows(t *testing.T) {
 		}
 	}
 	require.Equal(t, bulk.Summary{Rows: rows, Granted: granted, Denied: denied, Errors: bad, Unkeyed: granted + denied,
-		Batches: sum.Batches, Seconds: sum.Seconds, RowsPerSec: sum.RowsPerSec}, sum)
+		Batches: sum.Batches, Elapsed: sum.Elapsed, RowsPerSec: sum.RowsPerSec}, sum)
 	require.Equal(t, int64(5*rows/1000), bad)
 
 	// Every good row was granted once: the counters hold exactly the
@@ -199,7 +199,7 @@ func TestRun100kRows(t *testing.T) {
 	require.NoError(t, pool.QueryRow(context.Background(),
 		`SELECT coalesce(sum(used), 0) FROM pgquota.usage WHERE quota_name = 'q'`).Scan(&qSum))
 	require.Equal(t, qGranted(qSeen), qSum)
-	t.Logf("%d rows in %.2fs (%.0f rows/s, -race, test machine load), %d statements", sum.Rows, sum.Seconds, sum.RowsPerSec, sum.Batches)
+	t.Logf("%d rows in %.2fs (%.0f rows/s, -race, test machine load), %d statements", sum.Rows, sum.Elapsed.Seconds(), sum.RowsPerSec, sum.Batches)
 }
 
 // qGranted is the number of q rows granted: at most 3 per member.

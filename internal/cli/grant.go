@@ -115,7 +115,7 @@ failed).`,
 			if err != nil {
 				return err
 			}
-			if err := a.output(res, func(w *tabwriter.Writer) {
+			if err := a.output(grantOut(res), func(w *tabwriter.Writer) {
 				row(w, "granted", yesNo(res.Granted))
 				row(w, "quota", res.Quota)
 				row(w, "member", res.Member)
@@ -259,10 +259,19 @@ first revoke's outcome.`,
 func (a *app) usageCommand() *cobra.Command {
 	var quotaName, member string
 	cmd := &cobra.Command{
-		Use:     "usage",
-		Short:   "Show a member's usage of a quota in the current window",
-		Example: `  pgquota usage --quota api-calls --member acme`,
-		Args:    cobra.NoArgs,
+		Use:   "usage",
+		Short: "Show a member's usage of a quota of any kind, writing nothing",
+		Long: `Show a member's state under a quota, as the database clock reads it now,
+writing nothing: the counter of the current window (calendar and fixed
+windows), the units granted in the last period (rolling), or the units a
+rate's bucket holds (used is then burst - remaining). "reset after" is the
+wait until the member is back at its full limit, "refill after" the wait
+until remaining next grows (the window's end, when the oldest grant of a
+rolling window leaves it, a rate's next unit). With --json: reset_after_ms
+and refill_after_ms, rounded up, -1 for never.`,
+		Example: `  pgquota usage --quota api-calls --member acme
+  pgquota usage --quota per-second --member acme --json`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := a.quotaClient(cmd.Context())
 			if err != nil {
@@ -272,9 +281,10 @@ func (a *app) usageCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.output(u, func(w *tabwriter.Writer) {
+			return a.output(usageOut(u), func(w *tabwriter.Writer) {
 				row(w, "quota", u.Quota)
 				row(w, "member", u.Member)
+				row(w, "kind", u.Window)
 				row(w, "used", u.Used)
 				if u.HasLimit {
 					row(w, "limit", u.Limit)
@@ -282,7 +292,18 @@ func (a *app) usageCommand() *cobra.Command {
 				} else {
 					row(w, "limit", "- (none: give --limit when granting)")
 				}
-				row(w, "window", window(u.WindowStart, u.WindowEnd))
+				switch u.Window {
+				case quota.WindowRate:
+					row(w, "period", u.Period)
+					row(w, "burst", u.Burst)
+				case quota.WindowFixed, quota.WindowRolling:
+					row(w, "length", u.Period)
+				}
+				if u.Window != quota.WindowRate && u.Window != quota.WindowRolling {
+					row(w, "window", window(u.WindowStart, u.WindowEnd))
+				}
+				row(w, "reset after", waitText(u.ResetAfter))
+				row(w, "refill after", waitText(u.RefillAfter))
 			})
 		},
 	}

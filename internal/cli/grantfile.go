@@ -32,8 +32,9 @@ const maxBadLines = 20
 // fileSummary is grant --file's result, as --json prints it.
 type fileSummary struct {
 	bulk.Summary
-	File string `json:"file"`
-	Out  string `json:"out"`
+	ElapsedMS int64  `json:"elapsed_ms"`
+	File      string `json:"file"`
+	Out       string `json:"out"`
 }
 
 func (a *app) grantFile(cmd *cobra.Command, opts fileOptions) error {
@@ -211,7 +212,7 @@ func (a *app) grantFile(cmd *cobra.Command, opts fileOptions) error {
 	if bad > maxBadLines {
 		fmt.Fprintf(a.stderr, "pgquota: ... and %d more bad rows%s\n", bad-maxBadLines, seeOut(opts.out))
 	}
-	res := fileSummary{Summary: sum, File: opts.path, Out: opts.out}
+	res := fileSummary{Summary: sum, ElapsedMS: sum.Elapsed.Milliseconds(), File: opts.path, Out: opts.out}
 	if opts.out == "-" {
 		// stdout carries the outcomes: the summary goes to stderr.
 		extra := ""
@@ -227,7 +228,7 @@ func (a *app) grantFile(cmd *cobra.Command, opts fileOptions) error {
 			extra += ", interrupted"
 		}
 		fmt.Fprintf(a.stderr, "pgquota: %s: %d rows: %d granted, %d denied, %d errors%s; %d batches in %.2fs (%.0f rows/s)\n",
-			fileName(opts.path), sum.Rows, sum.Granted, sum.Denied, sum.Errors, extra, sum.Batches, sum.Seconds, sum.RowsPerSec)
+			fileName(opts.path), sum.Rows, sum.Granted, sum.Denied, sum.Errors, extra, sum.Batches, sum.Elapsed.Seconds(), sum.RowsPerSec)
 	} else {
 		if err := a.output(res, func(w *tabwriter.Writer) {
 			row(w, "file", res.File)
@@ -243,7 +244,7 @@ func (a *app) grantFile(cmd *cobra.Command, opts fileOptions) error {
 			row(w, "skipped", sum.Skipped)
 			row(w, "replayed", sum.Replayed)
 			row(w, "batches", sum.Batches)
-			row(w, "seconds", fmt.Sprintf("%.2f", sum.Seconds))
+			row(w, "seconds", fmt.Sprintf("%.2f", sum.Elapsed.Seconds()))
 			row(w, "rows/s", fmt.Sprintf("%.0f", sum.RowsPerSec))
 			if res.Out != "" {
 				row(w, "outcomes", res.Out)

@@ -88,6 +88,7 @@ func TestJSONShapeGoldenKeys(t *testing.T) {
 		{"slot acquire", cli.ExitOK, []string{"slot", "acquire", "--name", "sem", "--limit", "2", "--ttl", "1m"}, ""},
 		{"slot show", cli.ExitOK, []string{"slot", "show", "--name", "sem"}, ""},
 		{"grant rate", cli.ExitOK, []string{"grant", "--quota", "rt", "--member", "m"}, ""},
+		{"usage rate", cli.ExitOK, []string{"usage", "--quota", "rt", "--member", "m"}, ""},
 		{"demo", cli.ExitOK, []string{"demo", "--demo-database", demoDB}, base},
 	}
 	var got strings.Builder

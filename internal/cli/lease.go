@@ -156,12 +156,11 @@ func (a *app) leaseLost(err error) error {
 }
 
 func (a *app) printLease(l quota.Lease, acquired bool) error {
-	type leaseOut struct {
-		quota.Lease
-		Acquired  bool    `json:"acquired"`
-		Remaining float64 `json:"remaining_seconds"`
-	}
-	return a.output(leaseOut{Lease: l, Acquired: acquired, Remaining: l.Remaining().Seconds()}, func(w *tabwriter.Writer) {
+	out := struct {
+		leaseJSON
+		Acquired bool `json:"acquired"`
+	}{leaseOut(l), acquired}
+	return a.output(out, func(w *tabwriter.Writer) {
 		if acquired {
 			row(w, "acquired", "yes")
 		}

@@ -163,13 +163,9 @@ func (a *app) leaseListCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			type leaseOut struct {
-				quota.Lease
-				Remaining float64 `json:"remaining_seconds"`
-			}
-			out := make([]leaseOut, len(ls))
+			out := make([]leaseJSON, len(ls))
 			for i, l := range ls {
-				out[i] = leaseOut{Lease: l, Remaining: l.Remaining().Seconds()}
+				out[i] = leaseOut(l)
 			}
 			return a.output(out, func(w *tabwriter.Writer) {
 				row(w, "NAME", "TOKEN", "HOLDER", "HELD", "EXPIRES AT", "PAYLOAD")
@@ -226,9 +222,9 @@ held, would be admitted. Fence rows without a lease are never deleted.`,
 			out := struct {
 				Deleted       int                 `json:"deleted"`
 				FencesDeleted int                 `json:"fences_deleted"`
-				OlderThan     float64             `json:"older_than_seconds"`
+				OlderThanMS   int64               `json:"older_than_ms"`
 				Leases        []quota.ReapedLease `json:"leases"`
-			}{len(reaped), fences, req.OlderThan.Seconds(), reaped}
+			}{len(reaped), fences, req.OlderThan.Milliseconds(), reaped}
 			return a.output(out, func(w *tabwriter.Writer) {
 				row(w, "deleted", len(reaped))
 				row(w, "fences deleted", fences)

@@ -95,15 +95,15 @@ func TestCLILease(t *testing.T) {
 	code, out, _ = runLease(t, dbURL, "lease", "show", "--name", "job", "--json")
 	require.Equal(t, cli.ExitOK, code)
 	var l struct {
-		Holder string  `json:"holder"`
-		Held   bool    `json:"held"`
-		Token  int64   `json:"token"`
-		Left   float64 `json:"remaining_seconds"`
+		Holder string `json:"holder"`
+		Held   bool   `json:"held"`
+		Token  int64  `json:"token"`
+		Left   int64  `json:"remaining_ms"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(out), &l))
 	require.Equal(t, "a", l.Holder)
 	require.True(t, l.Held)
-	require.Greater(t, l.Left, 50.0)
+	require.Greater(t, l.Left, int64(50000))
 
 	// A wrong token: exit 3, the lease untouched.
 	code, _, errOut = runLease(t, dbURL, "lease", "release", "--name", "job", "--token", fmt.Sprint(tok+100))

@@ -73,9 +73,9 @@ than any client retries, and than you may need to compensate grants.`,
 				return err
 			}
 			out := struct {
-				Deleted   int64   `json:"deleted"`
-				OlderThan float64 `json:"older_than_seconds"`
-			}{n, olderThan.Seconds()}
+				Deleted     int64 `json:"deleted"`
+				OlderThanMS int64 `json:"older_than_ms"`
+			}{n, olderThan.Milliseconds()}
 			return a.output(out, func(w *tabwriter.Writer) {
 				row(w, "deleted", n)
 				row(w, "older than", olderThan)

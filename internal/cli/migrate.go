@@ -339,17 +339,18 @@ func (a *app) withProvider(ctx context.Context, fn func(ctx context.Context, db 
 
 func (a *app) printResults(ctx context.Context, db *sql.DB, res []*goose.MigrationResult) error {
 	type item struct {
-		Version   int64   `json:"version"`
-		File      string  `json:"file"`
-		Direction string  `json:"direction"`
-		Seconds   float64 `json:"seconds"`
+		Version    int64  `json:"version"`
+		File       string `json:"file"`
+		Direction  string `json:"direction"`
+		DurationMS int64  `json:"duration_ms"`
+		took       time.Duration
 	}
 	items := make([]item, 0, len(res))
 	for _, r := range res {
 		if r == nil {
 			continue
 		}
-		items = append(items, item{Version: r.Source.Version, File: r.Source.Path, Direction: r.Direction, Seconds: r.Duration.Seconds()})
+		items = append(items, item{Version: r.Source.Version, File: r.Source.Path, Direction: r.Direction, DurationMS: r.Duration.Milliseconds(), took: r.Duration})
 	}
 	st, err := migrations.ReadState(ctx, db)
 	if err != nil {
@@ -368,7 +369,7 @@ func (a *app) printResults(ctx context.Context, db *sql.DB, res []*goose.Migrati
 			row(w, "no migrations to apply")
 		}
 		for _, it := range items {
-			row(w, it.Direction, it.File, strconv.FormatFloat(it.Seconds, 'f', 3, 64)+"s")
+			row(w, it.Direction, it.File, strconv.FormatFloat(it.took.Seconds(), 'f', 3, 64)+"s")
 		}
 		row(w, "version", fmt.Sprintf("%d (this build needs %d)", current, out.Latest))
 	})

@@ -320,13 +320,13 @@ func (a *app) outboxStatusCommand() *cobra.Command {
 				return err
 			}
 			out := struct {
-				Pending    int64     `json:"pending"`
-				Retrying   int64     `json:"retrying"`
-				Delivered  int64     `json:"delivered"`
-				Dead       int64     `json:"dead"`
-				LagSeconds float64   `json:"lag_seconds"`
-				At         time.Time `json:"at"`
-			}{st.Pending, st.Retrying, st.Delivered, st.Dead, st.Lag.Seconds(), st.At}
+				Pending   int64     `json:"pending"`
+				Retrying  int64     `json:"retrying"`
+				Delivered int64     `json:"delivered"`
+				Dead      int64     `json:"dead"`
+				LagMS     int64     `json:"lag_ms"`
+				DBNow     time.Time `json:"db_now"`
+			}{st.Pending, st.Retrying, st.Delivered, st.Dead, st.Lag.Milliseconds(), st.At}
 			return a.output(out, func(w *tabwriter.Writer) {
 				row(w, "pending", st.Pending)
 				row(w, "retrying", st.Retrying)

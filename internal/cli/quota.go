@@ -178,9 +178,13 @@ func (a *app) printQuotas(qs []quota.Quota, single bool) error {
 		}
 		return *q.DefaultLimit
 	}
-	var v any = qs
+	out := make([]quotaJSON, len(qs))
+	for i, q := range qs {
+		out[i] = quotaOut(q)
+	}
+	var v any = out
 	if single {
-		v = qs[0]
+		v = out[0]
 	}
 	return a.output(v, func(w *tabwriter.Writer) {
 		if single {

@@ -45,7 +45,7 @@ func TestQuotaDefineShapesAndGrantSeveralQuotas(t *testing.T) {
 	v := okJSON(t, dbURL, cli.ExitDenied, "grant", "--quota", "sec", "--quota", "hour", "--member", "m")
 	m := v.(map[string]any)
 	require.Equal(t, "hour", m["denied_by"])
-	require.Greater(t, m["retry_after"].(float64), float64(0))
+	require.Greater(t, m["retry_after_ms"].(float64), float64(0))
 	require.Len(t, m["limits"], 2)
 
 	for _, c := range []struct {

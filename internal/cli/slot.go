@@ -54,7 +54,7 @@ name as the lease (pgquota fence write --resource slot:NAME:INDEX).`,
 				fmt.Fprintln(a.stderr, "pgquota: "+trimPrefix(full.Error()))
 				if err := a.output(map[string]any{
 					"acquired": false, "semaphore": full.Semaphore, "limit": full.Limit, "holders": full.Holders,
-					"retry_after_seconds": full.RetryAfter.Seconds(),
+					"retry_after_ms": msWait(full.RetryAfter),
 				}, func(w *tabwriter.Writer) {
 					row(w, "acquired", "no")
 					row(w, "semaphore", full.Semaphore)
@@ -140,16 +140,16 @@ name as the lease (pgquota fence write --resource slot:NAME:INDEX).`,
 			if err != nil {
 				return err
 			}
-			type slotOut struct {
-				quota.Slot
-				Remaining float64 `json:"remaining_seconds"`
-			}
 			out := struct {
-				quota.SemaphoreState
-				Slots []slotOut `json:"slots"`
-			}{SemaphoreState: st, Slots: []slotOut{}}
+				Semaphore    string     `json:"semaphore"`
+				Limit        int        `json:"limit"`
+				Acquisitions int64      `json:"acquisitions"`
+				Holders      int        `json:"holders"`
+				DBNow        time.Time  `json:"db_now"`
+				Slots        []slotJSON `json:"slots"`
+			}{st.Name, st.Limit, st.Acquisitions, st.Held, st.DBNow, []slotJSON{}}
 			for _, s := range st.Slots {
-				out.Slots = append(out.Slots, slotOut{Slot: s, Remaining: s.Remaining().Seconds()})
+				out.Slots = append(out.Slots, slotOut(s))
 			}
 			return a.output(out, func(w *tabwriter.Writer) {
 				row(w, "semaphore", st.Name)
@@ -173,12 +173,12 @@ name as the lease (pgquota fence write --resource slot:NAME:INDEX).`,
 }
 
 func (a *app) printSlot(s quota.Slot, acquired bool) error {
-	type slotOut struct {
-		quota.Slot
-		Acquired  bool    `json:"acquired"`
-		Remaining float64 `json:"remaining_seconds"`
-	}
-	return a.output(slotOut{Slot: s, Acquired: acquired, Remaining: s.Remaining().Seconds()}, func(w *tabwriter.Writer) {
+	out := struct {
+		slotJSON
+		Acquired bool `json:"acquired"`
+		Holders  int  `json:"holders"`
+	}{slotOut(s), acquired, s.Holders}
+	return a.output(out, func(w *tabwriter.Writer) {
 		if acquired {
 			row(w, "acquired", "yes")
 		}

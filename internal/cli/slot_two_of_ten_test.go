@@ -65,16 +65,16 @@ func TestCLISlotTwoOfTenConcurrentAcquirersHold(t *testing.T) {
 	require.Equal(t, 8, denied)
 
 	var shown struct {
-		Limit int `json:"limit"`
-		Held  int `json:"held"`
-		Slots []struct {
+		Limit   int `json:"limit"`
+		Holders int `json:"holders"`
+		Slots   []struct {
 			Slot  int   `json:"slot"`
 			Token int64 `json:"token"`
 			Held  bool  `json:"held"`
 		} `json:"slots"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(ok(t, dbURL, "slot", "show", "--name", "enc", "--json")), &shown))
-	require.Equal(t, 2, shown.Held)
+	require.Equal(t, 2, shown.Holders)
 	require.Equal(t, 2, shown.Limit)
 	require.Len(t, shown.Slots, 2)
 	for _, s := range shown.Slots {

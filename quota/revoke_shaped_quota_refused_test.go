@@ -9,11 +9,12 @@ import (
 	"github.com/pgquota/pgquota/quota"
 )
 
-// Usage and Revoke serve calendar quotas: on a quota of kind rate, fixed or
-// rolling they return an *InputError (ErrInvalidInput) naming the kind and
-// what they serve, not date_trunc's raw 22023, and nothing is written (the
-// state row of the member's earlier grant is unchanged).
-func TestUsageRevokeShapedQuotaRefused(t *testing.T) {
+// Revoke serves calendar quotas: on a quota of kind rate, fixed or rolling
+// it returns an *InputError (ErrInvalidInput) naming the kind and what it
+// serves, not date_trunc's raw 22023, and nothing is written (the state row
+// of the member's earlier grant is unchanged). (Usage serves every kind:
+// usage_every_kind_test.go.)
+func TestRevokeShapedQuotaRefused(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
 	b.define(t, quota.Definition{Name: "rate", Window: quota.WindowRate, DefaultLimit: ptr(int64(10)), Period: time.Hour})
@@ -24,7 +25,6 @@ func TestUsageRevokeShapedQuotaRefused(t *testing.T) {
 		require.NoError(t, err)
 		require.True(t, res.Granted)
 		calls := map[string]func(*quota.Client) error{
-			"usage": func(c *quota.Client) error { _, err := c.Usage(b.ctx, kind, "m"); return err },
 			"revoke": func(c *quota.Client) error {
 				_, err := c.Revoke(b.ctx, quota.RevokeRequest{Quota: kind, Member: "m", Amount: 1})
 				return err
