@@ -118,20 +118,20 @@ $$;
 -- pgquota.claim_counted claims one unit of a counted pool (was
 -- VoucherClaimCounted, and LedgerClaimVoucher with p_key). The pool row is
 -- locked with a locking read guarded by claimed < total, after the ledger
--- key; a sold-out pool is not locked at all. The first read of the member's
--- claim only spares a member who holds a unit from queueing on the pool
--- lock; the primary key is the guard. When no unit was handed out, the
--- member's claim is read again by a later statement (a fresh snapshot), so
--- a double-click that lost the race sees the first click's claim.
+-- key; a sold-out pool is not locked at all. The read of the member's claim
+-- (the statement's snapshot) only spares a member who holds a unit from
+-- queueing on the pool lock; the primary key is the guard. When no unit
+-- was handed out, the member's claim is read again by a later statement (a
+-- fresh snapshot), so a double-click that lost the race sees the first
+-- click's claim.
 -- +goose StatementBegin
 CREATE FUNCTION pgquota.claim_counted(p_campaign text, p_member text, p_scope text, p_key text, p_at timestamptz)
     RETURNS pgquota.claim_step
     LANGUAGE plpgsql VOLATILE
     AS $$
 DECLARE
-    r         pgquota.claim_step;
-    v_claimed bigint;
-    v_held    pgquota.voucher_claim;
+    r      pgquota.claim_step;
+    v_held pgquota.voucher_claim;
 BEGIN
     r.claimed_now := false; r.used := 0; r.busy := false; r.shards := 0;
     IF p_key IS NOT NULL THEN
@@ -141,27 +141,36 @@ BEGIN
             RETURN r;
         END IF;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM pgquota.voucher_claim c
-                   WHERE c.campaign = p_campaign AND c.member = p_member) THEN
-        SELECT p.claimed INTO v_claimed
+    -- Lock, claim row and counter in one statement: every claim of the
+    -- pool queues on its row, so what a claim does between locking it and
+    -- its transaction's end is kept to one statement (not three).
+    WITH pool AS (
+        SELECT p.campaign, p.claimed
         FROM pgquota.voucher_pool p
         WHERE p.campaign = p_campaign AND p.kind = 'counted' AND p.claimed < p.total
-        FOR UPDATE OF p;
-        IF v_claimed IS NOT NULL THEN
-            INSERT INTO pgquota.voucher_claim AS c (campaign, member, seq, claimed_at)
-            VALUES (p_campaign, p_member, v_claimed + 1, pgquota.clock())
-            ON CONFLICT (campaign, member) DO NOTHING
-            RETURNING c.seq, c.claimed_at INTO r.seq, r.claimed_at;
-            IF r.seq IS NOT NULL THEN
-                UPDATE pgquota.voucher_pool p
-                SET claimed = p.claimed + 1
-                WHERE p.campaign = p_campaign
-                RETURNING p.claimed INTO r.used;
-                r.claimed_now := true;
-                RETURN r;
-            END IF;
-        END IF;
+          AND NOT EXISTS (SELECT 1 FROM pgquota.voucher_claim c
+                          WHERE c.campaign = p_campaign AND c.member = p_member)
+        FOR UPDATE OF p
+    ), ins AS (
+        INSERT INTO pgquota.voucher_claim AS c (campaign, member, seq, claimed_at)
+        SELECT pool.campaign, p_member, pool.claimed + 1, pgquota.clock()
+        FROM pool
+        ON CONFLICT (campaign, member) DO NOTHING
+        RETURNING c.seq, c.claimed_at
+    ), upd AS (
+        UPDATE pgquota.voucher_pool p
+        SET claimed = p.claimed + 1
+        FROM ins
+        WHERE p.campaign = p_campaign
+        RETURNING p.claimed
+    )
+    SELECT ins.seq, ins.claimed_at, upd.claimed INTO r.seq, r.claimed_at, r.used
+    FROM ins, upd;
+    IF r.seq IS NOT NULL THEN
+        r.claimed_now := true;
+        RETURN r;
     END IF;
+    r.used := 0;
     v_held := pgquota.voucher_claim_fresh(p_campaign, p_member);
     r.seq := v_held.seq;
     r.claimed_at := v_held.claimed_at;
