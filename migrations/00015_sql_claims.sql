@@ -250,14 +250,23 @@ BEGIN
             FOR UPDATE OF s;
         END IF;
         IF v_shard IS NOT NULL THEN
-            INSERT INTO pgquota.voucher_claim AS c (campaign, member, seq, claimed_at)
-            VALUES (p_campaign, p_member, v_seq, pgquota.clock())
-            ON CONFLICT (campaign, member) DO NOTHING
-            RETURNING c.seq, c.claimed_at INTO r.seq, r.claimed_at;
-            IF r.seq IS NOT NULL THEN
+            -- The claim row, and the shard's counter only when it was
+            -- inserted, in one statement.
+            WITH ins AS (
+                INSERT INTO pgquota.voucher_claim AS c (campaign, member, seq, claimed_at)
+                VALUES (p_campaign, p_member, v_seq, pgquota.clock())
+                ON CONFLICT (campaign, member) DO NOTHING
+                RETURNING c.seq, c.claimed_at
+            ), upd AS (
                 UPDATE pgquota.voucher_shard s
                 SET claimed = s.claimed + 1
-                WHERE s.campaign = p_campaign AND s.shard = v_shard;
+                FROM ins
+                WHERE s.campaign = p_campaign AND s.shard = v_shard
+                RETURNING s.shard
+            )
+            SELECT ins.seq, ins.claimed_at INTO r.seq, r.claimed_at
+            FROM ins, upd;
+            IF r.seq IS NOT NULL THEN
                 r.claimed_now := true;
                 RETURN r;
             END IF;
@@ -327,14 +336,23 @@ BEGIN
         r.claimed_at := v_state.held_since;
         RETURN r;
     END IF;
-    INSERT INTO pgquota.voucher_claim AS c (campaign, member, code, claimed_at)
-    VALUES (p_campaign, p_member, v_code, pgquota.clock())
-    ON CONFLICT (campaign, member) DO NOTHING
-    RETURNING c.code, c.claimed_at INTO r.code, r.claimed_at;
-    IF r.code IS NOT NULL THEN
+    -- The claim row, and the code's mark only when it was inserted, in one
+    -- statement.
+    WITH ins AS (
+        INSERT INTO pgquota.voucher_claim AS c (campaign, member, code, claimed_at)
+        VALUES (p_campaign, p_member, v_code, pgquota.clock())
+        ON CONFLICT (campaign, member) DO NOTHING
+        RETURNING c.code, c.claimed_at
+    ), upd AS (
         UPDATE pgquota.voucher_code v
-        SET member = p_member, claimed_at = r.claimed_at
-        WHERE v.campaign = p_campaign AND v.code = v_code;
+        SET member = p_member, claimed_at = ins.claimed_at
+        FROM ins
+        WHERE v.campaign = p_campaign AND v.code = ins.code
+        RETURNING v.code
+    )
+    SELECT ins.code, ins.claimed_at INTO r.code, r.claimed_at
+    FROM ins, upd;
+    IF r.code IS NOT NULL THEN
         r.claimed_now := true;
         RETURN r;
     END IF;
