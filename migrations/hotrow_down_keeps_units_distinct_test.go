@@ -47,9 +47,9 @@ func TestDownHotrowKeepsUnitNumbersDistinct(t *testing.T) {
 	}
 	require.NoError(t, tx.Rollback(ctx))
 
-	// A keyed claim holding unit 3 of a second pool (a keyed claim waits for
-	// locked shards, so the pool is made again until its random start gives
-	// it shard 1), and an unkeyed one.
+	// A keyed claim holding unit 3 of a second pool (the claim starts at a
+	// random shard, so the pool is made again until it takes shard 1), and
+	// an unkeyed one.
 	keyed := ""
 	for i := 0; keyed == "" && i < 40; i++ {
 		camp := fmt.Sprint("k", i)
@@ -70,23 +70,24 @@ func TestDownHotrowKeepsUnitNumbersDistinct(t *testing.T) {
 	_, err = p.DownTo(ctx, 4) // 00005_hotrow and every migration after it
 	require.NoError(t, err)
 
-	// The pool is a counted pool now, with 2 units left. (A client of the
-	// release before 00005 claims it with the same statement as this one.)
+	// The pool is a counted pool now, with 2 units left, claimed as a
+	// client of the release before 00005 claims it (this release's Claim
+	// needs 00015's functions).
 	var kind string
 	var claimed int64
 	require.NoError(t, pool.QueryRow(ctx, `SELECT kind, claimed FROM pgquota.voucher_pool WHERE campaign = 'p'`).Scan(&kind, &claimed))
 	require.Equal(t, "counted", kind)
 	require.Equal(t, int64(2), claimed)
-	after, err := quota.New(pool, nil)
-	require.NoError(t, err)
-	for _, m := range []string{"c", "d"} {
-		c, err := after.Claim(ctx, quota.ClaimRequest{Campaign: "p", Member: m})
-		require.NoError(t, err)
-		require.True(t, c.Claimed)
+	claimCounted := func(member string) bool {
+		var k, total, cl, now, at any // kind, total, claimed, claimed_now, (seq), claimed_at
+		var seq int64
+		require.NoError(t, pool.QueryRow(ctx, countedClaimBefore00005, "p", member).Scan(&k, &total, &cl, &now, &seq, &at))
+		return seq > 0
 	}
-	c, err := after.Claim(ctx, quota.ClaimRequest{Campaign: "p", Member: "e"})
-	require.NoError(t, err)
-	require.False(t, c.Claimed, "sold out")
+	for _, m := range []string{"c", "d"} {
+		require.True(t, claimCounted(m), m)
+	}
+	require.False(t, claimCounted("e"), "sold out")
 
 	rows, err := pool.Query(ctx, `SELECT member, seq FROM pgquota.voucher_claim WHERE campaign = 'p' ORDER BY member`)
 	require.NoError(t, err)
@@ -114,3 +115,45 @@ func TestDownHotrowKeepsUnitNumbersDistinct(t *testing.T) {
 		WHERE l.target = $1 AND l.idempotency_key = 'key'`, keyed).Scan(&stored, &held))
 	require.Equal(t, held, stored)
 }
+
+// countedClaimBefore00005 is the counted-pool claim statement of the
+// releases before 00015 (queries/voucher_claim.sql VoucherClaimCounted),
+// which runs on the schema of 00004: $1 campaign, $2 member.
+const countedClaimBefore00005 = `
+	WITH pool AS (
+	    SELECT p.campaign, p.claimed
+	    FROM pgquota.voucher_pool p
+	    WHERE p.campaign = $1::text
+	      AND p.kind = 'counted'
+	      AND p.claimed < p.total
+	      AND NOT EXISTS (
+	          SELECT 1 FROM pgquota.voucher_claim c
+	          WHERE c.campaign = $1::text AND c.member = $2::text
+	      )
+	    FOR UPDATE OF p
+	), ins AS (
+	    INSERT INTO pgquota.voucher_claim (campaign, member, seq, claimed_at)
+	    SELECT pool.campaign, $2::text, pool.claimed + 1, pgquota.clock()
+	    FROM pool
+	    ON CONFLICT (campaign, member) DO NOTHING
+	    RETURNING seq, claimed_at
+	), upd AS (
+	    UPDATE pgquota.voucher_pool p
+	    SET claimed = p.claimed + 1
+	    FROM ins
+	    WHERE p.campaign = $1::text
+	    RETURNING p.claimed
+	), prior AS (
+	    SELECT f.seq, f.code, f.member, f.claimed_at
+	    FROM pgquota.voucher_claim_fresh($1::text, $2::text) f
+	    WHERE NOT EXISTS (SELECT 1 FROM ins)
+	)
+	SELECT p.kind,
+	       p.total,
+	       coalesce((SELECT upd.claimed FROM upd), p.claimed)::bigint AS claimed,
+	       EXISTS (SELECT 1 FROM ins)::boolean AS claimed_now,
+	       coalesce((SELECT ins.seq FROM ins), (SELECT prior.seq FROM prior), 0)::bigint AS seq,
+	       coalesce((SELECT ins.claimed_at FROM ins), (SELECT prior.claimed_at FROM prior))::timestamptz AS claimed_at
+	FROM pgquota.voucher_pool p
+	WHERE p.campaign = $1::text
+	  AND (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')`

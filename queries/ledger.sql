@@ -17,7 +17,7 @@
 --      because they are the same statement, and one statement commits or
 --      rolls back as a whole. The guards of the write itself stay in the
 --      WHERE clause of the row being written, exactly as in the keyless
---      statements (usage.sql, voucher_claim.sql, voucher_code.sql), and are
+--      statements (usage.sql; for claims, the functions of migrations/00015), and are
 --      re-checked on the newest row version under READ COMMITTED (section
 --      13.2.1).
 --   3. The outcome row (ledger_outcome) is inserted by the same statement,
@@ -187,172 +187,25 @@ LEFT JOIN def ON true
 LEFT JOIN res ON true
 WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '');
 
--- name: LedgerClaimVoucher :one
--- VoucherClaimCounted (voucher_claim.sql) with a ledger row. The pool row is
--- locked after the ledger key (pool selects FROM led). A sold-out pool and a
--- member who already holds a unit are outcomes too, stored and replayed.
-WITH camp AS (
-    SELECT p.campaign, p.kind, p.total, pgquota.clock() AS at
-    FROM pgquota.voucher_pool p
-    WHERE p.campaign = @campaign::text
-), led AS (
-    INSERT INTO pgquota.ledger (scope, idempotency_key, operation, target, member, amount, created_at)
-    SELECT @scope::text, @idempotency_key::text, 'claim', camp.campaign, @member::text, 1, camp.at
-    FROM camp
-    WHERE camp.kind = 'counted'
-    ON CONFLICT (scope, idempotency_key) DO NOTHING
-    RETURNING grant_id
-), pool AS (
-    SELECT p.campaign, p.claimed
-    FROM pgquota.voucher_pool p
-    CROSS JOIN led
-    WHERE p.campaign = @campaign::text
-      AND p.kind = 'counted'
-      AND p.claimed < p.total
-      AND NOT EXISTS (
-          SELECT 1 FROM pgquota.voucher_claim c
-          WHERE c.campaign = @campaign::text AND c.member = @member::text
-      )
-    FOR UPDATE OF p
-), ins AS (
-    INSERT INTO pgquota.voucher_claim (campaign, member, seq, claimed_at)
-    SELECT pool.campaign, @member::text, pool.claimed + 1, pgquota.clock()
-    FROM pool
-    ON CONFLICT (campaign, member) DO NOTHING
-    RETURNING seq, claimed_at
-), upd AS (
-    UPDATE pgquota.voucher_pool p
-    SET claimed = p.claimed + 1
-    FROM ins
-    WHERE p.campaign = @campaign::text
-    RETURNING p.claimed
-), prior AS (
-    SELECT f.seq, f.claimed_at
-    FROM pgquota.voucher_claim_fresh(@campaign::text, @member::text) f
-    WHERE EXISTS (SELECT 1 FROM led)
-      AND NOT EXISTS (SELECT 1 FROM ins)
-      AND f.member IS NOT NULL
-), res AS (
-    INSERT INTO pgquota.ledger_outcome (grant_id, granted, used, limit_value, seq, repeat, claimed_at, decided_at)
-    SELECT led.grant_id,
-           ins.seq IS NOT NULL OR prior.seq IS NOT NULL,
-           coalesce((SELECT upd.claimed FROM upd), 0),
-           camp.total,
-           coalesce(ins.seq, prior.seq, 0),
-           ins.seq IS NULL AND prior.seq IS NOT NULL,
-           coalesce(ins.claimed_at, prior.claimed_at),
-           camp.at
-    FROM led
-    CROSS JOIN camp
-    LEFT JOIN ins ON true
-    LEFT JOIN prior ON true
-    RETURNING grant_id, granted, seq, repeat, claimed_at
-)
-SELECT (camp.campaign IS NOT NULL)::boolean AS campaign_found,
-       coalesce(camp.kind, '')::text AS kind,
-       coalesce(camp.total, 0)::bigint AS total,
-       coalesce(res.grant_id, 0)::bigint AS grant_id,
-       coalesce(res.granted, false)::boolean AS claimed,
-       coalesce(res.seq, 0)::bigint AS seq,
-       coalesce(res.repeat, false)::boolean AS repeat,
-       res.claimed_at::timestamptz AS claimed_at,
-       (CASE WHEN res.grant_id IS NULL
-             THEN pgquota.ledger_key_fresh(@scope::text, @idempotency_key::text)
-             ELSE 0 END)::bigint AS prior_grant_id
-FROM (SELECT 1) one
-LEFT JOIN camp ON true
-LEFT JOIN res ON true
-WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '');
-
--- name: LedgerClaimCode :one
--- VoucherCodeClaim (voucher_code.sql) with a ledger row. pick locks one
--- unclaimed code with SKIP LOCKED (it never waits, so it takes no part in a
--- lock-order cycle); then the ledger key is inserted, and the claim selects
--- FROM both. The ledger row is written only when the outcome is final: a
--- code was picked, the member already holds one, or no unclaimed code is
--- left (both read with one fresh snapshot). When unclaimed codes exist but all are
--- locked by claims in progress, nothing is written and codes_left tells
--- the caller to try again, as for the keyless claim.
-WITH camp AS (
-    SELECT p.campaign, p.kind, p.total, pgquota.clock() AS at
-    FROM pgquota.voucher_pool p
-    WHERE p.campaign = @campaign::text
-), pick AS (
-    SELECT v.campaign, v.code
-    FROM pgquota.voucher_code v
-    WHERE v.campaign = @campaign::text
-      AND v.member IS NULL
-      AND NOT EXISTS (
-          SELECT 1 FROM pgquota.voucher_claim c
-          WHERE c.campaign = @campaign::text AND c.member = @member::text
-      )
-    LIMIT 1
-    FOR UPDATE OF v SKIP LOCKED
-), state AS (
-    -- The member's code and whether any code is left, from one fresh
-    -- snapshot (see VoucherCodeClaim in voucher_code.sql for why one).
-    SELECT f.held_code AS code, f.codes_left
-    FROM pgquota.voucher_code_state_fresh(@campaign::text, @member::text) AS f (held_code, held_since, codes_left)
-    WHERE NOT EXISTS (SELECT 1 FROM pick)
-), led AS (
-    INSERT INTO pgquota.ledger (scope, idempotency_key, operation, target, member, amount, created_at)
-    SELECT @scope::text, @idempotency_key::text, 'claim', camp.campaign, @member::text, 1, camp.at
-    FROM camp
-    WHERE camp.kind = 'codes'
-      AND (EXISTS (SELECT 1 FROM pick)
-           OR EXISTS (SELECT 1 FROM state WHERE state.code IS NOT NULL OR NOT state.codes_left))
-    ON CONFLICT (scope, idempotency_key) DO NOTHING
-    RETURNING grant_id
-), ins AS (
-    INSERT INTO pgquota.voucher_claim (campaign, member, code, claimed_at)
-    SELECT pick.campaign, @member::text, pick.code, pgquota.clock()
-    FROM pick
-    CROSS JOIN led
-    ON CONFLICT (campaign, member) DO NOTHING
-    RETURNING code, claimed_at
-), upd AS (
-    UPDATE pgquota.voucher_code v
-    SET member = @member::text,
-        claimed_at = ins.claimed_at
-    FROM ins
-    WHERE v.campaign = @campaign::text AND v.code = ins.code
-    RETURNING v.code
-), prior AS (
-    SELECT f.code, f.claimed_at
-    FROM pgquota.voucher_claim_fresh(@campaign::text, @member::text) f
-    WHERE EXISTS (SELECT 1 FROM led)
-      AND NOT EXISTS (SELECT 1 FROM ins)
-      AND f.member IS NOT NULL
-), res AS (
-    INSERT INTO pgquota.ledger_outcome (grant_id, granted, limit_value, code, repeat, claimed_at, decided_at)
-    SELECT led.grant_id,
-           EXISTS (SELECT 1 FROM upd) OR prior.code IS NOT NULL,
-           camp.total,
-           coalesce(ins.code, prior.code, ''),
-           ins.code IS NULL AND prior.code IS NOT NULL,
-           coalesce(ins.claimed_at, prior.claimed_at),
-           camp.at
-    FROM led
-    CROSS JOIN camp
-    LEFT JOIN ins ON true
-    LEFT JOIN prior ON true
-    RETURNING grant_id, granted, code, repeat, claimed_at
-)
-SELECT (camp.campaign IS NOT NULL)::boolean AS campaign_found,
-       coalesce(camp.kind, '')::text AS kind,
-       coalesce(camp.total, 0)::bigint AS total,
-       coalesce(res.grant_id, 0)::bigint AS grant_id,
-       coalesce(res.granted, false)::boolean AS claimed,
-       coalesce(res.code, '')::text AS code,
-       coalesce(res.repeat, false)::boolean AS repeat,
-       res.claimed_at::timestamptz AS claimed_at,
-       (CASE WHEN res.grant_id IS NULL
-             THEN pgquota.ledger_key_fresh(@scope::text, @idempotency_key::text)
-             ELSE 0 END)::bigint AS prior_grant_id
-FROM (SELECT 1) one
-LEFT JOIN camp ON true
-LEFT JOIN res ON true
-WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '');
+-- name: LedgerClaim :one
+-- A voucher claim of any campaign kind with a ledger row: pgquota.claim_keyed
+-- (migrations/00015_sql_claims.sql), built as the statements above are (the
+-- ledger key first, then the pool or shard row; a code campaign's SKIP
+-- LOCKED pick, which never waits, before the key). A sold-out pool and a
+-- member who already holds a voucher are outcomes too, stored and
+-- replayed; a busy code claim (every unclaimed code locked) stores nothing.
+SELECT c.found::boolean AS campaign_found,
+       c.kind::text AS kind,
+       c.total::bigint AS total,
+       c.claimed::boolean AS claimed,
+       c.repeat::boolean AS repeat,
+       c.seq::bigint AS seq,
+       c.code::text AS code,
+       c.claimed_at::timestamptz AS claimed_at,
+       c.busy::boolean AS busy,
+       c.grant_id::bigint AS grant_id,
+       c.prior_grant_id::bigint AS prior_grant_id
+FROM pgquota.claim_keyed(@scope::text, @idempotency_key::text, @campaign::text, @member::text) c;
 
 -- name: LedgerRevokeGrant :one
 -- Compensates one keyed grant: gives its units back to the counter row of

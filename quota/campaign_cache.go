@@ -9,14 +9,14 @@ import (
 // Bounded per-campaign caches (Client.shardCounts, Client.shardGates).
 //
 // A Client remembers, per sharded campaign it claimed from, the number of
-// shards (a pool's shards never change) and the gate that bounds its claims
-// in flight. Kept in plain maps, they would grow with every campaign the
-// Client ever touched: a service that opens a campaign per product launch
-// would hold every past one for ever. So each is a least-recently-used
-// cache of at most campaignCacheSize campaigns (hashicorp/golang-lru's
-// simplelru, under a mutex): a campaign evicted and claimed from again
-// costs one more statement to learn its shards (VoucherClaimCounted
-// reports the kind, then VoucherShardCount), and gets a fresh gate. A gate
+// shards (every claim reports it: pgquota.claim's shards) and the gate that
+// bounds its claims in flight. Kept in plain maps, they would grow with
+// every campaign the Client ever touched: a service that opens a campaign
+// per product launch would hold every past one for ever. So each is a
+// least-recently-used cache of at most campaignCacheSize campaigns
+// (hashicorp/golang-lru's simplelru, under a mutex): a campaign evicted and
+// claimed from again makes one claim without the gate (which learns its
+// shards again), and gets a fresh gate. A gate
 // evicted while claims are in flight on it only lets a few more claims in
 // at once for as long as those run (they release their places on the old
 // gate): the gate is a throughput aid, never a guard.

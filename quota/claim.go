@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgquota/pgquota/db"
@@ -27,11 +28,6 @@ type ClaimRequest struct {
 	Idempotency IdempotencyKey
 }
 
-// errOtherKind is returned by a claim path that found the campaign to be
-// of a kind it does not serve; it wrote nothing, and Claim takes the
-// other path.
-var errOtherKind = errors.New("pgquota: the campaign is of another kind")
-
 // checkClaimRequest validates a claim request, once, and returns its
 // fingerprint (the key with its default scope filled in).
 func checkClaimRequest(req ClaimRequest) (request, error) {
@@ -52,15 +48,16 @@ func checkClaimRequest(req ClaimRequest) (request, error) {
 }
 
 // Claim hands member one voucher of a campaign, whatever its kind, in one
-// SQL statement:
+// SQL call (pgquota.claim, or pgquota.claim_keyed with an idempotency key:
+// migrations/00015_sql_claims.sql, docs/sql.md):
 //
 //   - a counted pool (CreateCampaign): one unit while claimed < total,
 //     numbered ClaimResult.Seq;
 //   - a sharded pool (CreateShardedCampaign): a unit from a shard with units
 //     left, starting at a random shard and skipping locked ones (FOR UPDATE
 //     SKIP LOCKED); when every shard with units left is locked by claims in
-//     progress, the same statement waits for one of them. The result is
-//     sold out only when every shard is full;
+//     progress, the same call waits for one of them. The result is sold out
+//     only when every shard is full;
 //   - a code campaign (ImportCodes): one unclaimed code (ClaimResult.Code).
 //     Concurrent claimers take different codes (FOR UPDATE SKIP LOCKED)
 //     instead of queueing; codes passed over because another claim holds
@@ -72,22 +69,20 @@ func checkClaimRequest(req ClaimRequest) (request, error) {
 // with Repeat set and takes nothing. The total is never exceeded. A
 // sold-out campaign is a result (Claimed false), not an error.
 //
-// One call serves every kind because the statements report the campaign's
-// kind and write nothing for a kind they do not serve: the first claim of a
-// campaign by a client may take a second statement to learn that it holds
-// codes or shards (two for a sharded pool with an idempotency key), and the
-// client remembers the kind from then on.
+// The database function reads the campaign's kind and dispatches on it, so
+// every claim is one round trip, the first one of a campaign included.
 //
-// With req.Idempotency the claim and its ledger row are one statement. On a
-// sharded pool a keyed claim waits for a locked shard rather than skipping
-// it (queries/voucher_shard.sql, LedgerClaimShard), so that a stored
-// sold-out outcome is exact. Serialization failures and deadlocks are
-// retried as for Grant.
+// With req.Idempotency the claim and its ledger row are one call; the
+// ledger key is taken before the pool or shard row is locked, and every
+// final outcome (sold out included) is stored. Serialization failures and
+// deadlocks are retried as for Grant.
 //
 // Errors: *InputError (ErrInvalidInput) for a bad campaign, member or
 // idempotency key; ErrCampaignNotFound; ErrCodesBusy (code campaigns);
 // ErrIdempotencyKeyReused; the context's error; ErrSchemaMissing; database
-// errors (SQLSTATE kept).
+// errors (SQLSTATE kept; XX000 if a sharded pool found every shard full and
+// then still had units, which cannot happen while units are never given
+// back).
 //
 // ErrOutcomeUnknown: the request (its statement, or its transaction's
 // COMMIT) was sent and no reply said how it ended, so it may have been
@@ -116,37 +111,106 @@ func (c *Client) claim(ctx context.Context, x db.DBTX, req ClaimRequest) (ClaimR
 	if err != nil {
 		return ClaimResult{}, err
 	}
-	pools := func() (ClaimResult, error) {
-		if fp.key.Key != "" {
-			return c.claimVoucherKeyed(ctx, x, fp)
-		}
-		return c.claimVoucher(ctx, x, fp.target, fp.member)
+	attempt := func() (ClaimResult, error) { return c.claimUnkeyed(ctx, x, fp.target, fp.member) }
+	if fp.key.Key != "" {
+		attempt = func() (ClaimResult, error) { return c.claimKeyed(ctx, x, fp) }
 	}
-	codes := func() (ClaimResult, error) {
-		if fp.key.Key != "" {
-			return c.claimCodeKeyed(ctx, x, fp)
-		}
-		return c.claimCode(ctx, x, fp.target, fp.member)
-	}
-	first, second := pools, codes
-	_, isCodes := c.codeCampaigns.Load(fp.target)
-	if isCodes {
-		first, second = codes, pools
-	}
-	res, err := first()
-	if !errors.Is(err, errOtherKind) {
+	res, err := attempt()
+	if !errors.Is(err, errCodesLocked) {
 		return res, err
 	}
-	// The campaign is of the other kind (or was recreated as one): nothing
-	// was written; take the other path once.
-	if isCodes {
-		c.codeCampaigns.Delete(fp.target)
+	return c.whileCodesLocked(ctx, fp.target, func() (ClaimResult, error) {
+		res, err := attempt()
+		if err != nil && !errors.Is(err, errCodesLocked) {
+			return res, backoff.Permanent(err)
+		}
+		return res, err
+	})
+}
+
+// claimUnkeyed runs pgquota.claim once. A code campaign whose unclaimed
+// codes are all locked returns errCodesLocked, with nothing written. On a
+// sharded pool this client claimed from before, the call passes the shard
+// gate (shardGate) when the client owns its transaction; the pool's number
+// of shards comes back with every claim.
+func (c *Client) claimUnkeyed(ctx context.Context, x db.DBTX, campaign, member string) (ClaimResult, error) {
+	params := db.VoucherClaimParams{Campaign: campaign, Member: member}
+	cached, sharded := c.shardCounts.Load(campaign)
+	var row db.VoucherClaimRow
+	var err error
+	if rp, own := x.(retryPool); own && sharded {
+		// Each attempt passes the gate on its own: a claim that must run
+		// again (a serialization failure) gives its place up while it
+		// backs off, instead of retrying ahead of the claims waiting.
+		row, err = retry(ctx, rp.policy, func() (db.VoucherClaimRow, error) {
+			release, err := c.shardGate(ctx, campaign, cached.(int))
+			if err != nil {
+				return db.VoucherClaimRow{}, err
+			}
+			defer release()
+			return c.queries.VoucherClaim(ctx, rp.pool, params)
+		})
 	} else {
-		c.codeCampaigns.Store(fp.target, struct{}{})
+		row, err = c.queries.VoucherClaim(ctx, x, params)
 	}
-	res, err = second()
-	if errors.Is(err, errOtherKind) {
-		return ClaimResult{}, fmt.Errorf("pgquota: claim: campaign %q changed kind during the claim", fp.target)
+	if err != nil {
+		return ClaimResult{}, dbError("claim voucher", err)
 	}
-	return res, err
+	switch {
+	case !row.Found:
+		return ClaimResult{}, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
+	case CampaignKind(row.Kind) == KindSharded:
+		if !sharded || cached.(int) != int(row.Shards) {
+			c.shardCounts.Store(campaign, int(row.Shards))
+		}
+	case sharded:
+		c.shardCounts.Delete(campaign) // the campaign was recreated as another kind
+	}
+	if row.Busy {
+		return ClaimResult{}, errCodesLocked
+	}
+	return ClaimResult{
+		Campaign:  campaign,
+		Member:    member,
+		Claimed:   row.Claimed,
+		Repeat:    row.Repeat,
+		Seq:       row.Seq,
+		Code:      row.Code,
+		ClaimedAt: timeFromPG(row.ClaimedAt),
+		Total:     row.Total,
+	}, nil
+}
+
+// claimKeyed runs pgquota.claim_keyed once: the claim and its ledger row
+// in one call. fp is the request's fingerprint (checkClaimRequest). A code
+// campaign whose unclaimed codes are all locked returns errCodesLocked,
+// with nothing written (no ledger row either).
+func (c *Client) claimKeyed(ctx context.Context, x db.DBTX, fp request) (ClaimResult, error) {
+	campaign, member, key := fp.target, fp.member, fp.key
+	return runKeyed(ctx, c, x, fp, func() (ClaimResult, int64, error) {
+		row, err := c.queries.LedgerClaim(ctx, x, db.LedgerClaimParams{
+			Scope: key.Scope, IdempotencyKey: key.Key, Campaign: campaign, Member: member,
+		})
+		switch {
+		case err != nil:
+			return ClaimResult{}, 0, dbError("claim voucher", err)
+		case row.PriorGrantID != 0:
+			return ClaimResult{}, row.PriorGrantID, nil
+		case !row.CampaignFound:
+			return ClaimResult{}, 0, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
+		case row.Busy:
+			return ClaimResult{}, 0, errCodesLocked
+		}
+		return ClaimResult{
+			Campaign:  campaign,
+			Member:    member,
+			Claimed:   row.Claimed,
+			Repeat:    row.Repeat,
+			Seq:       row.Seq,
+			Code:      row.Code,
+			ClaimedAt: timeFromPG(row.ClaimedAt),
+			Total:     row.Total,
+			Keyed:     Keyed{GrantID: row.GrantID, IdempotencyScope: key.Scope, IdempotencyKey: key.Key},
+		}, 0, nil
+	}, claimFromEntry)
 }

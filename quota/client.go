@@ -151,14 +151,11 @@ type Client struct {
 	// kinds caches each quota's kind, to pick its grant statement (shape.go).
 	kinds kindCache
 
-	// shardCounts caches the number of shards of sharded pools, by
-	// campaign (shard.go), for the campaignCacheSize campaigns used last
-	// (campaign_cache.go).
+	// shardCounts remembers the sharded pools this client claimed from and
+	// their number of shards (every claim reports it), by campaign, for the
+	// campaignCacheSize campaigns used last (campaign_cache.go): a claim on
+	// one passes the shard gate (claim.go, shard.go).
 	shardCounts boundedMap
-	// codeCampaigns remembers the campaigns found to hold codes, so that
-	// Claim sends their claim statement first (claim.go), for as many
-	// campaigns.
-	codeCampaigns boundedMap
 	// shardGates holds, per sharded campaign, the channel that bounds this
 	// client's claims in flight (shardGate), for as many campaigns.
 	shardGates boundedMap

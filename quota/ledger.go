@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
@@ -247,87 +246,6 @@ func (c *Client) revokeKeyed(ctx context.Context, x db.DBTX, req RevokeRequest) 
 			WindowEnd:   timeFromPG(e.WindowEnd),
 			Keyed:       keyedFromEntry(e),
 		}
-	})
-}
-
-// claimVoucherKeyed is claimVoucher with an idempotency key: the claim and
-// its ledger row are one statement. fp is the request's fingerprint
-// (checkClaimRequest).
-func (c *Client) claimVoucherKeyed(ctx context.Context, x db.DBTX, fp request) (ClaimResult, error) {
-	campaign, member, key := fp.target, fp.member, fp.key
-	if _, ok := c.shardCounts.Load(campaign); ok {
-		return c.claimShardedKeyed(ctx, x, campaign, member, fp)
-	}
-	claim, err := runKeyed(ctx, c, x, fp, func() (ClaimResult, int64, error) {
-		row, err := c.queries.LedgerClaimVoucher(ctx, x, db.LedgerClaimVoucherParams{
-			Scope: key.Scope, IdempotencyKey: key.Key, Campaign: campaign, Member: member,
-		})
-		switch {
-		case err != nil:
-			return ClaimResult{}, 0, dbError("claim voucher", err)
-		case row.PriorGrantID != 0:
-			return ClaimResult{}, row.PriorGrantID, nil
-		case !row.CampaignFound:
-			return ClaimResult{}, 0, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
-		case CampaignKind(row.Kind) == KindSharded:
-			return ClaimResult{}, 0, errShardedPool // nothing was written
-		case CampaignKind(row.Kind) != KindCounted:
-			return ClaimResult{}, 0, fmt.Errorf("%w: %q holds codes", errOtherKind, campaign)
-		}
-		return ClaimResult{
-			Campaign:  campaign,
-			Member:    member,
-			Claimed:   row.Claimed,
-			Repeat:    row.Repeat,
-			Seq:       row.Seq,
-			ClaimedAt: timeFromPG(row.ClaimedAt),
-			Total:     row.Total,
-			Keyed:     Keyed{GrantID: row.GrantID, IdempotencyScope: key.Scope, IdempotencyKey: key.Key},
-		}, 0, nil
-	}, claimFromEntry)
-	if errors.Is(err, errShardedPool) {
-		return c.claimShardedKeyed(ctx, x, campaign, member, fp)
-	}
-	return claim, err
-}
-
-// claimCodeKeyed is claimCode with an idempotency key. While unclaimed
-// codes exist but all are locked by claims in progress, nothing is recorded
-// and the claim is tried again, as claimCode does.
-func (c *Client) claimCodeKeyed(ctx context.Context, x db.DBTX, fp request) (ClaimResult, error) {
-	campaign, member, key := fp.target, fp.member, fp.key
-	return c.whileCodesLocked(ctx, campaign, func() (ClaimResult, error) {
-		claim, err := runKeyed(ctx, c, x, fp, func() (ClaimResult, int64, error) {
-			row, err := c.queries.LedgerClaimCode(ctx, x, db.LedgerClaimCodeParams{
-				Scope: key.Scope, IdempotencyKey: key.Key, Campaign: campaign, Member: member,
-			})
-			switch {
-			case err != nil:
-				return ClaimResult{}, 0, dbError("claim code", err)
-			case row.PriorGrantID != 0:
-				return ClaimResult{}, row.PriorGrantID, nil
-			case !row.CampaignFound:
-				return ClaimResult{}, 0, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
-			case CampaignKind(row.Kind) != KindCodes:
-				return ClaimResult{}, 0, fmt.Errorf("%w: %q is a %s pool", errOtherKind, campaign, row.Kind)
-			case row.GrantID == 0:
-				return ClaimResult{}, 0, errCodesLocked
-			}
-			return ClaimResult{
-				Campaign:  campaign,
-				Member:    member,
-				Claimed:   row.Claimed,
-				Repeat:    row.Repeat,
-				Code:      row.Code,
-				ClaimedAt: timeFromPG(row.ClaimedAt),
-				Total:     row.Total,
-				Keyed:     Keyed{GrantID: row.GrantID, IdempotencyScope: key.Scope, IdempotencyKey: key.Key},
-			}, 0, nil
-		}, claimFromEntry)
-		if err != nil && !errors.Is(err, errCodesLocked) {
-			return claim, backoff.Permanent(err)
-		}
-		return claim, err
 	})
 }
 

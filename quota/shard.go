@@ -2,9 +2,7 @@ package quota
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,7 +24,7 @@ import (
 // guard (claimed < total, re-checked on the newest version) and the shard
 // totals add up to the pool's. No unit is stranded: a claim moves on from an
 // empty or locked shard to the others, and reports sold out only when every
-// shard is full (see queries/voucher_shard.sql).
+// shard is full (see pgquota.claim_sharded, migrations/00015_sql_claims.sql).
 
 // KindSharded is a counted pool whose total is split across shards:
 // created by CreateShardedCampaign, claimed with Claim.
@@ -142,113 +140,6 @@ func poolFromStatus(r db.VoucherPoolStatusRow) Campaign {
 	}, r.Claimed)
 	p.Shards = int(r.Shards)
 	return p
-}
-
-// shardCount returns the number of shards of a sharded pool, cached per
-// client (a pool's shards never change).
-func (c *Client) shardCount(ctx context.Context, x db.DBTX, campaign string) (int, error) {
-	if n, ok := c.shardCounts.Load(campaign); ok {
-		return n.(int), nil
-	}
-	n, err := c.queries.VoucherShardCount(ctx, x, campaign)
-	if err != nil {
-		return 0, dbError("claim voucher", err)
-	}
-	if n > 0 {
-		c.shardCounts.Store(campaign, int(n))
-	}
-	return int(n), nil
-}
-
-// claimSharded claims a unit of a sharded pool of shards shards. kind is
-// the campaign's kind: when it is not KindSharded, nothing was claimed.
-func (c *Client) claimSharded(ctx context.Context, x db.DBTX, campaign, member string, shards int) (claim ClaimResult, kind CampaignKind, err error) {
-	claim1 := func(x db.DBTX) (db.VoucherShardClaimRow, error) {
-		start := int32(rand.IntN(max(shards, 1)))
-		return c.queries.VoucherShardClaim(ctx, x, db.VoucherShardClaimParams{Campaign: campaign, Member: member, Start: start})
-	}
-	var row db.VoucherShardClaimRow
-	if rp, own := x.(retryPool); own {
-		// Each attempt passes the gate on its own: a claim that must run
-		// again (a serialization failure) gives its place up while it
-		// backs off, instead of retrying ahead of the claims waiting.
-		row, err = retry(ctx, rp.policy, func() (db.VoucherShardClaimRow, error) {
-			release, err := c.shardGate(ctx, campaign, shards)
-			if err != nil {
-				return db.VoucherShardClaimRow{}, err
-			}
-			defer release()
-			return claim1(rp.pool)
-		})
-	} else {
-		row, err = claim1(x)
-	}
-	if isNoRows(err) {
-		return ClaimResult{}, "", fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
-	}
-	if err != nil {
-		return ClaimResult{}, "", dbError("claim voucher", err)
-	}
-	if CampaignKind(row.Kind) != KindSharded {
-		return ClaimResult{}, CampaignKind(row.Kind), nil
-	}
-	if row.UnitsLeft {
-		// The statement found every shard full, but a fresh read saw room:
-		// impossible while units are never given back to a sharded pool.
-		// Report it rather than "sold out".
-		return ClaimResult{}, "", fmt.Errorf("pgquota: claim voucher: %q still has units after every shard was found full", campaign)
-	}
-	return ClaimResult{
-		Campaign:  campaign,
-		Member:    member,
-		Claimed:   row.Seq > 0,
-		Repeat:    row.Seq > 0 && !row.ClaimedNow,
-		Seq:       row.Seq,
-		ClaimedAt: timeFromPG(row.ClaimedAt),
-		Total:     row.Total,
-	}, KindSharded, nil
-}
-
-// errShardedPool tells claimVoucherKeyed that the campaign is a sharded
-// pool: the counted pool's keyed statement wrote nothing.
-var errShardedPool = errors.New("sharded pool")
-
-// claimShardedKeyed is Claim on a sharded pool: one
-// statement (LedgerClaimShard) that records the key, waits for a shard with
-// units left if all of them are locked, and stores the outcome.
-func (c *Client) claimShardedKeyed(ctx context.Context, x db.DBTX, campaign, member string, fp request) (ClaimResult, error) {
-	n, err := c.shardCount(ctx, x, campaign)
-	if err != nil {
-		return ClaimResult{}, err
-	}
-	key := fp.key
-	return runKeyed(ctx, c, x, fp, func() (ClaimResult, int64, error) {
-		row, err := c.queries.LedgerClaimShard(ctx, x, db.LedgerClaimShardParams{
-			Scope: key.Scope, IdempotencyKey: key.Key, Campaign: campaign, Member: member,
-			Start: int32(rand.IntN(max(n, 1))),
-		})
-		switch {
-		case err != nil:
-			return ClaimResult{}, 0, dbError("claim voucher", err)
-		case row.PriorGrantID != 0:
-			return ClaimResult{}, row.PriorGrantID, nil
-		case !row.CampaignFound:
-			return ClaimResult{}, 0, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
-		case CampaignKind(row.Kind) != KindSharded:
-			c.shardCounts.Delete(campaign)
-			return ClaimResult{}, 0, fmt.Errorf("pgquota: claim voucher: campaign %q changed kind during the claim", campaign)
-		}
-		return ClaimResult{
-			Campaign:  campaign,
-			Member:    member,
-			Claimed:   row.Claimed,
-			Repeat:    row.Repeat,
-			Seq:       row.Seq,
-			ClaimedAt: timeFromPG(row.ClaimedAt),
-			Total:     row.Total,
-			Keyed:     Keyed{GrantID: row.GrantID, IdempotencyScope: key.Scope, IdempotencyKey: key.Key},
-		}, 0, nil
-	}, claimFromEntry)
 }
 
 // shardGateMaxWait bounds how long a claim waits for the shard gate. A

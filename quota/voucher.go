@@ -157,49 +157,6 @@ func (c *Client) Campaign(ctx context.Context, campaign string) (Campaign, error
 	return poolFromStatus(row), nil
 }
 
-// claimVoucher claims a unit of a counted or sharded pool (Claim without
-// an idempotency key). The request was validated by Claim. A code campaign
-// returns errOtherKind, with nothing written.
-func (c *Client) claimVoucher(ctx context.Context, x db.DBTX, campaign, member string) (ClaimResult, error) {
-	if n, ok := c.shardCounts.Load(campaign); ok {
-		claim, kind, err := c.claimSharded(ctx, x, campaign, member, n.(int))
-		if err != nil || kind == KindSharded {
-			return claim, err
-		}
-		c.shardCounts.Delete(campaign) // the campaign was recreated as another kind
-	}
-	row, err := c.queries.VoucherClaimCounted(ctx, x, db.VoucherClaimCountedParams{Campaign: campaign, Member: member})
-	if isNoRows(err) {
-		return ClaimResult{}, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
-	}
-	if err != nil {
-		return ClaimResult{}, dbError("claim voucher", err)
-	}
-	if CampaignKind(row.Kind) == KindSharded {
-		n, err := c.shardCount(ctx, x, campaign)
-		if err != nil {
-			return ClaimResult{}, err
-		}
-		claim, kind, err := c.claimSharded(ctx, x, campaign, member, n)
-		if err == nil && kind != KindSharded {
-			err = fmt.Errorf("pgquota: claim voucher: campaign %q changed kind during the claim", campaign)
-		}
-		return claim, err
-	}
-	if CampaignKind(row.Kind) != KindCounted {
-		return ClaimResult{}, fmt.Errorf("%w: %q holds codes", errOtherKind, campaign)
-	}
-	return ClaimResult{
-		Campaign:  campaign,
-		Member:    member,
-		Claimed:   row.Seq > 0,
-		Repeat:    row.Seq > 0 && !row.ClaimedNow,
-		Seq:       row.Seq,
-		ClaimedAt: timeFromPG(row.ClaimedAt),
-		Total:     row.Total,
-	}, nil
-}
-
 // ErrCodesBusy is returned by Claim and ClaimTx on a code campaign when
 // unclaimed codes remain but every one of them stayed locked by other claims
 // in progress for longer than Config.CodeClaimWait (or the context's
@@ -209,36 +166,6 @@ var ErrCodesBusy = errors.New("pgquota: every unclaimed code is locked by a clai
 // errCodesLocked marks an attempt that found only locked codes; it is
 // retried with backoff.
 var errCodesLocked = errors.New("codes locked")
-
-// claimCode hands one unclaimed code of a code campaign to member (Claim
-// without an idempotency key). Another kind of campaign returns
-// errOtherKind, with nothing written.
-func (c *Client) claimCode(ctx context.Context, x db.DBTX, campaign, member string) (ClaimResult, error) {
-	return c.whileCodesLocked(ctx, campaign, func() (ClaimResult, error) {
-		row, err := c.queries.VoucherCodeClaim(ctx, x, db.VoucherCodeClaimParams{Campaign: campaign, Member: member})
-		if isNoRows(err) {
-			return ClaimResult{}, backoff.Permanent(fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign))
-		}
-		if err != nil {
-			return ClaimResult{}, backoff.Permanent(dbError("claim code", err))
-		}
-		if CampaignKind(row.Kind) != KindCodes {
-			return ClaimResult{}, backoff.Permanent(fmt.Errorf("%w: %q is a %s pool", errOtherKind, campaign, row.Kind))
-		}
-		if row.CodesLeft {
-			return ClaimResult{}, errCodesLocked
-		}
-		return ClaimResult{
-			Campaign:  campaign,
-			Member:    member,
-			Claimed:   row.Code != "",
-			Repeat:    row.Code != "" && !row.ClaimedNow,
-			Code:      row.Code,
-			ClaimedAt: timeFromPG(row.ClaimedAt),
-			Total:     row.Total,
-		}, nil
-	})
-}
 
 // whileCodesLocked runs a code claim attempt until it returns something
 // else than errCodesLocked, with backoff, for up to Config.CodeClaimWait.
