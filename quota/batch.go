@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -129,24 +130,64 @@ type batchCounter struct {
 
 func (c *Client) grantBatch(ctx context.Context, x db.DBTX, reqs []GrantRequest) ([]BatchOutcome, error) {
 	out := make([]BatchOutcome, len(reqs))
-	todo := make([]int, 0, len(reqs))
-	keyed := false
+	// names[i] is set for the requests pgquota.grant_limits decides.
+	names := make([][]string, len(reqs))
+	valid := make([]bool, len(reqs))
+	multi := make(map[groupCounter]bool) // the counters grants against several quotas name
 	for i, req := range reqs {
 		out[i].Quota, out[i].Member, out[i].Amount = req.Quota, req.Member, req.Amount
-		if len(req.Quotas) > 0 {
-			out[i].Err = inputError("quotas", "GrantBatch serves calendar quotas; use Grant for a grant against several quotas")
+		if c.shapedRoute(ctx, readsOf(x), req) {
+			n, err := checkLimitsRequest(req)
+			if err != nil {
+				out[i].Err = err
+				continue
+			}
+			names[i], valid[i] = n, true
+			if len(req.Quotas) > 0 {
+				for _, q := range n {
+					multi[groupCounter{q, req.Member}] = true
+				}
+			}
 			continue
 		}
 		if err := checkGrantRequest(req); err != nil {
 			out[i].Err = err
 			continue
 		}
-		if err := c.batchKind(ctx, x, req.Quota); err != nil {
-			out[i].Err = err
-			continue
+		valid[i] = true
+	}
+	var lb limitsBatch
+	todo := make([]int, 0, len(reqs))
+	keyed := false
+	for i, req := range reqs {
+		switch {
+		case !valid[i]:
+		case names[i] == nil && req.Idempotency.Key == "" && multi[groupCounter{req.Quota, req.Member}]:
+			// A calendar counter that a grant against several quotas of
+			// the batch names: decided in the same statement, in order.
+			lb.todo, lb.names = append(lb.todo, i), append(lb.names, []string{req.Quota})
+		case names[i] != nil:
+			lb.todo, lb.names = append(lb.todo, i), append(lb.names, names[i])
+		default:
+			keyed = keyed || req.Idempotency.Key != ""
+			todo = append(todo, i)
 		}
-		keyed = keyed || req.Idempotency.Key != ""
-		todo = append(todo, i)
+	}
+	if _, own := x.(ownTx); own && len(todo) > 0 && len(lb.todo) > 0 {
+		// Two statements: one transaction, so that the batch commits (or
+		// fails) as a whole, run again after a serialization failure.
+		_, err := retry(ctx, c.policy, func() (struct{}, error) {
+			return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (struct{}, error) {
+				if err := c.grantLimitsBatch(ctx, tx, reqs, lb, out); err != nil {
+					return struct{}{}, err
+				}
+				return struct{}{}, c.grantBatchDecide(ctx, tx, reqs, todo, out)
+			})
+		})
+		return out, err
+	}
+	if err := c.grantLimitsBatch(ctx, x, reqs, lb, out); err != nil {
+		return out, err
 	}
 	if !keyed {
 		return out, c.grantBatchDecide(ctx, x, reqs, todo, out)
@@ -313,27 +354,33 @@ func batchResult(req GrantRequest, r db.UsageGrantBatchRow, limit *int64, grante
 	if limit != nil {
 		res.Limit = *limit
 		res.Remaining = max(*limit-used, 0)
+		res.DecidedAt = timeFromPG(r.DecidedAt)
+		res.RetryAfter, res.ResetAfter = calendarWaits(r, req.Amount, *limit, granted)
 	}
 	return res
+}
+
+// calendarWaits are the RetryAfter and ResetAfter of a calendar request of
+// a batch, as pgquota.grant_limits computes them for a calendar quota:
+// ResetAfter is the time from the decision to the window's end, Never for
+// a lifetime (WindowNone) counter; RetryAfter is 0 when granted, Never when
+// the amount is above the limit or the counter is a lifetime one, else
+// ResetAfter.
+func calendarWaits(r db.UsageGrantBatchRow, amount, limit int64, granted bool) (retry, reset time.Duration) {
+	reset = Never
+	if r.WindowEnd.Valid && r.WindowEnd.InfinityModifier == pgtype.Finite && r.DecidedAt.Valid {
+		reset = max(r.WindowEnd.Time.Sub(r.DecidedAt.Time), 0)
+	}
+	switch {
+	case granted:
+		return 0, reset
+	case amount > limit:
+		return Never, reset
+	}
+	return reset, reset
 }
 
 // ownTx marks an executor whose statements each run in their own implicit
 // transaction (the pool): pgquota owns those transactions and may run a
 // statement again after a serialization failure or deadlock.
 type ownTx struct{ db.DBTX }
-
-// batchKind refuses a request of GrantBatch for a quota of kind rate, fixed
-// or rolling (the batch statement serves calendar quotas): an *InputError.
-// A cached shaped kind is read again first (another client may have
-// redefined the quota as a calendar window); a kind that cannot be read
-// leaves the request to the batch statement, which reports its own error.
-func (c *Client) batchKind(ctx context.Context, x db.DBTX, quota string) error {
-	if w, ok := c.kinds.Load(quota); ok && w.Shaped() {
-		c.kinds.Delete(quota)
-	}
-	w, err := c.quotaKind(ctx, readsOf(x), quota)
-	if err != nil || !w.Shaped() {
-		return nil
-	}
-	return inputError("quota", "%q is of kind %s: GrantBatch serves calendar quotas; use Grant", quota, w)
-}

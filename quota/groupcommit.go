@@ -104,10 +104,11 @@ func newGrouper(c *Client) *grouper {
 	return &grouper{c: c, inFlight: groupInFlight}
 }
 
-// groupable reports whether req may join a group: the calendar-window (or
-// lifetime) member grants that GrantBatch decides. Requests of other quota
-// kinds must be kept out here.
-func groupable(GrantRequest) bool { return true }
+// groupable reports whether req may join a group: a grant of one quota,
+// of any kind. A grant against several quotas (GrantRequest.Quotas) runs
+// alone, on Grant's own statement: the group's per-counter bookkeeping
+// (groupLane.busy) holds one counter per call.
+func groupable(req GrantRequest) bool { return len(req.Quotas) == 0 }
 
 // grant decides req (already validated): at once when its lane has room for
 // another statement and nobody waits, else in the next group.
