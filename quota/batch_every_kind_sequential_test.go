@@ -1,9 +1,11 @@
 package quota_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/quota"
@@ -139,4 +141,59 @@ func TestGrantBatchMultiQuotaDeniedBySecondLeavesFirst(t *testing.T) {
 		require.Equal(t, int64(1), rows)
 		require.Equal(t, int64(0), b.countWhere(t, "rolling_usage", "member = '"+member+"'"))
 	}
+}
+
+// A batch locks its state rows in (quota, member) order before it decides
+// its requests in slice order: while transaction A holds r1, batch B of
+// [r2, r1] waits for r1 holding nothing, so A can still take r2 and
+// commit (had B locked r2 first, A would wait for B and B for A: SQLSTATE
+// 40P01). Both batches are then granted.
+func TestGrantBatchLocksInKeyOrderSoOppositeOrdersDoNotDeadlock(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 8)
+	b.define(t, quota.Definition{Name: "r1", Window: quota.WindowRate, DefaultLimit: ptr(int64(10)), Period: time.Hour})
+	b.define(t, quota.Definition{Name: "r2", Window: quota.WindowFixed, DefaultLimit: ptr(int64(10)), Period: time.Hour})
+	grantIn := func(tx pgx.Tx, names ...string) {
+		var reqs []quota.GrantRequest
+		for _, n := range names {
+			reqs = append(reqs, quota.GrantRequest{Quota: n, Member: "m", Amount: 1})
+		}
+		var outs []quota.BatchOutcome
+		var err error
+		if tx == nil {
+			outs, err = b.client.GrantBatch(b.ctx, reqs)
+		} else {
+			outs, err = b.client.GrantBatchTx(b.ctx, tx, reqs)
+		}
+		require.NoError(t, err)
+		for i, o := range outs {
+			require.NoError(t, o.Err, "request %d", i)
+			require.True(t, o.Granted, "request %d", i)
+		}
+	}
+	// The rows exist, so that each batch only locks.
+	grantIn(nil, "r1", "r2")
+
+	txA, err := b.pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = txA.Rollback(b.ctx) }()
+	grantIn(txA, "r1")
+	done := make(chan error, 1)
+	go func() {
+		done <- pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+			outs, err := b.client.GrantBatchTx(b.ctx, tx, []quota.GrantRequest{
+				{Quota: "r2", Member: "m", Amount: 1}, {Quota: "r1", Member: "m", Amount: 1},
+			})
+			if err == nil && (!outs[0].Granted || !outs[1].Granted) {
+				err = fmt.Errorf("batch B: not granted: %+v", outs)
+			}
+			return err
+		})
+	}()
+	b.waitForLockWait(t)
+	grantIn(txA, "r2")
+	require.NoError(t, txA.Commit(b.ctx))
+	require.NoError(t, <-done)
+	sum, _ := b.usageRows(t, "r2", "m")
+	require.Equal(t, int64(3), sum)
 }
