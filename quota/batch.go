@@ -20,9 +20,11 @@ type BatchOutcome struct {
 	// GrantResult is the request's outcome when Err is nil.
 	GrantResult
 	// Err is *InputError (ErrInvalidInput) for a bad request (among
-	// them a request with Quotas, or for a quota of kind rate, fixed or
-	// rolling: GrantBatch serves calendar quotas, use Grant), ErrQuotaNotFound, ErrNoLimit, or ErrIdempotencyKeyReused; nil
-	// otherwise. Nothing was granted for a request with an error.
+	// them an idempotency key on a request with Quotas or for a quota of
+	// kind rate, fixed or rolling, which record no keys, and a rolling
+	// limit above MaxRollingLimit), ErrQuotaNotFound, ErrNoLimit, or
+	// ErrIdempotencyKeyReused; nil otherwise. Nothing was granted for a
+	// request with an error.
 	Err error `json:"-"`
 
 	// window is the counter's window as the database reported it
@@ -65,6 +67,25 @@ const maxKeyedRuns = 10
 // SERIALIZABLE, or when batches race to create the same counters) rolled
 // it back as a whole; it is run again, with backoff, for up to
 // Config.RetryMaxElapsed (see IsRetryable).
+//
+// Requests of every kind are served. Requests for a quota of kind rate,
+// fixed or rolling, grants against several quotas (GrantRequest.Quotas),
+// and unkeyed calendar requests whose counter such a grant of the batch
+// names, are decided by a second statement, pgquota.grant_limits_batch
+// (migrations/00016_shaped_batch.sql): one after another in slice order,
+// each exactly as Grant would decide it alone at that point (its own
+// DecidedAt, RetryAfter, ResetAfter, DeniedBy and Limits), after the
+// statement locked their state rows in key order. A batch with requests for
+// both statements runs them in one transaction (one commit; retried as a
+// whole after a serialization failure or deadlock). Lock waits between
+// the two statements of concurrent mixed batches can form a cycle: the
+// deadlock (40P01) rolls one back, and it is retried. A keyed calendar
+// request whose counter a grant against several quotas of the same batch
+// names is decided after it, whatever their order in the slice. The
+// calendar requests' outcomes carry DecidedAt (the batch statement's
+// instant), and RetryAfter and ResetAfter as pgquota.grant_limits computes
+// them for a calendar quota (0 when granted; the time to the window's end;
+// Never for an amount above the limit, or a lifetime counter).
 //
 // Requests may carry idempotency keys (GrantRequest.Idempotency). A batch
 // with keys runs in one transaction: the keys are recorded in the grant

@@ -71,7 +71,9 @@ type GrantResult struct {
 	Keyed
 	// RetryAfter and ResetAfter, DecidedAt, DeniedBy and Limits are set by
 	// grants decided by pgquota.grant_limits: against several quotas, or a
-	// quota of kind rate, fixed or rolling (grant_multi.go). RetryAfter is
+	// quota of kind rate, fixed or rolling (grant_multi.go), alone or in a
+	// batch; the calendar requests of a batch get RetryAfter, ResetAfter
+	// and DecidedAt too (GrantBatch). RetryAfter is
 	// how long after DecidedAt the same grant can succeed (0 when granted,
 	// Never when no wait helps); ResetAfter how long until every quota is
 	// back at its full limit; both from the database clock. DecidedAt is
