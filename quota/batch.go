@@ -101,8 +101,9 @@ const maxKeyedRuns = 10
 // Errors (for the whole batch, with nil outcomes): the context's error;
 // ErrSchemaMissing; database errors (SQLSTATE kept). Nothing was granted
 // then, except after ErrOutcomeUnknown: the batch statement (without keys)
-// or the COMMIT of its transaction (with keys) was sent and no reply said
-// how it ended, so the whole batch may have been granted. Repeat a keyed
+// or the COMMIT of its transaction (with keys, or with requests for both
+// statements) was sent and no reply said how it ended, so the whole batch
+// may have been granted. Repeat a keyed
 // batch with the same keys to learn each outcome; an unkeyed repeat may
 // grant twice (read the counters with Usage instead).
 func (c *Client) GrantBatch(ctx context.Context, reqs []GrantRequest) (outs []BatchOutcome, err error) {
