@@ -19,7 +19,8 @@ SELECT b.counter_index::integer AS counter_index,
        b.window_end::timestamptz AS window_end,
        b.written::boolean AS written,
        b.used_before::bigint AS used_before,
-       b.used_after::bigint AS used_after
+       b.used_after::bigint AS used_after,
+       b.decided_at::timestamptz AS decided_at
 FROM pgquota.usage_grant_batch(
     $1::text[], $2::text[], $3::integer[], $4::integer[],
     $5::bigint[], $6::bigint[]
@@ -45,6 +46,7 @@ type UsageGrantBatchRow struct {
 	Written          bool
 	UsedBefore       int64
 	UsedAfter        int64
+	DecidedAt        pgtype.Timestamptz
 }
 
 // Grants a batch of requests, in ONE statement (one round trip, one
@@ -65,7 +67,8 @@ type UsageGrantBatchRow struct {
 // outcome from used_before: quota/batch.go); when it is false no request
 // fitted, and used_after is the counter read with a fresh snapshot.
 // has_implicit_limit is false when requests without a limit of their own
-// have none (no override, no default).
+// have none (no override, no default). decided_at is the database clock's
+// instant the batch was decided at (whose window every counter is in).
 func (q *Queries) UsageGrantBatch(ctx context.Context, db DBTX, arg UsageGrantBatchParams) ([]UsageGrantBatchRow, error) {
 	rows, err := db.Query(ctx, usageGrantBatch,
 		arg.QuotaNames,
@@ -91,6 +94,7 @@ func (q *Queries) UsageGrantBatch(ctx context.Context, db DBTX, arg UsageGrantBa
 			&i.Written,
 			&i.UsedBefore,
 			&i.UsedAfter,
+			&i.DecidedAt,
 		); err != nil {
 			return nil, err
 		}

@@ -17,7 +17,8 @@
 -- outcome from used_before: quota/batch.go); when it is false no request
 -- fitted, and used_after is the counter read with a fresh snapshot.
 -- has_implicit_limit is false when requests without a limit of their own
--- have none (no override, no default).
+-- have none (no override, no default). decided_at is the database clock's
+-- instant the batch was decided at (whose window every counter is in).
 SELECT b.counter_index::integer AS counter_index,
        (b.implicit_limit IS NOT NULL)::boolean AS has_implicit_limit,
        coalesce(b.implicit_limit, 0)::bigint AS implicit_limit,
@@ -25,7 +26,8 @@ SELECT b.counter_index::integer AS counter_index,
        b.window_end::timestamptz AS window_end,
        b.written::boolean AS written,
        b.used_before::bigint AS used_before,
-       b.used_after::bigint AS used_after
+       b.used_after::bigint AS used_after,
+       b.decided_at::timestamptz AS decided_at
 FROM pgquota.usage_grant_batch(
     @quota_names::text[], @members::text[], @firsts::integer[], @counts::integer[],
     @amounts::bigint[], @limit_values::bigint[]

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -19,9 +20,11 @@ type BatchOutcome struct {
 	// GrantResult is the request's outcome when Err is nil.
 	GrantResult
 	// Err is *InputError (ErrInvalidInput) for a bad request (among
-	// them a request with Quotas, or for a quota of kind rate, fixed or
-	// rolling: GrantBatch serves calendar quotas, use Grant), ErrQuotaNotFound, ErrNoLimit, or ErrIdempotencyKeyReused; nil
-	// otherwise. Nothing was granted for a request with an error.
+	// them an idempotency key on a request with Quotas or for a quota of
+	// kind rate, fixed or rolling, which record no keys, and a rolling
+	// limit above MaxRollingLimit), ErrQuotaNotFound, ErrNoLimit, or
+	// ErrIdempotencyKeyReused; nil otherwise. Nothing was granted for a
+	// request with an error.
 	Err error `json:"-"`
 
 	// window is the counter's window as the database reported it
@@ -65,6 +68,25 @@ const maxKeyedRuns = 10
 // it back as a whole; it is run again, with backoff, for up to
 // Config.RetryMaxElapsed (see IsRetryable).
 //
+// Requests of every kind are served. Requests for a quota of kind rate,
+// fixed or rolling, grants against several quotas (GrantRequest.Quotas),
+// and unkeyed calendar requests whose counter such a grant of the batch
+// names, are decided by a second statement, pgquota.grant_limits_batch
+// (migrations/00016_shaped_batch.sql): one after another in slice order,
+// each exactly as Grant would decide it alone at that point (its own
+// DecidedAt, RetryAfter, ResetAfter, DeniedBy and Limits), after the
+// statement locked their state rows in key order. A batch with requests for
+// both statements runs them in one transaction (one commit; retried as a
+// whole after a serialization failure or deadlock). Lock waits between
+// the two statements of concurrent mixed batches can form a cycle: the
+// deadlock (40P01) rolls one back, and it is retried. A keyed calendar
+// request whose counter a grant against several quotas of the same batch
+// names is decided after it, whatever their order in the slice. The
+// calendar requests' outcomes carry DecidedAt (the batch statement's
+// instant), and RetryAfter and ResetAfter as pgquota.grant_limits computes
+// them for a calendar quota (0 when granted; the time to the window's end;
+// Never for an amount above the limit, or a lifetime counter).
+//
 // Requests may carry idempotency keys (GrantRequest.Idempotency). A batch
 // with keys runs in one transaction: the keys are recorded in the grant
 // ledger first (in key order, so keyed statements cannot deadlock), the
@@ -79,8 +101,9 @@ const maxKeyedRuns = 10
 // Errors (for the whole batch, with nil outcomes): the context's error;
 // ErrSchemaMissing; database errors (SQLSTATE kept). Nothing was granted
 // then, except after ErrOutcomeUnknown: the batch statement (without keys)
-// or the COMMIT of its transaction (with keys) was sent and no reply said
-// how it ended, so the whole batch may have been granted. Repeat a keyed
+// or the COMMIT of its transaction (with keys, or with requests for both
+// statements) was sent and no reply said how it ended, so the whole batch
+// may have been granted. Repeat a keyed
 // batch with the same keys to learn each outcome; an unkeyed repeat may
 // grant twice (read the counters with Usage instead).
 func (c *Client) GrantBatch(ctx context.Context, reqs []GrantRequest) (outs []BatchOutcome, err error) {
@@ -129,24 +152,64 @@ type batchCounter struct {
 
 func (c *Client) grantBatch(ctx context.Context, x db.DBTX, reqs []GrantRequest) ([]BatchOutcome, error) {
 	out := make([]BatchOutcome, len(reqs))
-	todo := make([]int, 0, len(reqs))
-	keyed := false
+	// names[i] is set for the requests pgquota.grant_limits decides.
+	names := make([][]string, len(reqs))
+	valid := make([]bool, len(reqs))
+	multi := make(map[groupCounter]bool) // the counters grants against several quotas name
 	for i, req := range reqs {
 		out[i].Quota, out[i].Member, out[i].Amount = req.Quota, req.Member, req.Amount
-		if len(req.Quotas) > 0 {
-			out[i].Err = inputError("quotas", "GrantBatch serves calendar quotas; use Grant for a grant against several quotas")
+		if c.shapedRoute(ctx, readsOf(x), req) {
+			n, err := checkLimitsRequest(req)
+			if err != nil {
+				out[i].Err = err
+				continue
+			}
+			names[i], valid[i] = n, true
+			if len(req.Quotas) > 0 {
+				for _, q := range n {
+					multi[groupCounter{q, req.Member}] = true
+				}
+			}
 			continue
 		}
 		if err := checkGrantRequest(req); err != nil {
 			out[i].Err = err
 			continue
 		}
-		if err := c.batchKind(ctx, x, req.Quota); err != nil {
-			out[i].Err = err
-			continue
+		valid[i] = true
+	}
+	var lb limitsBatch
+	todo := make([]int, 0, len(reqs))
+	keyed := false
+	for i, req := range reqs {
+		switch {
+		case !valid[i]:
+		case names[i] == nil && req.Idempotency.Key == "" && multi[groupCounter{req.Quota, req.Member}]:
+			// A calendar counter that a grant against several quotas of
+			// the batch names: decided in the same statement, in order.
+			lb.todo, lb.names = append(lb.todo, i), append(lb.names, []string{req.Quota})
+		case names[i] != nil:
+			lb.todo, lb.names = append(lb.todo, i), append(lb.names, names[i])
+		default:
+			keyed = keyed || req.Idempotency.Key != ""
+			todo = append(todo, i)
 		}
-		keyed = keyed || req.Idempotency.Key != ""
-		todo = append(todo, i)
+	}
+	if _, own := x.(ownTx); own && len(todo) > 0 && len(lb.todo) > 0 {
+		// Two statements: one transaction, so that the batch commits (or
+		// fails) as a whole, run again after a serialization failure.
+		_, err := retry(ctx, c.policy, func() (struct{}, error) {
+			return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (struct{}, error) {
+				if err := c.grantLimitsBatch(ctx, tx, reqs, lb, out); err != nil {
+					return struct{}{}, err
+				}
+				return struct{}{}, c.grantBatchDecide(ctx, tx, reqs, todo, out)
+			})
+		})
+		return out, err
+	}
+	if err := c.grantLimitsBatch(ctx, x, reqs, lb, out); err != nil {
+		return out, err
 	}
 	if !keyed {
 		return out, c.grantBatchDecide(ctx, x, reqs, todo, out)
@@ -313,27 +376,33 @@ func batchResult(req GrantRequest, r db.UsageGrantBatchRow, limit *int64, grante
 	if limit != nil {
 		res.Limit = *limit
 		res.Remaining = max(*limit-used, 0)
+		res.DecidedAt = timeFromPG(r.DecidedAt)
+		res.RetryAfter, res.ResetAfter = calendarWaits(r, req.Amount, *limit, granted)
 	}
 	return res
+}
+
+// calendarWaits are the RetryAfter and ResetAfter of a calendar request of
+// a batch, as pgquota.grant_limits computes them for a calendar quota:
+// ResetAfter is the time from the decision to the window's end, Never for
+// a lifetime (WindowNone) counter; RetryAfter is 0 when granted, Never when
+// the amount is above the limit or the counter is a lifetime one, else
+// ResetAfter.
+func calendarWaits(r db.UsageGrantBatchRow, amount, limit int64, granted bool) (retry, reset time.Duration) {
+	reset = Never
+	if r.WindowEnd.Valid && r.WindowEnd.InfinityModifier == pgtype.Finite && r.DecidedAt.Valid {
+		reset = max(r.WindowEnd.Time.Sub(r.DecidedAt.Time), 0)
+	}
+	switch {
+	case granted:
+		return 0, reset
+	case amount > limit:
+		return Never, reset
+	}
+	return reset, reset
 }
 
 // ownTx marks an executor whose statements each run in their own implicit
 // transaction (the pool): pgquota owns those transactions and may run a
 // statement again after a serialization failure or deadlock.
 type ownTx struct{ db.DBTX }
-
-// batchKind refuses a request of GrantBatch for a quota of kind rate, fixed
-// or rolling (the batch statement serves calendar quotas): an *InputError.
-// A cached shaped kind is read again first (another client may have
-// redefined the quota as a calendar window); a kind that cannot be read
-// leaves the request to the batch statement, which reports its own error.
-func (c *Client) batchKind(ctx context.Context, x db.DBTX, quota string) error {
-	if w, ok := c.kinds.Load(quota); ok && w.Shaped() {
-		c.kinds.Delete(quota)
-	}
-	w, err := c.quotaKind(ctx, readsOf(x), quota)
-	if err != nil || !w.Shaped() {
-		return nil
-	}
-	return inputError("quota", "%q is of kind %s: GrantBatch serves calendar quotas; use Grant", quota, w)
-}

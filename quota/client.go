@@ -46,7 +46,11 @@ type Config struct {
 	// limit holds as for single grants; a hot counter then takes one
 	// statement and one commit per batch instead of per call (see
 	// coalesce.go). A call's context still bounds its wait: see
-	// ErrGrantAbandoned. GrantTx is never coalesced. Defaults to false.
+	// ErrGrantAbandoned. GrantTx is never coalesced. Quotas of every kind
+	// are coalesced (a rate, fixed or rolling quota's calls share one
+	// pgquota.grant_limits_batch statement, each decided at its own instant
+	// as if alone); a grant against several quotas (GrantRequest.Quotas)
+	// runs alone. Defaults to false.
 	Coalesce bool
 
 	// GroupCommit makes Grant combine concurrent calls of this client for
@@ -61,7 +65,10 @@ type Config struct {
 	// commit. A call's context still bounds its wait: see
 	// ErrGrantAbandoned. It includes what Coalesce does; with both set,
 	// GroupCommit decides. GrantTx and GrantBatch are never grouped (see
-	// groupcommit.go). Defaults to false.
+	// groupcommit.go). Quotas of every kind are grouped; a group holding
+	// both calendar and rate, fixed or rolling calls takes two statements
+	// in one transaction (one commit). A grant against several quotas
+	// (GrantRequest.Quotas) runs alone. Defaults to false.
 	GroupCommit bool
 
 	// ShardedClaimsInFlight bounds, per sharded pool, how many of this

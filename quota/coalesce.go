@@ -24,6 +24,16 @@ import (
 // per-call outcomes are replayed in Go from the counter's value before and
 // after. So a coalesced call gets exactly the outcome, Used included, that
 // it would have got had the calls run one after another in arrival order.
+//
+// Calls on a quota of kind rate, fixed or rolling are coalesced the same
+// way, through GrantBatch's statement for those kinds,
+// pgquota.grant_limits_batch (migrations/00016_shaped_batch.sql): it calls
+// pgquota.grant_limits for each queued call in arrival order, with the
+// counter's row locked once for all of them, so each call is decided at its
+// own instant of the database clock, exactly as alone (DecidedAt,
+// RetryAfter, ResetAfter and Limits included), with one commit for the
+// batch. A grant against several quotas (GrantRequest.Quotas) is not
+// coalesced: it has no single counter to queue on, and runs alone.
 
 // Calls with an idempotency key are coalesced too: their batch runs in one
 // transaction that records each key in the grant ledger first, grants the

@@ -71,7 +71,9 @@ type GrantResult struct {
 	Keyed
 	// RetryAfter and ResetAfter, DecidedAt, DeniedBy and Limits are set by
 	// grants decided by pgquota.grant_limits: against several quotas, or a
-	// quota of kind rate, fixed or rolling (grant_multi.go). RetryAfter is
+	// quota of kind rate, fixed or rolling (grant_multi.go), alone or in a
+	// batch; the calendar requests of a batch get RetryAfter, ResetAfter
+	// and DecidedAt too (GrantBatch). RetryAfter is
 	// how long after DecidedAt the same grant can succeed (0 when granted,
 	// Never when no wait helps); ResetAfter how long until every quota is
 	// back at its full limit; both from the database clock. DecidedAt is
@@ -139,17 +141,18 @@ type GrantResult struct {
 func (c *Client) Grant(ctx context.Context, req GrantRequest) (res GrantResult, err error) {
 	defer c.m.grantDone(ctx, opGrant, c.m.now(), &req, &res, &err)
 	// Rates, fixed durations, rolling windows and several quotas at once
-	// take pgquota.grant_limits (grant_multi.go), which checks its request.
+	// take pgquota.grant_limits (grant_multi.go, batch_limits.go).
 	if c.shapedRoute(ctx, c.db.reads(), req) {
-		return c.grantLimits(ctx, c.db, req)
-	}
-	if err := checkGrantRequest(req); err != nil {
+		if _, err := checkLimitsRequest(req); err != nil {
+			return GrantResult{}, err
+		}
+	} else if err := checkGrantRequest(req); err != nil {
 		return GrantResult{}, err
 	}
 	if c.grouper != nil && groupable(req) {
 		return c.grouper.grant(ctx, req)
 	}
-	if c.coalescer != nil {
+	if c.coalescer != nil && len(req.Quotas) == 0 {
 		return c.coalescer.grant(ctx, req)
 	}
 	return c.grant(ctx, c.db, req)

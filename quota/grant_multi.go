@@ -161,6 +161,14 @@ func (c *Client) grantLimitsOnce(ctx context.Context, x db.DBTX, req GrantReques
 	if err != nil {
 		return GrantResult{}, dbError("grant", err)
 	}
+	return c.limitsOutcome(req, names, rows)
+}
+
+// limitsOutcome is the GrantResult of req from the rows pgquota.grant_limits
+// returned for it (one per quota of names, in order), or the request's error
+// (ErrQuotaNotFound, ErrNoLimit, *InputError). It learns each quota's kind.
+// Grant and the batch statement (batch_limits.go) share it.
+func (c *Client) limitsOutcome(req GrantRequest, names []string, rows []db.LimitsGrantRow) (GrantResult, error) {
 	if len(rows) != len(names) {
 		return GrantResult{}, fmt.Errorf("pgquota: grant: %d rows for %d quotas", len(rows), len(names))
 	}

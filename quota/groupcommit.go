@@ -37,6 +37,13 @@ import (
 // in arrival order. A call's own error (no such quota, no limit) is its
 // outcome and does not fail the others.
 //
+// Calls on quotas of kind rate, fixed or rolling join groups too: GrantBatch
+// decides them with pgquota.grant_limits_batch (migrations/00016), each call
+// as pgquota.grant_limits would alone, in arrival order, after locking the
+// group's state rows in key order. A group holding calendar calls as well
+// takes both statements in one transaction, so it still commits once. A
+// grant against several quotas (GrantRequest.Quotas) runs alone (groupable).
+//
 // Calls with an idempotency key have a lane of their own (as in the
 // coalescer): their group runs in one transaction that records the keys
 // first, in key order, and may wait there for a key another transaction
@@ -104,10 +111,11 @@ func newGrouper(c *Client) *grouper {
 	return &grouper{c: c, inFlight: groupInFlight}
 }
 
-// groupable reports whether req may join a group: the calendar-window (or
-// lifetime) member grants that GrantBatch decides. Requests of other quota
-// kinds must be kept out here.
-func groupable(GrantRequest) bool { return true }
+// groupable reports whether req may join a group: a grant of one quota,
+// of any kind. A grant against several quotas (GrantRequest.Quotas) runs
+// alone, on Grant's own statement: the group's per-counter bookkeeping
+// (groupLane.busy) holds one counter per call.
+func groupable(req GrantRequest) bool { return len(req.Quotas) == 0 }
 
 // grant decides req (already validated): at once when its lane has room for
 // another statement and nobody waits, else in the next group.

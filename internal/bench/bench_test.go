@@ -276,7 +276,8 @@ func TestRegistry(t *testing.T) {
 		"serializable", "voucher-claim", "lease-acquire", "fenced-write",
 		"grant-hot-coalesced", "voucher-sharded",
 		"rate-gcra", "window-fixed", "window-rolling", "redis-rate", "redis-rate-durable",
-		"grant-spread-grouped", "grant-hot-grouped"}, names)
+		"grant-spread-grouped", "grant-hot-grouped",
+		"rate-gcra-hot", "rate-gcra-hot-coalesced", "rate-gcra-hot-grouped", "redis-rate-hot", "redis-rate-hot-durable"}, names)
 	_, ok := Lookup("nope")
 	require.False(t, ok)
 	require.Equal(t, "10000", strconv.Itoa(SpreadMembers))

@@ -41,16 +41,29 @@ var rateVar = Var{Name: "member", Min: 1, Max: rateMembers}
 // The call names the quota's limit, so the statement has no NULL argument
 // (pgbench cannot pass one).
 func shapeGrant(ctx context.Context, env Env, d quota.Definition, reset string) (Op, error) {
+	return shapeGrantWith(ctx, env, d, reset, nil, func(vals []int64) string { return strconv.FormatInt(vals[0], 10) })
+}
+
+// shapeGrantWith is shapeGrant through a client of its own with cfg (nil:
+// env's client), granting to member(vals).
+func shapeGrantWith(ctx context.Context, env Env, d quota.Definition, reset string, cfg *quota.Config, member func([]int64) string) (Op, error) {
 	if _, err := env.Client.DefineQuota(ctx, d); err != nil {
 		return Op{}, err
 	}
 	if _, err := env.Pool.Exec(ctx, reset, d.Name); err != nil {
 		return Op{}, fmt.Errorf("reset %s: %w", d.Name, err)
 	}
+	client := env.Client
+	if cfg != nil {
+		var err error
+		if client, err = quota.New(env.Pool, cfg); err != nil {
+			return Op{}, err
+		}
+	}
 	return Op{
 		Vars: []Var{rateVar},
 		Do: func(ctx context.Context, vals []int64) (Outcome, error) {
-			res, err := env.Client.Grant(ctx, quota.GrantRequest{Quota: d.Name, Member: strconv.FormatInt(vals[0], 10), Amount: 1, Limit: d.DefaultLimit})
+			res, err := client.Grant(ctx, quota.GrantRequest{Quota: d.Name, Member: member(vals), Amount: 1, Limit: d.DefaultLimit})
 			return Outcome{Granted: res.Granted}, err
 		},
 	}, nil
@@ -67,6 +80,35 @@ func (rateGCRA) Describe() string {
 func (rateGCRA) Setup(ctx context.Context, env Env) (Op, error) {
 	return shapeGrant(ctx, env, quota.Definition{Name: rateQuota, Window: quota.WindowRate, DefaultLimit: ptrInt(ratePerSecond), Period: time.Second},
 		`DELETE FROM pgquota.rate_state WHERE quota_name = $1`)
+}
+
+// rateHot is rate-gcra on one hot member, plain (a statement per call),
+// with Config.Coalesce or with Config.GroupCommit: the limit-shape
+// counterparts of grant-hot, grant-hot-coalesced and grant-hot-grouped.
+// pgbench runs rate-gcra's statement (its script spreads over the members).
+type rateHot struct{ mode string } // "", "coalesced" or "grouped"
+
+func (r rateHot) Name() string {
+	if r.mode == "" {
+		return "rate-gcra-hot"
+	}
+	return "rate-gcra-hot-" + r.mode
+}
+func (r rateHot) Describe() string {
+	how := map[string]string{"": "one statement per call", "coalesced": "with Config.Coalesce", "grouped": "with Config.GroupCommit"}[r.mode]
+	return "grant 1 of rate-gcra's quota to one hot member, " + how + " (pgbench: rate-gcra's statement)"
+}
+func (rateHot) PgbenchBaseline() Strategy { return rateGCRA{} }
+func (r rateHot) Setup(ctx context.Context, env Env) (Op, error) {
+	var cfg *quota.Config
+	switch r.mode {
+	case "coalesced":
+		cfg = &quota.Config{Coalesce: true, MeterProvider: meterProvider}
+	case "grouped":
+		cfg = &quota.Config{GroupCommit: true, MeterProvider: meterProvider}
+	}
+	return shapeGrantWith(ctx, env, quota.Definition{Name: rateQuota, Window: quota.WindowRate, DefaultLimit: ptrInt(ratePerSecond), Period: time.Second},
+		`DELETE FROM pgquota.rate_state WHERE quota_name = $1`, cfg, func([]int64) string { return hotMember })
 }
 
 // windowFixed is a grant of a 10 s fixed window quota.
@@ -99,19 +141,28 @@ func ptrInt(v int64) *int64 { return &v }
 // redisRateStrategy is go-redis/redis_rate/v10's AllowN with the rate of rateGCRA.
 // Durable selects the Redis this process starts with appendfsync always;
 // otherwise it runs on $PGQUOTA_BENCH_REDIS_ADDR, default 127.0.0.1:6379.
-type redisRateStrategy struct{ durable bool }
+// Hot puts every call on one key (rate-gcra-hot's counterpart).
+type redisRateStrategy struct{ durable, hot bool }
 
 func (r redisRateStrategy) Name() string {
-	if r.durable {
-		return "redis-rate-durable"
+	name := "redis-rate"
+	if r.hot {
+		name += "-hot"
 	}
-	return "redis-rate"
+	if r.durable {
+		name += "-durable"
+	}
+	return name
 }
 func (r redisRateStrategy) Describe() string {
-	if r.durable {
-		return "go-redis/redis_rate AllowN, same rate, on a Redis the bench starts with --appendonly yes --appendfsync always"
+	keys := ""
+	if r.hot {
+		keys = ", one hot key"
 	}
-	return "go-redis/redis_rate AllowN, same rate, on the local Redis (no persistence; PGQUOTA_BENCH_REDIS_ADDR)"
+	if r.durable {
+		return "go-redis/redis_rate AllowN, same rate" + keys + ", on a Redis the bench starts with --appendonly yes --appendfsync always"
+	}
+	return "go-redis/redis_rate AllowN, same rate" + keys + ", on the local Redis (no persistence; PGQUOTA_BENCH_REDIS_ADDR)"
 }
 
 // PgbenchBaseline: Redis sends no SQL; with --pgbench the ratio compares it
@@ -149,7 +200,11 @@ func (r redisRateStrategy) Setup(ctx context.Context, env Env) (Op, error) {
 	return Op{
 		Vars: []Var{rateVar},
 		Do: func(ctx context.Context, vals []int64) (Outcome, error) {
-			res, err := limiter.AllowN(ctx, prefix+strconv.FormatInt(vals[0], 10), limit, 1)
+			key := prefix + strconv.FormatInt(vals[0], 10)
+			if r.hot {
+				key = prefix + hotMember
+			}
+			res, err := limiter.AllowN(ctx, key, limit, 1)
 			if err != nil {
 				return Outcome{}, err
 			}
@@ -159,7 +214,8 @@ func (r redisRateStrategy) Setup(ctx context.Context, env Env) (Op, error) {
 }
 
 // RedisRatios returns, for every client count at which a pgquota rate or
-// window strategy and a redis_rate strategy both ran, the line
+// window strategy and a redis_rate strategy both ran (the hot rate
+// strategies against the hot redis_rate ones), the line
 // "ratio <pgquota strategy>/<redis strategy>/<clients> <ops/s over ops/s>".
 func RedisRatios(rep *Report) []string {
 	byKey := map[string]float64{}
@@ -168,12 +224,15 @@ func RedisRatios(rep *Report) []string {
 	}
 	var out []string
 	for _, r := range rep.Results {
+		peers := []string{"redis-rate", "redis-rate-durable"}
 		switch r.Strategy {
 		case "rate-gcra", "window-fixed", "window-rolling":
+		case "rate-gcra-hot", "rate-gcra-hot-coalesced", "rate-gcra-hot-grouped":
+			peers = []string{"redis-rate-hot", "redis-rate-hot-durable"}
 		default:
 			continue
 		}
-		for _, redisName := range []string{"redis-rate", "redis-rate-durable"} {
+		for _, redisName := range peers {
 			v, ok := byKey[redisName+"/"+strconv.Itoa(r.Clients)]
 			if !ok || v == 0 {
 				continue

@@ -88,6 +88,8 @@ var strategies = []Strategy{
 	grantHotCoalesced{}, voucherSharded{},
 	rateGCRA{}, windowFixed{}, windowRolling{}, redisRateStrategy{}, redisRateStrategy{durable: true},
 	grantSpreadGrouped{}, grantHotGrouped{},
+	rateHot{}, rateHot{mode: "coalesced"}, rateHot{mode: "grouped"},
+	redisRateStrategy{hot: true}, redisRateStrategy{hot: true, durable: true},
 }
 
 // Baseline is implemented by a strategy whose pgbench side runs another
