@@ -72,6 +72,7 @@ func grantFromEntry(e db.PgquotaLedgerEntry) GrantResult {
 		Remaining:   max(e.LimitValue-e.Used, 0),
 		WindowStart: timeFromPG(e.WindowStart),
 		WindowEnd:   timeFromPG(e.WindowEnd),
+		DecidedAt:   timeFromPG(e.DecidedAt),
 		Keyed:       keyedFromEntry(e),
 	}
 }
