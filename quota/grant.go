@@ -79,8 +79,8 @@ type GrantResult struct {
 	// grants of every kind, as pgquota.grant and pgquota.grant_limits
 	// compute them (docs/sql.md). DecidedAt is the database clock's instant
 	// of the decision. A replayed keyed grant (Keyed.Replayed) carries the
-	// first call's DecidedAt and zero RetryAfter and ResetAfter (the ledger
-	// does not store them).
+	// first call's DecidedAt, RetryAfter and ResetAfter (as of DecidedAt,
+	// not of the replay).
 	//
 	// DeniedBy and Limits are set by grants against several quotas, or a
 	// quota of kind rate, fixed or rolling (grant_multi.go): DeniedBy names
