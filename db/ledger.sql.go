@@ -432,6 +432,13 @@ type LedgerGrantRow struct {
 //
 // Every statement returns exactly one row, also when the quota or campaign
 // does not exist (a stored outcome is replayed even then).
+//
+// The keyed grant and revoke (LedgerGrant, LedgerRevoke) take these steps
+// in order inside the PL/pgSQL functions pgquota.grant_keyed and
+// pgquota.revoke_keyed (migrations/00014): one call, so still one
+// statement; the write is the same code as the keyless grant's and
+// revoke's, and the later statements of the function see the rows the
+// earlier ones wrote.
 // UsageGrant (usage.sql) with a ledger row: pgquota.grant_keyed
 // (migrations/00014) inserts the ledger row first, then runs the same
 // counter write as pgquota.grant, then stores the outcome, as steps 1 to 4
