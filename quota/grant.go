@@ -96,11 +96,13 @@ type GrantResult struct {
 // Grant grants req.Amount units of req.Quota to req.Member if that keeps
 // the member's counter for the current window at or below the limit, and
 // denies it otherwise. It is one SQL statement and one round trip, also for
-// a member's first grant in a window, and the limit holds under any number
-// of concurrent callers: the check and the write are one conditional update
-// (see queries/usage.sql and the PostgreSQL manual, section 13.2.1, on how
-// READ COMMITTED re-checks an UPDATE's WHERE clause against the newest row
-// version).
+// a member's first grant in a window and for the first grant of a rate,
+// fixed or rolling quota (the SQL function pgquota.grant serves every kind:
+// docs/sql.md), and the limit holds under any number of concurrent
+// callers: the check and the write are one conditional update (see
+// migrations/00014_sql_interface.sql and the PostgreSQL manual, section
+// 13.2.1, on how READ COMMITTED re-checks an UPDATE's WHERE clause against
+// the newest row version).
 //
 // With req.Idempotency set, the grant and its ledger row are still one
 // statement and one round trip (see queries/ledger.sql for why exactly one
