@@ -2,7 +2,6 @@ package sqltest
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -107,7 +106,7 @@ SELECT (SELECT coalesce(sum(used), 0) FROM pgquota.usage WHERE quota_name = 'v' 
 			if want := "5 5 100"; got != want {
 				t.Fatalf("counter, granted calls, calls: got %q, want %q", got, want)
 			}
-			t.Log(fmt.Sprintf("as %s: 100 concurrent calls, 5 granted, counter 5", as))
+			t.Logf("as %s: 100 concurrent calls, 5 granted, counter 5", as)
 		})
 	}
 }
