@@ -162,95 +162,35 @@ func (q *Queries) LedgerGetByKey(ctx context.Context, db DBTX, arg LedgerGetByKe
 
 const ledgerGrant = `-- name: LedgerGrant :one
 
-WITH def AS (
-    SELECT q.name,
-           coalesce($3::bigint, o.limit_value, q.default_limit) AS limit_value,
-           pgquota.window_start(q.window_unit, q.time_zone, c.at) AS window_start,
-           pgquota.window_end(q.window_unit, q.time_zone, c.at) AS window_end,
-           c.at
-    FROM pgquota.quota q
-    CROSS JOIN (SELECT pgquota.clock() AS at) c
-    LEFT JOIN pgquota.quota_override o ON o.quota_name = q.name AND o.member = $4::text
-    WHERE q.name = $5::text
-), led AS (
-    INSERT INTO pgquota.ledger (scope, idempotency_key, operation, target, member, amount, request_limit, created_at)
-    SELECT $1::text, $2::text, 'grant', def.name, $4::text, $6::bigint,
-           $3::bigint, def.at
-    FROM def
-    WHERE def.limit_value IS NOT NULL
-    ON CONFLICT (scope, idempotency_key) DO NOTHING
-    RETURNING grant_id
-), upd AS (
-    UPDATE pgquota.usage u
-    SET used = u.used + $6::bigint,
-        updated_at = def.at
-    FROM def, led
-    WHERE u.quota_name = def.name
-      AND u.member = $4::text
-      AND u.window_start = def.window_start
-      AND u.window_end = def.window_end
-      AND u.used + $6::bigint <= def.limit_value
-    RETURNING u.used
-), ins AS (
-    INSERT INTO pgquota.usage AS u (quota_name, member, window_start, window_end, used, updated_at)
-    SELECT def.name, $4::text, def.window_start, def.window_end, $6::bigint, def.at
-    FROM def, led
-    WHERE $6::bigint <= def.limit_value
-      AND NOT EXISTS (
-          SELECT 1 FROM pgquota.usage x
-          WHERE x.quota_name = def.name
-            AND x.member = $4::text
-            AND x.window_start = def.window_start
-            AND x.window_end = def.window_end
-      )
-    ON CONFLICT (quota_name, member, window_start, window_end) DO UPDATE
-    SET used = u.used + excluded.used,
-        updated_at = excluded.updated_at
-    WHERE u.used + excluded.used <= (SELECT def.limit_value FROM def)
-    RETURNING u.used
-), granted AS (
-    SELECT upd.used FROM upd
-    UNION ALL
-    SELECT ins.used FROM ins
-), res AS (
-    INSERT INTO pgquota.ledger_outcome (grant_id, granted, used, limit_value, window_start, window_end, decided_at)
-    SELECT led.grant_id,
-           g.used IS NOT NULL,
-           coalesce(g.used, pgquota.usage_used_fresh(def.name, $4::text, def.window_start, def.window_end)),
-           def.limit_value, def.window_start, def.window_end, def.at
-    FROM led
-    CROSS JOIN def
-    LEFT JOIN granted g ON true
-    RETURNING grant_id, granted, used
-)
-SELECT (def.name IS NOT NULL)::boolean AS quota_found,
-       (def.limit_value IS NOT NULL)::boolean AS has_limit,
-       coalesce(def.limit_value, 0)::bigint AS limit_value,
-       def.window_start::timestamptz AS window_start,
-       def.window_end::timestamptz AS window_end,
-       coalesce(res.grant_id, 0)::bigint AS grant_id,
-       coalesce(res.granted, false)::boolean AS granted,
-       coalesce(res.used, 0)::bigint AS used,
-       (CASE WHEN res.grant_id IS NULL
-             THEN pgquota.ledger_key_fresh($1::text, $2::text)
-             ELSE 0 END)::bigint AS prior_grant_id
-FROM (SELECT 1) one
-LEFT JOIN def ON true
-LEFT JOIN res ON true
-WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
+SELECT g.found::boolean AS quota_found,
+       coalesce(g.kind, '')::text AS kind,
+       g.has_limit::boolean AS has_limit,
+       g.limit_value::bigint AS limit_value,
+       g.window_start::timestamptz AS window_start,
+       g.window_end::timestamptz AS window_end,
+       g.grant_id::bigint AS grant_id,
+       g.granted::boolean AS granted,
+       g.used::bigint AS used,
+       g.prior_grant_id::bigint AS prior_grant_id,
+       g.retry_after_us::bigint AS retry_after_us,
+       g.reset_after_us::bigint AS reset_after_us,
+       g.decided_at::timestamptz AS decided_at
+FROM pgquota.grant_keyed($1::text, $2::text, $3::text, $4::text,
+                         $5::bigint, $6::bigint) g
 `
 
 type LedgerGrantParams struct {
 	Scope          string
 	IdempotencyKey string
-	LimitValue     pgtype.Int8
-	Member         string
 	QuotaName      string
+	Member         string
 	Amount         int64
+	LimitValue     pgtype.Int8
 }
 
 type LedgerGrantRow struct {
 	QuotaFound   bool
+	Kind         string
 	HasLimit     bool
 	LimitValue   int64
 	WindowStart  pgtype.Timestamptz
@@ -259,6 +199,9 @@ type LedgerGrantRow struct {
 	Granted      bool
 	Used         int64
 	PriorGrantID int64
+	RetryAfterUs int64
+	ResetAfterUs int64
+	DecidedAt    pgtype.Timestamptz
 }
 
 // Keyed operations: a grant, revoke or voucher claim that carries an
@@ -304,22 +247,34 @@ type LedgerGrantRow struct {
 //
 // Every statement returns exactly one row, also when the quota or campaign
 // does not exist (a stored outcome is replayed even then).
-// UsageGrant (usage.sql) with a ledger row. The ledger row is written only
-// when the quota exists and a limit applies; otherwise nothing is written
-// and the caller reports ErrQuotaNotFound or ErrNoLimit (unless the key was
-// used before: then its stored outcome is replayed).
+//
+// The keyed grant and revoke (LedgerGrant, LedgerRevoke) take these steps
+// in order inside the PL/pgSQL functions pgquota.grant_keyed and
+// pgquota.revoke_keyed (migrations/00014): one call, so still one
+// statement; the write is the same code as the keyless grant's and
+// revoke's, and the later statements of the function see the rows the
+// earlier ones wrote.
+// UsageGrant (usage.sql) with a ledger row: pgquota.grant_keyed
+// (migrations/00014) inserts the ledger row first, then runs the same
+// counter write as pgquota.grant, then stores the outcome, as steps 1 to 4
+// above describe. The ledger row is written only when the quota exists, is
+// a calendar quota and a limit applies; otherwise nothing is written and
+// the caller reports ErrQuotaNotFound, ErrInvalidInput (kind rate, fixed or
+// rolling) or ErrNoLimit (unless the key was used before: then its stored
+// outcome is replayed).
 func (q *Queries) LedgerGrant(ctx context.Context, db DBTX, arg LedgerGrantParams) (LedgerGrantRow, error) {
 	row := db.QueryRow(ctx, ledgerGrant,
 		arg.Scope,
 		arg.IdempotencyKey,
-		arg.LimitValue,
-		arg.Member,
 		arg.QuotaName,
+		arg.Member,
 		arg.Amount,
+		arg.LimitValue,
 	)
 	var i LedgerGrantRow
 	err := row.Scan(
 		&i.QuotaFound,
+		&i.Kind,
 		&i.HasLimit,
 		&i.LimitValue,
 		&i.WindowStart,
@@ -328,6 +283,9 @@ func (q *Queries) LedgerGrant(ctx context.Context, db DBTX, arg LedgerGrantParam
 		&i.Granted,
 		&i.Used,
 		&i.PriorGrantID,
+		&i.RetryAfterUs,
+		&i.ResetAfterUs,
+		&i.DecidedAt,
 	)
 	return i, err
 }
@@ -361,64 +319,15 @@ func (q *Queries) LedgerReap(ctx context.Context, db DBTX, arg LedgerReapParams)
 }
 
 const ledgerRevoke = `-- name: LedgerRevoke :one
-WITH def AS (
-    SELECT q.name,
-           pgquota.window_start(q.window_unit, q.time_zone, c.at) AS window_start,
-           pgquota.window_end(q.window_unit, q.time_zone, c.at) AS window_end,
-           c.at
-    FROM pgquota.quota q
-    CROSS JOIN (SELECT pgquota.clock() AS at) c
-    WHERE q.name = $3::text
-), led AS (
-    INSERT INTO pgquota.ledger (scope, idempotency_key, operation, target, member, amount, created_at)
-    SELECT $1::text, $2::text, 'revoke', def.name, $4::text, $5::bigint, def.at
-    FROM def
-    ON CONFLICT (scope, idempotency_key) DO NOTHING
-    RETURNING grant_id
-), cur AS (
-    SELECT u.quota_name, u.member, u.window_start, u.window_end, u.used
-    FROM pgquota.usage u
-    JOIN def ON u.quota_name = def.name
-            AND u.window_start = def.window_start
-            AND u.window_end = def.window_end
-    CROSS JOIN led
-    WHERE u.member = $4::text
-    FOR UPDATE OF u
-), upd AS (
-    UPDATE pgquota.usage u
-    SET used = u.used - least(u.used, $5::bigint),
-        updated_at = def.at
-    FROM def, cur
-    WHERE u.quota_name = cur.quota_name
-      AND u.member = cur.member
-      AND u.window_start = cur.window_start
-      AND u.window_end = cur.window_end
-    RETURNING u.used
-), res AS (
-    INSERT INTO pgquota.ledger_outcome (grant_id, granted, used, revoked, window_start, window_end, decided_at)
-    SELECT led.grant_id, true,
-           coalesce(upd.used, 0),
-           coalesce(cur.used, 0) - coalesce(upd.used, 0),
-           def.window_start, def.window_end, def.at
-    FROM led
-    CROSS JOIN def
-    LEFT JOIN cur ON true
-    LEFT JOIN upd ON true
-    RETURNING grant_id, used, revoked
-)
-SELECT (def.name IS NOT NULL)::boolean AS quota_found,
-       def.window_start::timestamptz AS window_start,
-       def.window_end::timestamptz AS window_end,
-       coalesce(res.grant_id, 0)::bigint AS grant_id,
-       coalesce(res.used, 0)::bigint AS used,
-       coalesce(res.revoked, 0)::bigint AS revoked,
-       (CASE WHEN res.grant_id IS NULL
-             THEN pgquota.ledger_key_fresh($1::text, $2::text)
-             ELSE 0 END)::bigint AS prior_grant_id
-FROM (SELECT 1) one
-LEFT JOIN def ON true
-LEFT JOIN res ON true
-WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
+SELECT r.found::boolean AS quota_found,
+       coalesce(r.kind, '')::text AS kind,
+       r.window_start::timestamptz AS window_start,
+       r.window_end::timestamptz AS window_end,
+       r.grant_id::bigint AS grant_id,
+       r.used::bigint AS used,
+       r.revoked::bigint AS revoked,
+       r.prior_grant_id::bigint AS prior_grant_id
+FROM pgquota.revoke_keyed($1::text, $2::text, $3::text, $4::text, $5::bigint) r
 `
 
 type LedgerRevokeParams struct {
@@ -431,6 +340,7 @@ type LedgerRevokeParams struct {
 
 type LedgerRevokeRow struct {
 	QuotaFound   bool
+	Kind         string
 	WindowStart  pgtype.Timestamptz
 	WindowEnd    pgtype.Timestamptz
 	GrantID      int64
@@ -439,9 +349,10 @@ type LedgerRevokeRow struct {
 	PriorGrantID int64
 }
 
-// UsageRevoke (usage.sql) with a ledger row: gives back up to @amount units
-// of the member's counter in the current window, never below zero. The
-// counter row is locked after the ledger key (cur selects FROM led).
+// UsageRevoke (usage.sql) with a ledger row: pgquota.revoke_keyed
+// (migrations/00014) gives back up to @amount units of the member's counter
+// in the current window, never below zero. The counter row is locked after
+// the ledger key.
 func (q *Queries) LedgerRevoke(ctx context.Context, db DBTX, arg LedgerRevokeParams) (LedgerRevokeRow, error) {
 	row := db.QueryRow(ctx, ledgerRevoke,
 		arg.Scope,
@@ -453,6 +364,7 @@ func (q *Queries) LedgerRevoke(ctx context.Context, db DBTX, arg LedgerRevokePar
 	var i LedgerRevokeRow
 	err := row.Scan(
 		&i.QuotaFound,
+		&i.Kind,
 		&i.WindowStart,
 		&i.WindowEnd,
 		&i.GrantID,
@@ -464,62 +376,19 @@ func (q *Queries) LedgerRevoke(ctx context.Context, db DBTX, arg LedgerRevokePar
 }
 
 const ledgerRevokeGrant = `-- name: LedgerRevokeGrant :one
-WITH g AS (
-    SELECT l.grant_id, l.target, l.member, l.amount, o.granted, o.window_start, o.window_end
-    FROM pgquota.ledger l
-    JOIN pgquota.ledger_outcome o ON o.grant_id = l.grant_id
-    WHERE l.grant_id = $1::bigint
-      AND l.operation = 'grant'
-), cur AS (
-    SELECT u.quota_name, u.member, u.window_start, u.window_end, u.used
-    FROM pgquota.usage u
-    JOIN g ON u.quota_name = g.target
-          AND u.member = g.member
-          AND u.window_start = g.window_start
-          AND u.window_end = g.window_end
-    WHERE g.granted
-    FOR UPDATE OF u
-), mark AS (
-    UPDATE pgquota.ledger_outcome o
-    SET compensated = least(coalesce(cur.used, 0), g.amount),
-        compensated_used = coalesce(cur.used, 0) - least(coalesce(cur.used, 0), g.amount),
-        compensated_at = pgquota.clock()
-    FROM g
-    LEFT JOIN cur ON true
-    WHERE o.grant_id = g.grant_id
-      AND o.compensated_at IS NULL
-    RETURNING o.compensated, o.compensated_used, o.compensated_at
-), upd AS (
-    -- least(): PostgreSQL computes the new row, and checks it against
-    -- usage_used_nonnegative, from the version in the statement's snapshot
-    -- BEFORE it finds that version superseded and re-evaluates SET on the
-    -- newest one (the one cur locked). The snapshot's version can hold
-    -- fewer units than cur read (a grant that committed while cur waited
-    -- for its lock): u.used - mark.compensated would fail the check there
-    -- although the row actually written holds them. On the locked version
-    -- least() is mark.compensated itself (cur.used >= compensated).
-    UPDATE pgquota.usage u
-    SET used = u.used - least(u.used, mark.compensated),
-        updated_at = mark.compensated_at
-    FROM cur, mark
-    WHERE u.quota_name = cur.quota_name
-      AND u.member = cur.member
-      AND u.window_start = cur.window_start
-      AND u.window_end = cur.window_end
-      AND mark.compensated > 0
-    RETURNING u.used
-)
-SELECT g.grant_id, g.target, g.member, g.amount, g.granted,
-       g.window_start::timestamptz AS window_start,
-       g.window_end::timestamptz AS window_end,
-       (mark.compensated IS NOT NULL)::boolean AS revoked_now,
-       coalesce(mark.compensated, 0)::bigint AS compensated,
-       coalesce(mark.compensated_used, 0)::bigint AS compensated_used,
-       mark.compensated_at::timestamptz AS compensated_at,
-       coalesce((SELECT upd.used FROM upd), -1)::bigint AS written_used
-FROM g
-LEFT JOIN mark ON true
-WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
+SELECT c.grant_id::bigint AS grant_id,
+       c.target::text AS target,
+       c.member::text AS member,
+       c.amount::bigint AS amount,
+       c.granted::boolean AS granted,
+       c.window_start::timestamptz AS window_start,
+       c.window_end::timestamptz AS window_end,
+       c.revoked_now::boolean AS revoked_now,
+       c.compensated::bigint AS compensated,
+       c.compensated_used::bigint AS compensated_used,
+       c.compensated_at::timestamptz AS compensated_at,
+       c.written_used::bigint AS written_used
+FROM pgquota.compensate_grant($1::bigint) c
 `
 
 type LedgerRevokeGrantRow struct {
@@ -537,26 +406,15 @@ type LedgerRevokeGrantRow struct {
 	WrittenUsed     int64
 }
 
-// Compensates one keyed grant: gives its units back to the counter row of
-// the grant's own window (not the current one), at most once, never more
-// than the grant took and never below zero.
-//
-// cur locks that counter row first (a locking read returns its newest
-// version); mark then records the compensation in the grant's outcome row,
-// guarded by compensated_at IS NULL in the WHERE clause of that row. Of
-// concurrent revokes of one grant, the first to lock the counter row marks
-// the outcome; the others wait for it, and under READ COMMITTED their
-// UPDATE re-checks the guard on the newest version (section 13.2.1), finds
-// the grant compensated and does nothing. The counter update selects FROM
-// mark, so units are given back only by the revoke that marked the grant.
-// Locks: counter row, then outcome row; a keyed grant takes the ledger key,
-// then the counter row, and never waits for an outcome row, so there is no
-// cycle.
-//
-// A denied grant is marked with 0 units. written_used is the counter upd
-// wrote (-1 when it wrote nothing): it equals compensated_used, which the
-// caller checks. No row comes back when grant_id is not a keyed grant. revoked_now is false when an earlier revoke marked the
-// grant; the caller then reads the stored compensation.
+// Compensates one keyed grant: pgquota.compensate_grant (migrations/00014)
+// gives its units back to the counter row of the grant's own window (not
+// the current one), at most once, never more than the grant took and never
+// below zero, and documents why concurrent compensations give back once.
+// A denied grant is marked with 0 units. written_used is the counter as
+// written (-1 when nothing was written): it equals compensated_used, which
+// the caller checks. No row comes back when grant_id is not a keyed grant.
+// revoked_now is false when an earlier revoke marked the grant; the caller
+// then reads the stored compensation.
 func (q *Queries) LedgerRevokeGrant(ctx context.Context, db DBTX, grantID int64) (LedgerRevokeGrantRow, error) {
 	row := db.QueryRow(ctx, ledgerRevokeGrant, grantID)
 	var i LedgerRevokeGrantRow

@@ -73,161 +73,97 @@ func (q *Queries) UsageGet(ctx context.Context, db DBTX, arg UsageGetParams) (Us
 
 const usageGrant = `-- name: UsageGrant :one
 
-WITH def AS (
-    SELECT q.name,
-           coalesce($2::bigint, o.limit_value, q.default_limit) AS limit_value,
-           pgquota.window_start(q.window_unit, q.time_zone, c.at) AS window_start,
-           pgquota.window_end(q.window_unit, q.time_zone, c.at) AS window_end,
-           c.at
-    FROM pgquota.quota q
-    CROSS JOIN (SELECT pgquota.clock() AS at) c
-    LEFT JOIN pgquota.quota_override o ON o.quota_name = q.name AND o.member = $1::text
-    WHERE q.name = $3::text
-), upd AS (
-    UPDATE pgquota.usage u
-    SET used = u.used + $4::bigint,
-        updated_at = def.at
-    FROM def
-    WHERE u.quota_name = def.name
-      AND u.member = $1::text
-      AND u.window_start = def.window_start
-      AND u.window_end = def.window_end
-      AND u.used + $4::bigint <= def.limit_value
-    RETURNING u.used
-), ins AS (
-    INSERT INTO pgquota.usage AS u (quota_name, member, window_start, window_end, used, updated_at)
-    SELECT def.name, $1::text, def.window_start, def.window_end, $4::bigint, def.at
-    FROM def
-    WHERE $4::bigint <= def.limit_value
-      AND NOT EXISTS (
-          SELECT 1 FROM pgquota.usage x
-          WHERE x.quota_name = def.name
-            AND x.member = $1::text
-            AND x.window_start = def.window_start
-            AND x.window_end = def.window_end
-      )
-    ON CONFLICT (quota_name, member, window_start, window_end) DO UPDATE
-    SET used = u.used + excluded.used,
-        updated_at = excluded.updated_at
-    WHERE u.used + excluded.used <= (SELECT def.limit_value FROM def)
-    RETURNING u.used
-), granted AS (
-    SELECT upd.used FROM upd
-    UNION ALL
-    SELECT ins.used FROM ins
-)
-SELECT (def.limit_value IS NOT NULL)::boolean AS has_limit,
-       coalesce(def.limit_value, 0)::bigint AS limit_value,
-       def.window_start::timestamptz AS window_start,
-       def.window_end::timestamptz AS window_end,
-       (g.used IS NOT NULL)::boolean AS granted,
-       coalesce(g.used, pgquota.usage_used_fresh(def.name, $1::text, def.window_start, def.window_end))::bigint AS used
-FROM def
-LEFT JOIN granted g ON true
-WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
+SELECT g.found::boolean AS found,
+       coalesce(g.kind, '')::text AS kind,
+       g.has_limit::boolean AS has_limit,
+       g.granted::boolean AS granted,
+       g.used::bigint AS used,
+       g.limit_value::bigint AS limit_value,
+       g.remaining::bigint AS remaining,
+       g.window_start::timestamptz AS window_start,
+       g.window_end::timestamptz AS window_end,
+       g.retry_after_us::bigint AS retry_after_us,
+       g.reset_after_us::bigint AS reset_after_us,
+       g.decided_at::timestamptz AS decided_at,
+       g.burst::bigint AS burst,
+       g.period_us::bigint AS period_us
+FROM pgquota.grant($1::text, $2::text, $3::bigint, $4::bigint) g
 `
 
 type UsageGrantParams struct {
-	Member     string
-	LimitValue pgtype.Int8
 	QuotaName  string
+	Member     string
 	Amount     int64
+	LimitValue pgtype.Int8
 }
 
 type UsageGrantRow struct {
-	HasLimit    bool
-	LimitValue  int64
-	WindowStart pgtype.Timestamptz
-	WindowEnd   pgtype.Timestamptz
-	Granted     bool
-	Used        int64
+	Found        bool
+	Kind         string
+	HasLimit     bool
+	Granted      bool
+	Used         int64
+	LimitValue   int64
+	Remaining    int64
+	WindowStart  pgtype.Timestamptz
+	WindowEnd    pgtype.Timestamptz
+	RetryAfterUs int64
+	ResetAfterUs int64
+	DecidedAt    pgtype.Timestamptz
+	Burst        int64
+	PeriodUs     int64
 }
 
-// Durable commits: every statement here that changes state raises its
-// transaction's synchronous_commit from off to on (set_config(..., true),
-// read at commit; the WHERE clause of its final SELECT), so a grant that
+// Durable commits: the grant and revoke functions these statements call
+// (migrations/00014) raise their transaction's synchronous_commit from off
+// to on (pgquota.durable_commit(), 00007; read at commit), so a grant that
 // reported success survives a crash even where a role or database runs
 // with synchronous_commit = off (the PostgreSQL manual, 30.4): a lost grant
-// would leave the counter below the units handed out. The same line stands
-// in the other files' grant, revoke, claim, outbox and definition
-// statements; pgquota.durable_commit() in 00007 does the same for leases.
-// Built-in functions only, so these statements need no newer migration.
-// Grants @amount units of a quota to a member in the window that holds the
-// database clock's current instant, in ONE statement (one round trip, also
-// for a member's first grant of a window).
-//
-// The limit is the call's, else the member's override, else the quota's
-// default. Every guard is in the WHERE clause of the row being written:
-//   - an existing counter is raised by a plain UPDATE whose WHERE holds
-//     used + amount <= limit. Under READ COMMITTED, when a concurrent grant
-//     changed the row, PostgreSQL waits for it, then re-checks the WHERE
-//     clause against the newest committed version (the manual's
-//     "EvalPlanQual" rule, section 13.2.1), so the limit holds;
-//   - a counter missing from the statement's snapshot is inserted; when a
-//     concurrent first grant inserted it meanwhile, ON CONFLICT DO UPDATE
-//     locks that row and its WHERE re-checks the guard on the newest version.
-//
-// A guard that does not fire writes nothing and returns no counter row: that
-// is a denial. The limit and the window come from sub-selects, which read
-// the statement's snapshot; they are inputs to the guard, never the guard.
-//
-// Exactly one row comes back when the quota exists, none when it does not.
-// has_limit is false (and nothing was written) when no limit was found.
-// On a denial, used is read again with a fresh snapshot so that it includes
-// the grant that won the race.
+// would leave the counter below the units handed out. The other files'
+// writing statements do the same with set_config(..., true) in the WHERE
+// clause of their final SELECT.
+// Grants @amount units of a quota of any kind to a member, in ONE statement
+// (one round trip, also for a member's first grant of a window):
+// pgquota.grant (migrations/00014, docs/sql.md) holds the logic, the guard
+// in the WHERE clause of the counter row being written and why the limit
+// holds under READ COMMITTED. Exactly one row comes back: found is false
+// when the quota does not exist, has_limit false when no limit applies,
+// decided_at NULL when nothing was decided (nothing written then).
 func (q *Queries) UsageGrant(ctx context.Context, db DBTX, arg UsageGrantParams) (UsageGrantRow, error) {
 	row := db.QueryRow(ctx, usageGrant,
-		arg.Member,
-		arg.LimitValue,
 		arg.QuotaName,
+		arg.Member,
 		arg.Amount,
+		arg.LimitValue,
 	)
 	var i UsageGrantRow
 	err := row.Scan(
+		&i.Found,
+		&i.Kind,
 		&i.HasLimit,
-		&i.LimitValue,
-		&i.WindowStart,
-		&i.WindowEnd,
 		&i.Granted,
 		&i.Used,
+		&i.LimitValue,
+		&i.Remaining,
+		&i.WindowStart,
+		&i.WindowEnd,
+		&i.RetryAfterUs,
+		&i.ResetAfterUs,
+		&i.DecidedAt,
+		&i.Burst,
+		&i.PeriodUs,
 	)
 	return i, err
 }
 
 const usageRevoke = `-- name: UsageRevoke :one
-WITH def AS (
-    SELECT q.name,
-           pgquota.window_start(q.window_unit, q.time_zone, c.at) AS window_start,
-           pgquota.window_end(q.window_unit, q.time_zone, c.at) AS window_end,
-           c.at
-    FROM pgquota.quota q
-    CROSS JOIN (SELECT pgquota.clock() AS at) c
-    WHERE q.name = $1::text
-), cur AS (
-    SELECT u.quota_name, u.member, u.window_start, u.window_end, u.used
-    FROM pgquota.usage u
-    JOIN def ON u.quota_name = def.name
-            AND u.window_start = def.window_start
-            AND u.window_end = def.window_end
-    WHERE u.member = $2::text
-    FOR UPDATE OF u
-), upd AS (
-    UPDATE pgquota.usage u
-    SET used = u.used - least(u.used, $3::bigint),
-        updated_at = def.at
-    FROM def, cur
-    WHERE u.quota_name = cur.quota_name
-      AND u.member = cur.member
-      AND u.window_start = cur.window_start
-      AND u.window_end = cur.window_end
-    RETURNING u.used
-)
-SELECT def.window_start::timestamptz AS window_start,
-       def.window_end::timestamptz AS window_end,
-       coalesce((SELECT cur.used FROM cur), 0)::bigint AS used_before,
-       coalesce((SELECT upd.used FROM upd), 0)::bigint AS used_after
-FROM def
-WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
+SELECT r.found::boolean AS found,
+       coalesce(r.kind, '')::text AS kind,
+       r.window_start::timestamptz AS window_start,
+       r.window_end::timestamptz AS window_end,
+       r.used_before::bigint AS used_before,
+       r.used_after::bigint AS used_after
+FROM pgquota.revoke($1::text, $2::text, $3::bigint) r
 `
 
 type UsageRevokeParams struct {
@@ -237,6 +173,8 @@ type UsageRevokeParams struct {
 }
 
 type UsageRevokeRow struct {
+	Found       bool
+	Kind        string
 	WindowStart pgtype.Timestamptz
 	WindowEnd   pgtype.Timestamptz
 	UsedBefore  int64
@@ -244,13 +182,15 @@ type UsageRevokeRow struct {
 }
 
 // Gives back up to @amount units of a member's counter in the current
-// window, never below zero. The counter row is locked first (a locking read
-// returns the newest committed version), so used_before and used_after
-// describe the same row version and revoked = used_before - used_after.
+// window, never below zero: pgquota.revoke (migrations/00014). found is
+// false when the quota does not exist; kind says which it is (a quota of
+// kind rate, fixed or rolling is refused: nothing written).
 func (q *Queries) UsageRevoke(ctx context.Context, db DBTX, arg UsageRevokeParams) (UsageRevokeRow, error) {
 	row := db.QueryRow(ctx, usageRevoke, arg.QuotaName, arg.Member, arg.Amount)
 	var i UsageRevokeRow
 	err := row.Scan(
+		&i.Found,
+		&i.Kind,
 		&i.WindowStart,
 		&i.WindowEnd,
 		&i.UsedBefore,

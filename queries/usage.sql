@@ -1,127 +1,48 @@
--- Durable commits: every statement here that changes state raises its
--- transaction's synchronous_commit from off to on (set_config(..., true),
--- read at commit; the WHERE clause of its final SELECT), so a grant that
+-- Durable commits: the grant and revoke functions these statements call
+-- (migrations/00014) raise their transaction's synchronous_commit from off
+-- to on (pgquota.durable_commit(), 00007; read at commit), so a grant that
 -- reported success survives a crash even where a role or database runs
 -- with synchronous_commit = off (the PostgreSQL manual, 30.4): a lost grant
--- would leave the counter below the units handed out. The same line stands
--- in the other files' grant, revoke, claim, outbox and definition
--- statements; pgquota.durable_commit() in 00007 does the same for leases.
--- Built-in functions only, so these statements need no newer migration.
+-- would leave the counter below the units handed out. The other files'
+-- writing statements do the same with set_config(..., true) in the WHERE
+-- clause of their final SELECT.
 
 -- name: UsageGrant :one
--- Grants @amount units of a quota to a member in the window that holds the
--- database clock's current instant, in ONE statement (one round trip, also
--- for a member's first grant of a window).
---
--- The limit is the call's, else the member's override, else the quota's
--- default. Every guard is in the WHERE clause of the row being written:
---   * an existing counter is raised by a plain UPDATE whose WHERE holds
---     used + amount <= limit. Under READ COMMITTED, when a concurrent grant
---     changed the row, PostgreSQL waits for it, then re-checks the WHERE
---     clause against the newest committed version (the manual's
---     "EvalPlanQual" rule, section 13.2.1), so the limit holds;
---   * a counter missing from the statement's snapshot is inserted; when a
---     concurrent first grant inserted it meanwhile, ON CONFLICT DO UPDATE
---     locks that row and its WHERE re-checks the guard on the newest version.
--- A guard that does not fire writes nothing and returns no counter row: that
--- is a denial. The limit and the window come from sub-selects, which read
--- the statement's snapshot; they are inputs to the guard, never the guard.
---
--- Exactly one row comes back when the quota exists, none when it does not.
--- has_limit is false (and nothing was written) when no limit was found.
--- On a denial, used is read again with a fresh snapshot so that it includes
--- the grant that won the race.
-WITH def AS (
-    SELECT q.name,
-           coalesce(sqlc.narg('limit_value')::bigint, o.limit_value, q.default_limit) AS limit_value,
-           pgquota.window_start(q.window_unit, q.time_zone, c.at) AS window_start,
-           pgquota.window_end(q.window_unit, q.time_zone, c.at) AS window_end,
-           c.at
-    FROM pgquota.quota q
-    CROSS JOIN (SELECT pgquota.clock() AS at) c
-    LEFT JOIN pgquota.quota_override o ON o.quota_name = q.name AND o.member = @member::text
-    WHERE q.name = @quota_name::text
-), upd AS (
-    UPDATE pgquota.usage u
-    SET used = u.used + @amount::bigint,
-        updated_at = def.at
-    FROM def
-    WHERE u.quota_name = def.name
-      AND u.member = @member::text
-      AND u.window_start = def.window_start
-      AND u.window_end = def.window_end
-      AND u.used + @amount::bigint <= def.limit_value
-    RETURNING u.used
-), ins AS (
-    INSERT INTO pgquota.usage AS u (quota_name, member, window_start, window_end, used, updated_at)
-    SELECT def.name, @member::text, def.window_start, def.window_end, @amount::bigint, def.at
-    FROM def
-    WHERE @amount::bigint <= def.limit_value
-      AND NOT EXISTS (
-          SELECT 1 FROM pgquota.usage x
-          WHERE x.quota_name = def.name
-            AND x.member = @member::text
-            AND x.window_start = def.window_start
-            AND x.window_end = def.window_end
-      )
-    ON CONFLICT (quota_name, member, window_start, window_end) DO UPDATE
-    SET used = u.used + excluded.used,
-        updated_at = excluded.updated_at
-    WHERE u.used + excluded.used <= (SELECT def.limit_value FROM def)
-    RETURNING u.used
-), granted AS (
-    SELECT upd.used FROM upd
-    UNION ALL
-    SELECT ins.used FROM ins
-)
-SELECT (def.limit_value IS NOT NULL)::boolean AS has_limit,
-       coalesce(def.limit_value, 0)::bigint AS limit_value,
-       def.window_start::timestamptz AS window_start,
-       def.window_end::timestamptz AS window_end,
-       (g.used IS NOT NULL)::boolean AS granted,
-       coalesce(g.used, pgquota.usage_used_fresh(def.name, @member::text, def.window_start, def.window_end))::bigint AS used
-FROM def
-LEFT JOIN granted g ON true
-WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '');
+-- Grants @amount units of a quota of any kind to a member, in ONE statement
+-- (one round trip, also for a member's first grant of a window):
+-- pgquota.grant (migrations/00014, docs/sql.md) holds the logic, the guard
+-- in the WHERE clause of the counter row being written and why the limit
+-- holds under READ COMMITTED. Exactly one row comes back: found is false
+-- when the quota does not exist, has_limit false when no limit applies,
+-- decided_at NULL when nothing was decided (nothing written then).
+SELECT g.found::boolean AS found,
+       coalesce(g.kind, '')::text AS kind,
+       g.has_limit::boolean AS has_limit,
+       g.granted::boolean AS granted,
+       g.used::bigint AS used,
+       g.limit_value::bigint AS limit_value,
+       g.remaining::bigint AS remaining,
+       g.window_start::timestamptz AS window_start,
+       g.window_end::timestamptz AS window_end,
+       g.retry_after_us::bigint AS retry_after_us,
+       g.reset_after_us::bigint AS reset_after_us,
+       g.decided_at::timestamptz AS decided_at,
+       g.burst::bigint AS burst,
+       g.period_us::bigint AS period_us
+FROM pgquota.grant(@quota_name::text, @member::text, @amount::bigint, sqlc.narg('limit_value')::bigint) g;
 
 -- name: UsageRevoke :one
 -- Gives back up to @amount units of a member's counter in the current
--- window, never below zero. The counter row is locked first (a locking read
--- returns the newest committed version), so used_before and used_after
--- describe the same row version and revoked = used_before - used_after.
-WITH def AS (
-    SELECT q.name,
-           pgquota.window_start(q.window_unit, q.time_zone, c.at) AS window_start,
-           pgquota.window_end(q.window_unit, q.time_zone, c.at) AS window_end,
-           c.at
-    FROM pgquota.quota q
-    CROSS JOIN (SELECT pgquota.clock() AS at) c
-    WHERE q.name = @quota_name::text
-), cur AS (
-    SELECT u.quota_name, u.member, u.window_start, u.window_end, u.used
-    FROM pgquota.usage u
-    JOIN def ON u.quota_name = def.name
-            AND u.window_start = def.window_start
-            AND u.window_end = def.window_end
-    WHERE u.member = @member::text
-    FOR UPDATE OF u
-), upd AS (
-    UPDATE pgquota.usage u
-    SET used = u.used - least(u.used, @amount::bigint),
-        updated_at = def.at
-    FROM def, cur
-    WHERE u.quota_name = cur.quota_name
-      AND u.member = cur.member
-      AND u.window_start = cur.window_start
-      AND u.window_end = cur.window_end
-    RETURNING u.used
-)
-SELECT def.window_start::timestamptz AS window_start,
-       def.window_end::timestamptz AS window_end,
-       coalesce((SELECT cur.used FROM cur), 0)::bigint AS used_before,
-       coalesce((SELECT upd.used FROM upd), 0)::bigint AS used_after
-FROM def
-WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '');
+-- window, never below zero: pgquota.revoke (migrations/00014). found is
+-- false when the quota does not exist; kind says which it is (a quota of
+-- kind rate, fixed or rolling is refused: nothing written).
+SELECT r.found::boolean AS found,
+       coalesce(r.kind, '')::text AS kind,
+       r.window_start::timestamptz AS window_start,
+       r.window_end::timestamptz AS window_end,
+       r.used_before::bigint AS used_before,
+       r.used_after::bigint AS used_after
+FROM pgquota.revoke(@quota_name::text, @member::text, @amount::bigint) r;
 
 -- name: UsageGet :one
 -- Reads a member's state under a quota of any kind, and the limit that

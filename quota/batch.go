@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -377,29 +376,9 @@ func batchResult(req GrantRequest, r db.UsageGrantBatchRow, limit *int64, grante
 		res.Limit = *limit
 		res.Remaining = max(*limit-used, 0)
 		res.DecidedAt = timeFromPG(r.DecidedAt)
-		res.RetryAfter, res.ResetAfter = calendarWaits(r, req.Amount, *limit, granted)
+		res.RetryAfter, res.ResetAfter = calendarWaits(granted, req.Amount, *limit, r.WindowEnd, r.DecidedAt)
 	}
 	return res
-}
-
-// calendarWaits are the RetryAfter and ResetAfter of a calendar request of
-// a batch, as pgquota.grant_limits computes them for a calendar quota:
-// ResetAfter is the time from the decision to the window's end, Never for
-// a lifetime (WindowNone) counter; RetryAfter is 0 when granted, Never when
-// the amount is above the limit or the counter is a lifetime one, else
-// ResetAfter.
-func calendarWaits(r db.UsageGrantBatchRow, amount, limit int64, granted bool) (retry, reset time.Duration) {
-	reset = Never
-	if r.WindowEnd.Valid && r.WindowEnd.InfinityModifier == pgtype.Finite && r.DecidedAt.Valid {
-		reset = max(r.WindowEnd.Time.Sub(r.DecidedAt.Time), 0)
-	}
-	switch {
-	case granted:
-		return 0, reset
-	case amount > limit:
-		return Never, reset
-	}
-	return reset, reset
 }
 
 // ownTx marks an executor whose statements each run in their own implicit

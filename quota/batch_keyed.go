@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
 
@@ -60,8 +61,10 @@ func sameRequest(a, b request) string {
 	return ""
 }
 
-// grantFromEntry replays a stored grant outcome.
+// grantFromEntry replays a stored grant outcome, with the RetryAfter and
+// ResetAfter of calendarWaits.
 func grantFromEntry(e db.PgquotaLedgerEntry) GrantResult {
+	retry, reset := calendarWaits(e.Granted, e.Amount, e.LimitValue, e.WindowEnd, e.DecidedAt)
 	return GrantResult{
 		Granted:     e.Granted,
 		Quota:       e.Target,
@@ -72,8 +75,33 @@ func grantFromEntry(e db.PgquotaLedgerEntry) GrantResult {
 		Remaining:   max(e.LimitValue-e.Used, 0),
 		WindowStart: timeFromPG(e.WindowStart),
 		WindowEnd:   timeFromPG(e.WindowEnd),
+		RetryAfter:  retry,
+		ResetAfter:  reset,
+		DecidedAt:   timeFromPG(e.DecidedAt),
 		Keyed:       keyedFromEntry(e),
 	}
+}
+
+// calendarWaits are a stored calendar grant's RetryAfter and ResetAfter as
+// pgquota.grant_counter (migrations/00014) computed them when it decided
+// the grant at decidedAt: retry 0 when granted, Never for an amount above
+// the limit or a lifetime window (an infinite end), else the time to the
+// window's end; reset the time to the window's end, Never for a lifetime
+// window. Timestamps hold whole microseconds, so the SQL's rounding up is
+// exact here. Tests compare a keyed grant's result with its replay.
+func calendarWaits(granted bool, amount, limit int64, windowEnd, decidedAt pgtype.Timestamptz) (retry, reset time.Duration) {
+	if !windowEnd.Valid || !decidedAt.Valid || windowEnd.InfinityModifier != pgtype.Finite {
+		reset = Never
+	} else {
+		reset = windowEnd.Time.Sub(decidedAt.Time)
+	}
+	switch {
+	case granted:
+		return 0, reset
+	case amount > limit:
+		return Never, reset
+	}
+	return reset, reset
 }
 
 // grantBatchKeyed decides the requests todo (valid, some keyed) in the

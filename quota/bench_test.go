@@ -31,6 +31,35 @@ const spreadMembers = 10000
 //
 // `make bench-compare` runs the same statement through pgbench beside it.
 func BenchmarkGrant(b *testing.B) {
+	url, members := benchDB(b)
+	hot := func(*rand.Rand) string { return "hot" }
+	spread := func(rng *rand.Rand) string { return members[rng.IntN(len(members))] }
+	cases := []struct {
+		name   string
+		member func(rng *rand.Rand) string
+		grant  grantFunc
+	}{
+		{"hot-row", hot, libraryGrant},
+		{"spread", spread, libraryGrant},
+		// The same statement through pgx alone, without the library's
+		// validation, retry wrapper and result mapping: the baseline that
+		// shows what pgquota adds over its driver.
+		{"hot-row-pgx", hot, pgxGrant},
+		{"spread-pgx", spread, pgxGrant},
+	}
+	for _, c := range cases {
+		for _, clients := range []int{1, 8, 32} {
+			b.Run(fmt.Sprintf("%s/clients=%d", c.name, clients), func(b *testing.B) {
+				benchGrant(b, url, clients, c.member, c.grant)
+			})
+		}
+	}
+}
+
+// benchDB creates a migrated database with the day quota "bench" (no
+// default limit) and spreadMembers counters of it in the current window,
+// at 0, and returns its URL and the members.
+func benchDB(b *testing.B) (string, []string) {
 	ctx := context.Background()
 	url := pgtest.NewURL(b)
 	setupPool := pgtest.Connect(b, url, 2)
@@ -54,29 +83,7 @@ func BenchmarkGrant(b *testing.B) {
 		FROM unnest($1::text[]) AS m`, members); err != nil {
 		b.Fatal(err)
 	}
-
-	hot := func(*rand.Rand) string { return "hot" }
-	spread := func(rng *rand.Rand) string { return members[rng.IntN(len(members))] }
-	cases := []struct {
-		name   string
-		member func(rng *rand.Rand) string
-		grant  grantFunc
-	}{
-		{"hot-row", hot, libraryGrant},
-		{"spread", spread, libraryGrant},
-		// The same statement through pgx alone, without the library's
-		// validation, retry wrapper and result mapping: the baseline that
-		// shows what pgquota adds over its driver.
-		{"hot-row-pgx", hot, pgxGrant},
-		{"spread-pgx", spread, pgxGrant},
-	}
-	for _, c := range cases {
-		for _, clients := range []int{1, 8, 32} {
-			b.Run(fmt.Sprintf("%s/clients=%d", c.name, clients), func(b *testing.B) {
-				benchGrant(b, url, clients, c.member, c.grant)
-			})
-		}
-	}
+	return url, members
 }
 
 // grantFunc grants one unit of the bench quota to member and reports

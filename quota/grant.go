@@ -69,17 +69,24 @@ type GrantResult struct {
 	// its grant id (for CompensateGrant and outbox events), the key, and
 	// whether this result was replayed. Zero for a grant without a key.
 	Keyed
-	// RetryAfter and ResetAfter, DecidedAt, DeniedBy and Limits are set by
-	// grants decided by pgquota.grant_limits: against several quotas, or a
-	// quota of kind rate, fixed or rolling (grant_multi.go), alone or in a
-	// batch; the calendar requests of a batch get RetryAfter, ResetAfter
-	// and DecidedAt too (GrantBatch). RetryAfter is
-	// how long after DecidedAt the same grant can succeed (0 when granted,
-	// Never when no wait helps); ResetAfter how long until every quota is
-	// back at its full limit; both from the database clock. DecidedAt is
-	// the database clock's instant of the decision. DeniedBy names the
-	// quota that refused ("" when granted). Zero for calendar grants on
-	// their own (see WindowEnd).
+	// RetryAfter is how long after DecidedAt the same grant can succeed:
+	// 0 when granted, Never when no wait helps (an amount above the limit
+	// or a rate's burst, a limit of 0 for a rate, a full lifetime counter
+	// of WindowNone), else for a calendar or fixed window the time to
+	// WindowEnd. ResetAfter is how long until every quota is back at its
+	// full limit (a calendar window: WindowEnd; Never for WindowNone). Both
+	// are from the database clock, rounded up to the microsecond, for
+	// grants of every kind, alone or in a batch (GrantBatch, Coalesce,
+	// GroupCommit), as pgquota.grant and pgquota.grant_limits compute them
+	// (docs/sql.md). DecidedAt is the database clock's instant
+	// of the decision. A replayed keyed grant (Keyed.Replayed) carries the
+	// first call's DecidedAt, RetryAfter and ResetAfter (as of DecidedAt,
+	// not of the replay).
+	//
+	// DeniedBy and Limits are set by grants against several quotas, or a
+	// quota of kind rate, fixed or rolling (grant_multi.go): DeniedBy names
+	// the quota that refused ("" when granted), Limits holds each quota's
+	// outcome. Both are zero for calendar grants on their own.
 	RetryAfter time.Duration `json:"retry_after"`
 	ResetAfter time.Duration `json:"reset_after"`
 	DecidedAt  time.Time     `json:"decided_at"`
@@ -90,11 +97,13 @@ type GrantResult struct {
 // Grant grants req.Amount units of req.Quota to req.Member if that keeps
 // the member's counter for the current window at or below the limit, and
 // denies it otherwise. It is one SQL statement and one round trip, also for
-// a member's first grant in a window, and the limit holds under any number
-// of concurrent callers: the check and the write are one conditional update
-// (see queries/usage.sql and the PostgreSQL manual, section 13.2.1, on how
-// READ COMMITTED re-checks an UPDATE's WHERE clause against the newest row
-// version).
+// a member's first grant in a window and for the first grant of a rate,
+// fixed or rolling quota (the SQL function pgquota.grant serves every kind:
+// docs/sql.md), and the limit holds under any number of concurrent
+// callers: the check and the write are one conditional update (see
+// migrations/00014_sql_interface.sql and the PostgreSQL manual, section
+// 13.2.1, on how READ COMMITTED re-checks an UPDATE's WHERE clause against
+// the newest row version).
 //
 // With req.Idempotency set, the grant and its ledger row are still one
 // statement and one round trip (see queries/ledger.sql for why exactly one
@@ -140,9 +149,13 @@ type GrantResult struct {
 // any other error nothing was written.
 func (c *Client) Grant(ctx context.Context, req GrantRequest) (res GrantResult, err error) {
 	defer c.m.grantDone(ctx, opGrant, c.m.now(), &req, &res, &err)
-	// Rates, fixed durations, rolling windows and several quotas at once
-	// take pgquota.grant_limits (grant_multi.go, batch_limits.go).
-	if c.shapedRoute(ctx, c.db.reads(), req) {
+	// Several quotas at once take pgquota.grant_limits (grant_multi.go),
+	// which checks its request; so do rates, fixed durations and rolling
+	// windows where the group commit or the coalescer takes the call (their
+	// batches go through pgquota.grant_limits_batch, batch_limits.go). The
+	// plain path needs no kind: pgquota.grant serves every kind,
+	// pgquota.grant_keyed reports it.
+	if (len(req.Quotas) > 0 || c.grouper != nil || c.coalescer != nil) && c.shapedRoute(ctx, c.db.reads(), req) {
 		if _, err := checkLimitsRequest(req); err != nil {
 			return GrantResult{}, err
 		}
@@ -171,7 +184,7 @@ func (c *Client) Grant(ctx context.Context, req GrantRequest) (res GrantResult, 
 // if tx committed, or grants itself if tx rolled back.
 func (c *Client) GrantTx(ctx context.Context, tx pgx.Tx, req GrantRequest) (res GrantResult, err error) {
 	defer c.m.grantDone(ctx, opGrantTx, c.m.now(), &req, &res, &err)
-	if c.shapedRoute(ctx, tx, req) {
+	if len(req.Quotas) > 0 {
 		return c.grantLimits(ctx, tx, req)
 	}
 	if err := checkGrantRequest(req); err != nil {
@@ -182,17 +195,14 @@ func (c *Client) GrantTx(ctx context.Context, tx pgx.Tx, req GrantRequest) (res 
 
 // grant runs one grant request, validated by its caller (checkGrantRequest:
 // Grant, GrantTx, GrantBatch), which is the only place requests are
-// checked.
+// checked. One statement for a quota of any kind: pgquota.grant (UsageGrant)
+// delegates rates, fixed and rolling windows to pgquota.grant_limits.
 func (c *Client) grant(ctx context.Context, x db.DBTX, req GrantRequest) (GrantResult, error) {
-	if c.shapedRoute(ctx, x, req) {
+	if len(req.Quotas) > 0 {
 		return c.grantLimits(ctx, x, req)
 	}
 	if req.Idempotency.Key != "" {
-		res, err := c.grantKeyed(ctx, x, fingerprint(req))
-		if err != nil {
-			return res, c.kindError(req.Quota, err)
-		}
-		return res, nil
+		return c.grantKeyed(ctx, x, fingerprint(req))
 	}
 	var limit pgtype.Int8
 	if req.Limit != nil {
@@ -204,26 +214,51 @@ func (c *Client) grant(ctx context.Context, x db.DBTX, req GrantRequest) (GrantR
 		Amount:     req.Amount,
 		LimitValue: limit,
 	})
-	if isNoRows(err) {
+	if err != nil {
+		return GrantResult{}, dbError("grant", err)
+	}
+	if !row.Found {
+		c.kinds.Delete(req.Quota)
 		return GrantResult{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, req.Quota)
 	}
-	if err != nil {
-		return GrantResult{}, c.kindError(req.Quota, dbError("grant", err))
-	}
-	if !row.HasLimit {
+	w := Window(row.Kind)
+	c.kinds.Store(req.Quota, w)
+	switch {
+	case !row.HasLimit:
 		return GrantResult{}, fmt.Errorf("%w (quota %q, member %q)", ErrNoLimit, req.Quota, req.Member)
+	case !row.DecidedAt.Valid && w == WindowRolling && row.LimitValue > MaxRollingLimit:
+		return GrantResult{}, inputError("limit", "of rolling quota %q for member %q is %d, at most %d is supported", req.Quota, req.Member, row.LimitValue, MaxRollingLimit)
+	case !row.DecidedAt.Valid:
+		return GrantResult{}, fmt.Errorf("pgquota: grant: quota %q of kind %s has no shape row", req.Quota, row.Kind)
 	}
-	return GrantResult{
+	res := GrantResult{
 		Granted:     row.Granted,
 		Quota:       req.Quota,
 		Member:      req.Member,
 		Amount:      req.Amount,
 		Used:        row.Used,
 		Limit:       row.LimitValue,
-		Remaining:   max(row.LimitValue-row.Used, 0),
+		Remaining:   row.Remaining,
 		WindowStart: timeFromPG(row.WindowStart),
 		WindowEnd:   timeFromPG(row.WindowEnd),
-	}, nil
+		RetryAfter:  usDuration(row.RetryAfterUs),
+		ResetAfter:  usDuration(row.ResetAfterUs),
+		DecidedAt:   timeFromPG(row.DecidedAt),
+	}
+	if w.Shaped() {
+		// As grantLimits reports a grant against one quota.
+		res.Limits = []LimitResult{{
+			Quota: req.Quota, Window: w, Fits: row.Granted,
+			Used: row.Used, Limit: row.LimitValue, Remaining: row.Remaining,
+			Burst: row.Burst, Period: time.Duration(row.PeriodUs) * time.Microsecond,
+			WindowStart: res.WindowStart, WindowEnd: res.WindowEnd,
+			RetryAfter: res.RetryAfter, ResetAfter: res.ResetAfter,
+		}}
+		if !res.Granted {
+			res.DeniedBy = req.Quota
+		}
+	}
+	return res, nil
 }
 
 // RevokeRequest gives units of a quota back.
@@ -289,20 +324,19 @@ func (c *Client) revoke(ctx context.Context, x db.DBTX, req RevokeRequest) (Revo
 		return RevokeResult{}, err
 	}
 	if req.Idempotency.Key != "" {
-		res, err := c.revokeKeyed(ctx, x, req)
-		if err != nil {
-			return res, c.calendarOnly(ctx, "revoke", req.Quota, err)
-		}
-		return res, nil
+		return c.revokeKeyed(ctx, x, req)
 	}
 	row, err := c.queries.UsageRevoke(ctx, x, db.UsageRevokeParams{
 		QuotaName: req.Quota, Member: req.Member, Amount: req.Amount,
 	})
-	if isNoRows(err) {
+	if err != nil {
+		return RevokeResult{}, dbError("revoke", err)
+	}
+	if !row.Found {
 		return RevokeResult{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, req.Quota)
 	}
-	if err != nil {
-		return RevokeResult{}, c.calendarOnly(ctx, "revoke", req.Quota, dbError("revoke", err))
+	if w := Window(row.Kind); w.Shaped() {
+		return RevokeResult{}, calendarOnlyError("revoke", req.Quota, w)
 	}
 	return RevokeResult{
 		Quota:       req.Quota,

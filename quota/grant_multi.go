@@ -95,15 +95,24 @@ func checkLimitsRequest(req GrantRequest) ([]string, error) {
 		}
 	}
 	if req.Idempotency.Key != "" {
-		return nil, inputError("idempotency key", "not supported for a grant against several quotas or a quota of kind rate, fixed or rolling (only calendar quotas record keyed grants)")
+		return nil, errKeyedShaped()
 	}
 	return names, nil
 }
 
+// errKeyedShaped is the error of a keyed grant against several quotas or a
+// quota of kind rate, fixed or rolling (pgquota.grant_keyed writes nothing
+// for those kinds and reports the kind).
+func errKeyedShaped() error {
+	return inputError("idempotency key", "not supported for a grant against several quotas or a quota of kind rate, fixed or rolling (only calendar quotas record keyed grants)")
+}
+
 // shapedRoute reports whether req is decided by pgquota.grant_limits: a
 // grant against several quotas, or one of kind rate, fixed or rolling. The
-// kind of a quota this client has not seen is read once (QuotaKindGet); when
-// that read fails, the calendar path runs and reports its own error. A keyed
+// group commit and the coalescer need it (they serve calendar quotas); the
+// plain path does not (pgquota.grant serves every kind). The kind of a
+// quota this client has not seen is read once (QuotaKindGet); when that
+// read fails, the calendar path runs and reports its own error. A keyed
 // request, which grant_limits refuses, re-reads a cached shaped kind first.
 func (c *Client) shapedRoute(ctx context.Context, x db.DBTX, req GrantRequest) bool {
 	if len(req.Quotas) > 0 {
@@ -120,19 +129,6 @@ func (c *Client) shapedRoute(ctx context.Context, x db.DBTX, req GrantRequest) b
 	}
 	w, err := c.quotaKind(ctx, x, req.Quota)
 	return err == nil && w.Shaped()
-}
-
-// kindError is the error of a calendar grant statement: when it failed
-// because the quota is no longer a calendar window (redefined by another
-// client since this one cached its kind: date_trunc rejects the unit,
-// SQLSTATE 22023), the cached kind is dropped, so the next call takes the
-// right path, and the error says to repeat the call. Nothing was written.
-func (c *Client) kindError(quota string, err error) error {
-	if sqlState(err) == "22023" {
-		c.kinds.Delete(quota)
-		return fmt.Errorf("pgquota: grant: quota %q is no longer a calendar window (redefined meanwhile): nothing was granted, repeat the call: %w", quota, err)
-	}
-	return err
 }
 
 // grantLimits grants req through pgquota.grant_limits (one statement).

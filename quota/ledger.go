@@ -184,7 +184,14 @@ func (c *Client) grantKeyed(ctx context.Context, x db.DBTX, fp request) (GrantRe
 		case row.PriorGrantID != 0:
 			return GrantResult{}, row.PriorGrantID, nil
 		case !row.QuotaFound:
+			c.kinds.Delete(req.Quota)
 			return GrantResult{}, 0, fmt.Errorf("%w: %q", ErrQuotaNotFound, req.Quota)
+		}
+		w := Window(row.Kind)
+		c.kinds.Store(req.Quota, w)
+		switch {
+		case w.Shaped():
+			return GrantResult{}, 0, errKeyedShaped() // nothing was written
 		case !row.HasLimit:
 			return GrantResult{}, 0, fmt.Errorf("%w (quota %q, member %q)", ErrNoLimit, req.Quota, req.Member)
 		}
@@ -198,6 +205,9 @@ func (c *Client) grantKeyed(ctx context.Context, x db.DBTX, fp request) (GrantRe
 			Remaining:   max(row.LimitValue-row.Used, 0),
 			WindowStart: timeFromPG(row.WindowStart),
 			WindowEnd:   timeFromPG(row.WindowEnd),
+			RetryAfter:  usDuration(row.RetryAfterUs),
+			ResetAfter:  usDuration(row.ResetAfterUs),
+			DecidedAt:   timeFromPG(row.DecidedAt),
 			Keyed:       Keyed{GrantID: row.GrantID, IdempotencyScope: key.Scope, IdempotencyKey: key.Key},
 		}, 0, nil
 	}, grantFromEntry)
@@ -224,6 +234,8 @@ func (c *Client) revokeKeyed(ctx context.Context, x db.DBTX, req RevokeRequest) 
 			return RevokeResult{}, row.PriorGrantID, nil
 		case !row.QuotaFound:
 			return RevokeResult{}, 0, fmt.Errorf("%w: %q", ErrQuotaNotFound, req.Quota)
+		case Window(row.Kind).Shaped():
+			return RevokeResult{}, 0, calendarOnlyError("revoke", req.Quota, Window(row.Kind)) // nothing was written
 		}
 		return RevokeResult{
 			Quota:       req.Quota,

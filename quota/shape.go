@@ -181,13 +181,12 @@ func (c *Client) withShapes(ctx context.Context, qs []Quota) ([]Quota, error) {
 	return qs, nil
 }
 
-// kindCache remembers, per quota name, its kind (Window), so a grant picks
-// its statement without asking the database first: calendar quotas go to
-// UsageGrant (and the coalescer), the others to pgquota.grant_limits. A name
-// is looked up once (QuotaKindGet); a kind changed by another client is
-// learnt from the next grant (grant_limits reports each quota's kind, and
-// UsageGrant fails on a quota that is no longer a calendar window, which
-// drops the entry).
+// kindCache remembers, per quota name, its kind (Window), so that the
+// group commit and the coalescer (which serve calendar quotas) and
+// GrantBatch pick their path without asking the database first; the others
+// go to pgquota.grant_limits. A name is looked up once (QuotaKindGet); a
+// kind changed by another client is learnt from the next grant
+// (pgquota.grant, pgquota.grant_keyed and grant_limits report the kind).
 type kindCache struct{ m sync.Map }
 
 func (k *kindCache) Load(name string) (Window, bool) {
