@@ -24,10 +24,10 @@ default. Exit status 0 when granted, 3 when denied.
 
 Repeat --quota to grant against several quotas at once: the units are granted
 under all of them or none, and a denial names the quota that refused
-("denied by") and when to retry. Grants of quotas of kind rate, fixed or
-rolling, and against several quotas, print "retry after" (how long until the
-same grant can succeed, by the database clock; "never" when no wait helps)
-and "reset after" (until every quota is back at its full limit).
+("denied by") and when to retry. Every grant prints "retry after" (how long
+until the same grant can succeed, by the database clock: 0s when granted, the
+time to the window's end for a calendar or fixed window, "never" when no wait
+helps) and "reset after" (until every quota is back at its full limit).
 
 With --idempotency-key the grant is recorded in the ledger under a grant id,
 and running the same command again (after a timeout, say) prints the first

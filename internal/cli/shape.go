@@ -148,10 +148,11 @@ func shapeRows(w *tabwriter.Writer, q quota.Quota) {
 	}
 }
 
-// limitRows prints what pgquota.grant_limits adds to a grant's result:
-// retry-after, reset-after, the refusing quota and each quota's outcome.
+// limitRows prints a grant's retry-after and reset-after (every decided
+// grant has them), and what pgquota.grant_limits adds: the refusing quota
+// and each quota's outcome.
 func limitRows(w *tabwriter.Writer, res quota.GrantResult) {
-	if len(res.Limits) == 0 {
+	if len(res.Limits) == 0 && res.DecidedAt.IsZero() {
 		return
 	}
 	row(w, "retry after", waitText(res.RetryAfter))
