@@ -149,24 +149,40 @@ CREATE FUNCTION pgquota.grant_counter(
     AS $$
 BEGIN
     PERFORM pgquota.durable_commit();
-    UPDATE pgquota.usage AS u
-    SET used = u.used + p_amount,
-        updated_at = p_at
-    WHERE u.quota_name = p_quota
-      AND u.member = p_member
-      AND u.window_start = p_start
-      AND u.window_end = p_end
-      AND u.used + p_amount <= p_limit
-    RETURNING u.used INTO o_used;
-    IF o_used IS NULL AND p_amount <= p_limit THEN
+    -- One statement for both cases (a member's first grant of a window
+    -- costs no second statement): upd raises an existing counter, ins
+    -- inserts one missing from the statement's snapshot (ON CONFLICT DO
+    -- UPDATE re-checks the guard on the newest version when a concurrent
+    -- first grant inserted it meanwhile). At most one of them returns a row.
+    WITH upd AS (
+        UPDATE pgquota.usage AS u
+        SET used = u.used + p_amount,
+            updated_at = p_at
+        WHERE u.quota_name = p_quota
+          AND u.member = p_member
+          AND u.window_start = p_start
+          AND u.window_end = p_end
+          AND u.used + p_amount <= p_limit
+        RETURNING u.used
+    ), ins AS (
         INSERT INTO pgquota.usage AS u (quota_name, member, window_start, window_end, used, updated_at)
-        VALUES (p_quota, p_member, p_start, p_end, p_amount, p_at)
+        SELECT p_quota, p_member, p_start, p_end, p_amount, p_at
+        WHERE p_amount <= p_limit
+          AND NOT EXISTS (
+              SELECT 1 FROM pgquota.usage x
+              WHERE x.quota_name = p_quota
+                AND x.member = p_member
+                AND x.window_start = p_start
+                AND x.window_end = p_end
+          )
         ON CONFLICT ON CONSTRAINT usage_pkey DO UPDATE
         SET used = u.used + excluded.used,
             updated_at = excluded.updated_at
         WHERE u.used + excluded.used <= p_limit
-        RETURNING u.used INTO o_used;
-    END IF;
+        RETURNING u.used
+    )
+    SELECT g.used INTO o_used
+    FROM (SELECT upd.used FROM upd UNION ALL SELECT ins.used FROM ins) g;
     o_granted := o_used IS NOT NULL;
     IF o_granted THEN
         o_retry_us := 0;
