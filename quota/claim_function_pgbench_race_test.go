@@ -55,7 +55,7 @@ func TestClaimFunctionPgbenchRaceOneVoucher(t *testing.T) {
 		"SELECT * FROM pgquota.claim('one', 'member-' || :client_id);\n"+
 			"SELECT * FROM pgquota.claim_keyed('one-keyed', 'key-' || :client_id, 'one-keyed', 'member-' || :client_id);\n"), 0o600))
 	const clients, perClient = 20, 10
-	out, err := exec.CommandContext(b.ctx, pgbench, "-n", "-c", "20", "-j", "2", "-t", "10", "-f", script,
+	out, err := exec.CommandContext(b.ctx, pgbench, "-n", "--max-tries=1000", "-c", "20", "-j", "2", "-t", "10", "-f", script,
 		dbURL).CombinedOutput()
 	require.NoError(t, err, "pgbench: %s", out)
 	require.Contains(t, string(out), "number of failed transactions: 0", "pgbench: %s", out)

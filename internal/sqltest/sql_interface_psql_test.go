@@ -94,7 +94,7 @@ GRANT INSERT ON public.grant_log TO PUBLIC;`)
 			if err := os.WriteFile(script, []byte("INSERT INTO public.grant_log SELECT granted FROM pgquota.grant('v', 'm', 1);\n"), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			out := run(t, pgbench, "-n", "-c", "20", "-j", "4", "-t", "5", "-f", script, callURL)
+			out := run(t, pgbench, "-n", "--max-tries=1000", "-c", "20", "-j", "4", "-t", "5", "-f", script, callURL)
 			m := processed.FindStringSubmatch(out)
 			if m == nil || m[1] != "100" || m[2] != "100" {
 				t.Fatalf("pgbench did not run 100 transactions:\n%s", out)
