@@ -7,7 +7,7 @@ STATICCHECK := go run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 # The server tests run against (they create a template database and one
 # database per test); see README.md. Set it to use another server.
-PGQUOTA_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
+PGQUOTA_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:$(or $(PGPORT),5432)/postgres?sslmode=disable
 export PGQUOTA_TEST_DATABASE_URL
 
 # The server the benchmarks run against: DATABASE_URL when set, else the

@@ -131,7 +131,9 @@ type Config struct {
 // CompensateGrantTx, ClaimTx, AcquireTx, WriteFencedRowTx, EnqueueTx, ...),
 // so the caller's own writes and pgquota's commit or roll back together.
 // The exceptions own their transactions or wait between them: AcquireWait,
-// grantFenced, Keepalive, the Relay, ReapLedger, ReapOutbox and Migrate.
+// AcquireSlotWait, Keepalive, Do, Election, the Relay, ReapLedger,
+// ReapOutbox, ReapLeases, BumpLeaseEpoch and Migrate; RenewSlot and
+// ReleaseSlot are RenewTx and ReleaseTx on the slot's lease.
 type Client struct {
 	pool *pgxpool.Pool
 	// db runs single statements on pool and retries serialization failures

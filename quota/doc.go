@@ -9,8 +9,9 @@
 //
 // # Conditional updates (no lock)
 //
-// Grant and Claim each run ONE SQL statement in which the
-// check is the WHERE clause of the row being written, for example
+// A calendar grant (Grant) and a counted voucher claim (Claim) are one
+// conditional update in which the check is the WHERE clause of the row
+// being written, for example
 //
 //	UPDATE pgquota.usage SET used = used + $amount
 //	WHERE quota_name = $quota AND member = $member AND window_start = ...
@@ -24,6 +25,15 @@
 // taken by the application and one round trip per call, including a
 // member's first grant of a window (an upsert whose ON CONFLICT DO UPDATE
 // clause carries the same guard).
+//
+// Each call is one SQL function call and one round trip (pgquota.grant,
+// pgquota.claim and their keyed forms: docs/sql.md, where the same
+// functions are a public SQL interface for psql and other languages). The
+// other shapes lock what they decide on instead: rates (GCRA), fixed and
+// rolling windows and grants against several quotas at once
+// (GrantRequest.Quotas) lock their state rows in one order, read the clock
+// after the last lock and write all or nothing (pgquota.grant_limits); a
+// code campaign picks an unclaimed code with FOR UPDATE SKIP LOCKED.
 //
 // A denied grant or a sold-out claim is a result, not an error:
 // GrantResult.Granted and ClaimResult.Claimed are false, and the result still
@@ -42,10 +52,14 @@
 // pgquota.greedy_take of that value (queries/usage_batch.sql), and each
 // request's outcome is replayed from the counter before and after.
 //
-// # Windows and the one clock
+// # Windows, rates and the one clock
 //
 // A quota's counters are kept per member and window: an hour, day, week or
-// month cut in the quota's IANA time zone, or none (a lifetime cap). Every
+// month cut in the quota's IANA time zone, or none (a lifetime cap); a
+// fixed window of any length from an origin; a rolling window (at most N
+// in any period of length W); or a rate with a burst (Window names the
+// kind). Semaphores (AcquireSlot) limit how many hold at once, each holder
+// a lease with its own fencing token. Every
 // window boundary and every expiry is computed by the database clock
 // (clock_timestamp(), through the SQL function pgquota.clock()), never by
 // an application server's clock, and never by now(), which freezes at the

@@ -11,7 +11,9 @@ import (
 	"github.com/pgquota/pgquota/db"
 )
 
-// Window is the period a quota's counters cover.
+// Window is a quota's kind: a calendar window (hour, day, week, month),
+// none (a lifetime cap), a fixed window of any length, a rolling window,
+// or a rate with a burst.
 type Window string
 
 // The windows a quota can have. Boundaries are computed by the database

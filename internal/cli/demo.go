@@ -6,8 +6,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"text/tabwriter"
 
@@ -24,6 +26,37 @@ import (
 // fresh install of the Debian/Ubuntu or Homebrew package has it for the
 // postgres role.
 const demoServerURL = "postgres://postgres@localhost:5432/postgres?sslmode=disable"
+
+// demoDefaultURL is demoServerURL with the libpq variables PGHOST, PGPORT,
+// PGUSER and PGDATABASE put in place of its host, port, user and database
+// where they are set (as every other command honours them), and where the
+// URL came from, in words. With PGSERVICE set, the service file decides:
+// the URL is empty (libpq's own resolution).
+func demoDefaultURL() (string, string) {
+	if os.Getenv("PGSERVICE") != "" {
+		return "", "PGSERVICE"
+	}
+	u, _ := url.Parse(demoServerURL)
+	var from []string
+	host, port := u.Hostname(), u.Port()
+	if v := os.Getenv("PGHOST"); v != "" {
+		host, from = v, append(from, "PGHOST")
+	}
+	if v := os.Getenv("PGPORT"); v != "" {
+		port, from = v, append(from, "PGPORT")
+	}
+	u.Host = net.JoinHostPort(host, port)
+	if v := os.Getenv("PGUSER"); v != "" {
+		u.User, from = url.User(v), append(from, "PGUSER")
+	}
+	if v := os.Getenv("PGDATABASE"); v != "" {
+		u.Path, from = "/"+v, append(from, "PGDATABASE")
+	}
+	if len(from) == 0 {
+		return u.String(), "the demo's default"
+	}
+	return u.String(), "the demo's default with " + strings.Join(from, ", ")
+}
 
 // demoResult is what `pgquota demo --json` prints.
 type demoResult struct {
@@ -49,7 +82,8 @@ func (a *app) demoCommand() *cobra.Command {
 		Use:   "demo",
 		Short: "Race concurrent grants against a limit on a database of the demo's own, and show that the limit held",
 		Long: `demo runs pgquota's main job end to end: it connects to the server of
---database-url, else $DATABASE_URL, else ` + demoServerURL + `,
+--database-url, else $DATABASE_URL, else ` + demoServerURL + `
+with PGHOST, PGPORT, PGUSER and PGDATABASE in place where they are set,
 creates the database pgquota_demo there (or reuses it), applies the migrations,
 defines the quota demo-api-calls (a lifetime cap of --limit units per member),
 and races --attempts concurrent grants of one unit each for a new member from
@@ -82,7 +116,7 @@ func (a *app) runDemo(ctx context.Context, dbName string, attempts int, limit in
 		serverURL, source = os.Getenv("DATABASE_URL"), "DATABASE_URL"
 	}
 	if serverURL == "" {
-		serverURL, source = demoServerURL, "the demo's default"
+		serverURL, source = demoDefaultURL()
 	}
 	admin, err := pgx.ParseConfig(serverURL)
 	if err != nil {
