@@ -144,6 +144,21 @@ DECLARE
     v_cur    bigint;
     v_drop   bigint;
 BEGIN
+    -- The arguments: a bad one raises 22023 naming it, before anything is
+    -- read (Go's callers check them first; this guards the SQL interface).
+    IF n = 0 THEN
+        RAISE EXCEPTION 'pgquota.grant_limits: p_quotas must name at least one quota' USING ERRCODE = '22023';
+    ELSIF p_member IS NULL OR octet_length(p_member) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'pgquota.grant_limits: p_member must be 1 to 255 bytes, got %',
+            coalesce(octet_length(p_member) || ' bytes', 'NULL') USING ERRCODE = '22023';
+    ELSIF p_member ~ '[\x01-\x1f\x7f-\x9f]' THEN
+        RAISE EXCEPTION 'pgquota.grant_limits: p_member must not contain control characters' USING ERRCODE = '22023';
+    ELSIF p_amount IS NULL OR p_amount < 1 THEN
+        RAISE EXCEPTION 'pgquota.grant_limits: p_amount must be at least 1, got %', coalesce(p_amount::text, 'NULL')
+            USING ERRCODE = '22023';
+    ELSIF p_limit < 0 THEN
+        RAISE EXCEPTION 'pgquota.grant_limits: p_limit must be at least 0 (or NULL), got %', p_limit USING ERRCODE = '22023';
+    END IF;
     -- Definitions and limits: nothing is locked or written unless all are
     -- usable.
     FOR i IN 1 .. n LOOP

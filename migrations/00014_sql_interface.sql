@@ -81,6 +81,21 @@ BEGIN
             MESSAGE = format('%s: %s must be 1 to 255 bytes, got %s', p_fn, v_name,
                              coalesce(octet_length(v_value) || ' bytes', 'NULL'));
     END IF;
+    -- No control characters, as quota/validate.go checkName and
+    -- pgquota.claim_check_name (00015) require.
+    IF p_keyed AND p_scope ~ '[\x01-\x1f\x7f-\x9f]' THEN
+        v_name := 'p_scope';
+    ELSIF p_keyed AND p_key ~ '[\x01-\x1f\x7f-\x9f]' THEN
+        v_name := 'p_key';
+    ELSIF p_quota ~ '[\x01-\x1f\x7f-\x9f]' THEN
+        v_name := 'p_quota';
+    ELSIF p_member ~ '[\x01-\x1f\x7f-\x9f]' THEN
+        v_name := 'p_member';
+    END IF;
+    IF v_name IS NOT NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('%s: %s must not contain control characters', p_fn, v_name);
+    END IF;
     IF p_amount IS NULL OR p_amount < 1 THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('%s: p_amount must be at least 1, got %s', p_fn, coalesce(p_amount::text, 'NULL'));

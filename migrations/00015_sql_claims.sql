@@ -208,6 +208,7 @@ DECLARE
     v_shard integer;
     v_seq   bigint;
     v_held  pgquota.voucher_claim;
+    v_try   integer;
 BEGIN
     r.claimed_now := false; r.used := 0; r.busy := false;
     -- Shards are numbered 0 .. shards - 1 (quota/shard.go shardSplit).
@@ -220,58 +221,75 @@ BEGIN
             RETURN r;
         END IF;
     END IF;
-    IF NOT EXISTS (SELECT 1 FROM pgquota.voucher_claim c
-                   WHERE c.campaign = p_campaign AND c.member = p_member) THEN
-        v_start := floor(random() * r.shards)::integer;
-        SELECT s.shard, s.base + s.claimed + 1 INTO v_shard, v_seq
-        FROM pgquota.voucher_shard s
-        WHERE s.campaign = p_campaign AND s.shard >= v_start AND s.claimed < s.total
-        ORDER BY s.shard LIMIT 1
-        FOR UPDATE OF s SKIP LOCKED;
-        IF v_shard IS NULL THEN
-            SELECT s.shard, s.base + s.claimed + 1 INTO v_shard, v_seq
-            FROM pgquota.voucher_shard s
-            WHERE s.campaign = p_campaign AND s.shard < v_start AND s.claimed < s.total
-            ORDER BY s.shard LIMIT 1
-            FOR UPDATE OF s SKIP LOCKED;
-        END IF;
-        IF v_shard IS NULL THEN
-            SELECT s.shard, s.base + s.claimed + 1 INTO v_shard, v_seq
-            FROM pgquota.voucher_shard s
-            WHERE s.campaign = p_campaign AND s.shard >= v_start AND s.claimed < s.total
-            ORDER BY s.shard LIMIT 1
-            FOR UPDATE OF s;
-        END IF;
-        IF v_shard IS NULL THEN
-            SELECT s.shard, s.base + s.claimed + 1 INTO v_shard, v_seq
-            FROM pgquota.voucher_shard s
-            WHERE s.campaign = p_campaign AND s.shard < v_start AND s.claimed < s.total
-            ORDER BY s.shard LIMIT 1
-            FOR UPDATE OF s;
-        END IF;
-        IF v_shard IS NOT NULL THEN
-            -- The claim row, and the shard's counter only when it was
-            -- inserted, in one statement.
-            WITH ins AS (
-                INSERT INTO pgquota.voucher_claim AS c (campaign, member, seq, claimed_at)
-                VALUES (p_campaign, p_member, v_seq, pgquota.clock())
-                ON CONFLICT (campaign, member) DO NOTHING
-                RETURNING c.seq, c.claimed_at
-            ), upd AS (
-                UPDATE pgquota.voucher_shard s
-                SET claimed = s.claimed + 1
-                FROM ins
-                WHERE s.campaign = p_campaign AND s.shard = v_shard
-                RETURNING s.shard
-            )
-            SELECT ins.seq, ins.claimed_at INTO r.seq, r.claimed_at
-            FROM ins, upd;
-            IF r.seq IS NOT NULL THEN
-                r.claimed_now := true;
-                RETURN r;
+    -- The pick runs in a subtransaction, retried on a deadlock: a FOR UPDATE
+    -- that finds a shard full on its newest version (it filled up after
+    -- this statement's snapshot) skips it but keeps its lock until the
+    -- transaction ends, so two claims that then wait for each other's next
+    -- shard can deadlock (40P01). Rolling the subtransaction back releases
+    -- every lock its pick took; the retry starts afresh, and nothing was
+    -- written by the attempt that lost. The ledger key (above) stays.
+    FOR v_try IN 1 .. 5 LOOP
+        BEGIN
+            v_shard := NULL; v_seq := NULL;
+            IF NOT EXISTS (SELECT 1 FROM pgquota.voucher_claim c
+                           WHERE c.campaign = p_campaign AND c.member = p_member) THEN
+                v_start := floor(random() * r.shards)::integer;
+                SELECT s.shard, s.base + s.claimed + 1 INTO v_shard, v_seq
+                FROM pgquota.voucher_shard s
+                WHERE s.campaign = p_campaign AND s.shard >= v_start AND s.claimed < s.total
+                ORDER BY s.shard LIMIT 1
+                FOR UPDATE OF s SKIP LOCKED;
+                IF v_shard IS NULL THEN
+                    SELECT s.shard, s.base + s.claimed + 1 INTO v_shard, v_seq
+                    FROM pgquota.voucher_shard s
+                    WHERE s.campaign = p_campaign AND s.shard < v_start AND s.claimed < s.total
+                    ORDER BY s.shard LIMIT 1
+                    FOR UPDATE OF s SKIP LOCKED;
+                END IF;
+                IF v_shard IS NULL THEN
+                    SELECT s.shard, s.base + s.claimed + 1 INTO v_shard, v_seq
+                    FROM pgquota.voucher_shard s
+                    WHERE s.campaign = p_campaign AND s.shard >= v_start AND s.claimed < s.total
+                    ORDER BY s.shard LIMIT 1
+                    FOR UPDATE OF s;
+                END IF;
+                IF v_shard IS NULL THEN
+                    SELECT s.shard, s.base + s.claimed + 1 INTO v_shard, v_seq
+                    FROM pgquota.voucher_shard s
+                    WHERE s.campaign = p_campaign AND s.shard < v_start AND s.claimed < s.total
+                    ORDER BY s.shard LIMIT 1
+                    FOR UPDATE OF s;
+                END IF;
+                IF v_shard IS NOT NULL THEN
+                    -- The claim row, and the shard's counter only when it was
+                    -- inserted, in one statement.
+                    WITH ins AS (
+                        INSERT INTO pgquota.voucher_claim AS c (campaign, member, seq, claimed_at)
+                        VALUES (p_campaign, p_member, v_seq, pgquota.clock())
+                        ON CONFLICT (campaign, member) DO NOTHING
+                        RETURNING c.seq, c.claimed_at
+                    ), upd AS (
+                        UPDATE pgquota.voucher_shard s
+                        SET claimed = s.claimed + 1
+                        FROM ins
+                        WHERE s.campaign = p_campaign AND s.shard = v_shard
+                        RETURNING s.shard
+                    )
+                    SELECT ins.seq, ins.claimed_at INTO r.seq, r.claimed_at
+                    FROM ins, upd;
+                    IF r.seq IS NOT NULL THEN
+                        r.claimed_now := true;
+                        RETURN r;
+                    END IF;
+                END IF;
             END IF;
-        END IF;
-    END IF;
+            EXIT;
+        EXCEPTION WHEN deadlock_detected THEN
+            IF v_try = 5 THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
     v_held := pgquota.voucher_claim_fresh(p_campaign, p_member);
     r.seq := v_held.seq;
     r.claimed_at := v_held.claimed_at;

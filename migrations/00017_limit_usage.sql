@@ -50,6 +50,13 @@ DECLARE
     v_last   timestamptz;
     j        integer;
 BEGIN
+    IF p_quota IS NULL OR octet_length(p_quota) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'pgquota.limit_usage: p_quota must be 1 to 255 bytes, got %',
+            coalesce(octet_length(p_quota) || ' bytes', 'NULL') USING ERRCODE = '22023';
+    ELSIF p_member IS NULL OR octet_length(p_member) NOT BETWEEN 1 AND 255 THEN
+        RAISE EXCEPTION 'pgquota.limit_usage: p_member must be 1 to 255 bytes, got %',
+            coalesce(octet_length(p_member) || ' bytes', 'NULL') USING ERRCODE = '22023';
+    END IF;
     SELECT q.window_unit, q.time_zone,
            coalesce(o.limit_value, q.default_limit) AS lim,
            s.period_us AS per, s.burst AS bur, s.origin AS ori

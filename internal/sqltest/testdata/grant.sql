@@ -205,7 +205,17 @@ BEGIN
         ['SELECT * FROM pgquota.revoke(''calls'', ''alice'', 0)', 'p_amount'],
         ['SELECT * FROM pgquota.revoke_keyed(''s'', '''', ''calls'', ''alice'', 1)', 'p_key'],
         ['SELECT * FROM pgquota.compensate_grant(0)', 'p_grant_id'],
-        ['SELECT * FROM pgquota.compensate_grant(NULL)', 'p_grant_id']
+        ['SELECT * FROM pgquota.compensate_grant(NULL)', 'p_grant_id'],
+        ['SELECT * FROM pgquota.grant(''calls'', E''a\tb'', 1)', 'p_member'],
+        ['SELECT * FROM pgquota.grant_keyed(''s'', E''k\n'', ''calls'', ''zed'', 1)', 'p_key'],
+        ['SELECT * FROM pgquota.grant_limits(ARRAY[''per-min''], ''zed'', -100, NULL)', 'p_amount'],
+        ['SELECT * FROM pgquota.grant_limits(ARRAY[''per-min''], ''zed'', 0, NULL)', 'p_amount'],
+        ['SELECT * FROM pgquota.grant_limits(ARRAY[''per-min''], ''zed'', 1, -1)', 'p_limit'],
+        ['SELECT * FROM pgquota.grant_limits(ARRAY[''per-min''], E''z\ted'', 1, NULL)', 'p_member'],
+        ['SELECT * FROM pgquota.grant_limits(ARRAY[]::text[], ''zed'', 1, NULL)', 'p_quotas'],
+        ['SELECT * FROM pgquota.limit_usage(''calls'', NULL)', 'p_member'],
+        ['SELECT * FROM pgquota.limit_usage(''calls'', repeat(''x'', 300))', 'p_member'],
+        ['SELECT * FROM pgquota.limit_usage('''', ''zed'')', 'p_quota']
     ] LOOP
         v_seen := false;
         BEGIN
