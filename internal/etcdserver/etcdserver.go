@@ -171,12 +171,7 @@ func StartTB(tb testing.TB, opts Options) *Server {
 	if err != nil {
 		tb.Fatalf("etcd: %v", err)
 	}
-	tb.Cleanup(func() {
-		if tb.Failed() {
-			tb.Logf("etcd at %s (pid %d), log tail:\n%s", s.Endpoint, s.Pid(), s.LogTail(40))
-		}
-		s.Stop()
-	})
+	svcproc.StopAtEnd(tb, "etcd at "+s.Endpoint, s, s.Stop)
 	return s
 }
 
@@ -195,17 +190,8 @@ func Shared(tb testing.TB) *Server {
 	if shared.err != nil {
 		tb.Fatalf("etcd: %v", shared.err)
 	}
-	if exited(shared.s.proc) {
+	if shared.s.proc.HasExited() {
 		tb.Fatalf("etcd: the shared server at %s has exited; log tail:\n%s", shared.s.Endpoint, shared.s.LogTail(40))
 	}
 	return shared.s
-}
-
-func exited(p *svcproc.Proc) bool {
-	select {
-	case <-p.Exited():
-		return true
-	default:
-		return false
-	}
 }

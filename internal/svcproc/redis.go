@@ -101,12 +101,7 @@ func StartRedisT(tb testing.TB, opts RedisOptions) *Redis {
 	if err != nil {
 		tb.Fatalf("svcproc: %v", err)
 	}
-	tb.Cleanup(func() {
-		if tb.Failed() {
-			tb.Logf("%s (pid %d) log tail:\n%s", r.Name, r.Pid(), r.LogTail(40))
-		}
-		_ = r.Stop()
-	})
+	StopAtEnd(tb, r.Name+" at "+r.Addr, r, func() { _ = r.Stop() })
 	return r
 }
 

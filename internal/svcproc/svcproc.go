@@ -183,12 +183,7 @@ func StartT(tb testing.TB, spec Spec) *Proc {
 	if err != nil {
 		tb.Fatalf("svcproc: %v", err)
 	}
-	tb.Cleanup(func() {
-		if tb.Failed() {
-			tb.Logf("%s (pid %d) log tail:\n%s", p.Name, p.Pid(), p.LogTail(40))
-		}
-		_ = p.Stop()
-	})
+	StopAtEnd(tb, p.Name, p, func() { _ = p.Stop() })
 	return p
 }
 
@@ -197,6 +192,34 @@ func (p *Proc) Pid() int { return p.cmd.Process.Pid }
 
 // Exited is closed once the server's process has exited.
 func (p *Proc) Exited() <-chan struct{} { return p.exited }
+
+// HasExited reports whether the server's process has exited.
+func (p *Proc) HasExited() bool {
+	select {
+	case <-p.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// Server is what StopAtEnd needs of a started server: a Proc, or a wrapper
+// around one (Redis, etcdserver.Server, zkserver.Server).
+type Server interface {
+	Pid() int
+	LogTail(n int) string
+}
+
+// StopAtEnd runs stop when tb ends, after logging the last 40 lines of the
+// server's log, named what ("etcd at 127.0.0.1:2379"), when tb failed.
+func StopAtEnd(tb testing.TB, what string, s Server, stop func()) {
+	tb.Cleanup(func() {
+		if tb.Failed() {
+			tb.Logf("%s (pid %d), log tail:\n%s", what, s.Pid(), s.LogTail(40))
+		}
+		stop()
+	})
+}
 
 // Signal sends sig to the server's process (by its id), e.g. SIGSTOP and
 // SIGCONT to pause and resume it.

@@ -189,12 +189,7 @@ func StartTB(tb testing.TB, opts Options) *Server {
 	if err != nil {
 		tb.Fatalf("zookeeper: %v", err)
 	}
-	tb.Cleanup(func() {
-		if tb.Failed() {
-			tb.Logf("zookeeper at %s (pid %d), log tail:\n%s", s.Addr, s.Pid(), s.LogTail(40))
-		}
-		s.Stop()
-	})
+	svcproc.StopAtEnd(tb, "zookeeper at "+s.Addr, s, s.Stop)
 	return s
 }
 
@@ -214,7 +209,7 @@ func Shared(tb testing.TB) *Server {
 	if shared.err != nil {
 		tb.Fatalf("zookeeper: %v", shared.err)
 	}
-	if exited(shared.s.proc) {
+	if shared.s.proc.HasExited() {
 		tb.Fatalf("zookeeper: the shared server at %s has exited; log tail:\n%s", shared.s.Addr, shared.s.LogTail(40))
 	}
 	return shared.s
@@ -223,12 +218,3 @@ func Shared(tb testing.TB) *Server {
 // ErrMissing is wrapped by Start's error when Java or ZooKeeper is not
 // installed.
 var ErrMissing = errors.New("zookeeper is not installed")
-
-func exited(p *svcproc.Proc) bool {
-	select {
-	case <-p.Exited():
-		return true
-	default:
-		return false
-	}
-}
