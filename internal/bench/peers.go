@@ -276,18 +276,9 @@ type redisRate struct {
 func (redisRate) Name() string     { return "redis_rate" }
 func (redisRate) Describe() string { return "go-redis/redis_rate Allow" }
 func (s redisRate) Setup(context.Context, Env) (Op, error) {
-	lim := redis_rate.NewLimiter(s.rdb)
 	limit := redis_rate.Limit{Rate: 1 << 30, Burst: 1 << 30, Period: 24 * time.Hour}
-	return Op{
-		Vars: []Var{{Name: "member", Min: 1, Max: s.members}},
-		Do: func(ctx context.Context, vals []int64) (Outcome, error) {
-			res, err := lim.Allow(ctx, s.prefix+strconv.FormatInt(vals[0], 10), limit)
-			if err != nil {
-				return Outcome{}, err
-			}
-			return Outcome{Granted: res.Allowed > 0}, nil
-		},
-	}, nil
+	key := func(vals []int64) string { return s.prefix + strconv.FormatInt(vals[0], 10) }
+	return redisRateOp(s.rdb, limit, Var{Name: "member", Min: 1, Max: s.members}, key), nil
 }
 
 // redisLock is bsm/redislock's Obtain then Release, on one of

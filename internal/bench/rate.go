@@ -11,7 +11,6 @@ import (
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/pgquota/pgquota/internal/svcproc"
 	"github.com/pgquota/pgquota/quota"
 )
 
@@ -171,7 +170,7 @@ func (redisRateStrategy) PgbenchBaseline() Strategy { return rateGCRA{} }
 
 var durableRedis struct {
 	once sync.Once
-	r    *svcproc.Redis
+	r    *RedisServer
 	err  error
 }
 
@@ -183,7 +182,7 @@ func (r redisRateStrategy) Setup(ctx context.Context, env Env) (Op, error) {
 	if r.durable {
 		// Started once per process, killed with it (svcproc: Pdeathsig).
 		durableRedis.once.Do(func() {
-			durableRedis.r, durableRedis.err = svcproc.StartRedis(context.WithoutCancel(ctx), svcproc.RedisOptions{Durable: true})
+			durableRedis.r, durableRedis.err = StartRedis(context.WithoutCancel(ctx), true)
 		})
 		if durableRedis.err != nil {
 			return Op{}, fmt.Errorf("start a durable redis-server: %w", durableRedis.err)
@@ -194,23 +193,29 @@ func (r redisRateStrategy) Setup(ctx context.Context, env Env) (Op, error) {
 	if err := rdb.Ping(ctx).Err(); err != nil {
 		return Op{}, fmt.Errorf("redis at %s: %w (start it, or set PGQUOTA_BENCH_REDIS_ADDR)", addr, err)
 	}
-	limiter := redis_rate.NewLimiter(rdb)
 	limit := redis_rate.Limit{Rate: ratePerSecond, Burst: ratePerSecond, Period: time.Second}
 	prefix := fmt.Sprintf("pgquota-bench-%d-%d:", os.Getpid(), time.Now().UnixNano())
+	key := func(vals []int64) string { return prefix + strconv.FormatInt(vals[0], 10) }
+	if r.hot {
+		key = func([]int64) string { return prefix + hotMember }
+	}
+	return redisRateOp(rdb, limit, rateVar, key), nil
+}
+
+// redisRateOp is one go-redis/redis_rate AllowN of one unit per call under
+// limit, on the key that key names for the call's values of v.
+func redisRateOp(rdb *redis.Client, limit redis_rate.Limit, v Var, key func([]int64) string) Op {
+	limiter := redis_rate.NewLimiter(rdb)
 	return Op{
-		Vars: []Var{rateVar},
+		Vars: []Var{v},
 		Do: func(ctx context.Context, vals []int64) (Outcome, error) {
-			key := prefix + strconv.FormatInt(vals[0], 10)
-			if r.hot {
-				key = prefix + hotMember
-			}
-			res, err := limiter.AllowN(ctx, key, limit, 1)
+			res, err := limiter.AllowN(ctx, key(vals), limit, 1)
 			if err != nil {
 				return Outcome{}, err
 			}
 			return Outcome{Granted: res.Allowed > 0}, nil
 		},
-	}, nil
+	}
 }
 
 // RedisRatios returns, for every client count at which a pgquota rate or
