@@ -36,13 +36,13 @@ func TestGrantLimitsFromSQLAcrossBoundariesDoesNotDeadlock(t *testing.T) {
 	t.Parallel()
 	pgbench := lookPgbench(t)
 	dbURL := pgtest.NewURL(t)
-	b := &testBundle{ctx: t.Context(), pool: pgtest.Connect(t, dbURL, 4)}
+	b := &testBundle{ctx: t.Context(), pool: pgtest.Connect(t, dbURL, 4), owner: pgtest.ConnectOwner(t, dbURL, 2)}
 	var err error
 	b.client, err = quota.New(b.pool, nil)
 	require.NoError(t, err)
 	defineBoundaryPair(t, b)
-	_, err = b.pool.Exec(b.ctx, `CREATE TABLE public.grant_log (member text NOT NULL, granted boolean NOT NULL);
-		GRANT INSERT ON public.grant_log TO PUBLIC`)
+	_, err = b.owner.Exec(b.ctx, `CREATE TABLE public.grant_log (member text NOT NULL, granted boolean NOT NULL);
+		GRANT SELECT, INSERT ON public.grant_log TO PUBLIC`)
 	require.NoError(t, err)
 
 	dir := t.TempDir()
@@ -55,6 +55,8 @@ func TestGrantLimitsFromSQLAcrossBoundariesDoesNotDeadlock(t *testing.T) {
 			"  SELECT (ARRAY['n','m'])[req_index] AS member, req_index, granted FROM pgquota.grant_limits_batch(\n"+
 			"    ARRAY['dB','dA','dA','dB'], ARRAY[1,3], ARRAY[2,2], ARRAY['n','m'], ARRAY[1,1]::bigint[], ARRAY[-1,-1]::bigint[])) g\n"+
 			"GROUP BY g.member, g.req_index;\n"), 0o600))
+	// pgbench runs as the owner of the test database (dbURL); with
+	// PGQUOTA_TEST_APP_ROLE=1 the reads below run as the application role.
 	cmd := exec.CommandContext(b.ctx, pgbench, "-n", "-M", "extended", "--max-tries=1", "--failures-detailed",
 		"-c", "16", "-j", "4", "-t", "100", "-f", single, "-f", batch, dbURL)
 	cmd.Env = append(os.Environ(), "PGOPTIONS=-c default_transaction_isolation=read\\ committed")
