@@ -243,11 +243,13 @@ func concurrentGrants(t *testing.T, b *testBundle, c *quota.Client, n int) []quo
 	return out
 }
 
-// With the real database clock: 3,000 grants of a 1 ms fixed window (limit
-// 1) in one statement, through pgquota.grant_limits, each decided at an
-// instant its window holds, and no window holding more than one grant by
-// decision instant; and 1,000 concurrent Grant calls through coalescing
-// and group commit on a 1 ms window, likewise.
+// With the real database clock: 3,000 grants of a fixed window of limit 1
+// (1 ms, and 10 ms) in one statement, through pgquota.grant_limits,
+// pgquota.grant and pgquota.grant_limits_batch, each decided at an instant
+// its window holds, and no window holding more than one grant by decision
+// instant; and 1,000 Grant calls (one after another, in batches of
+// GrantBatch, concurrent through coalescing and group commit) on a 1 ms
+// window, likewise.
 func TestFixedWindowHoldsDecisionInstantRealClock(t *testing.T) {
 	t.Parallel()
 	t.Run("one statement", func(t *testing.T) {
@@ -255,22 +257,68 @@ func TestFixedWindowHoldsDecisionInstantRealClock(t *testing.T) {
 		b := setup(t, 2)
 		b.define(t, quota.Definition{Name: "f1", Window: quota.WindowFixed, DefaultLimit: ptr(int64(1)), Period: time.Millisecond})
 		b.define(t, quota.Definition{Name: "f10", Window: quota.WindowFixed, DefaultLimit: ptr(int64(1)), Period: 10 * time.Millisecond})
-		for _, q := range []string{"f1", "f10"} {
-			rows, err := b.pool.Query(b.ctx, `SELECT g.granted, g.fits, g.window_start, g.window_end, g.decided_at, g.retry_after_us, g.reset_after_us
-				FROM generate_series(1, 3000) s(i), LATERAL pgquota.grant_limits(ARRAY[$1::text], 'm', 1 + 0 * s.i, NULL) g ORDER BY s.i`, q)
-			require.NoError(t, err)
-			ds, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (decision, error) {
-				var d decision
-				var retry, reset int64
-				err := row.Scan(&d.granted, &d.fits, &d.start, &d.end, &d.at, &retry, &reset)
-				d.retryAfter, d.resetAft = usWait(retry), usWait(reset)
-				return d, err
-			})
-			require.NoError(t, err)
-			granted := checkDecisions(t, q, ds, 1)
-			b.checkCounters(t, q, q, 1, granted)
-			t.Logf("%s: %d of 3000 granted", q, granted)
+		for _, c := range []struct{ fn, sql string }{
+			{"pgquota.grant_limits", `SELECT g.granted, g.fits, g.window_start, g.window_end, g.decided_at, g.retry_after_us, g.reset_after_us
+				FROM generate_series(1, 3000) s(i), LATERAL pgquota.grant_limits(ARRAY[$1::text], $2, 1 + 0 * s.i, NULL) g ORDER BY s.i`},
+			{"pgquota.grant", `SELECT g.granted, g.granted, g.window_start, g.window_end, g.decided_at, g.retry_after_us, g.reset_after_us
+				FROM generate_series(1, 3000) s(i), LATERAL pgquota.grant($1::text, $2, 1 + 0 * s.i) g ORDER BY s.i`},
+			{"pgquota.grant_limits_batch", `SELECT g.granted, g.fits, g.window_start, g.window_end, g.decided_at, g.retry_after_us, g.reset_after_us
+				FROM generate_series(1, 30) s(i),
+				     LATERAL pgquota.grant_limits_batch(
+				         array_fill($1::text, ARRAY[100]), array(SELECT generate_series(1, 100)), array_fill(1, ARRAY[100]),
+				         array_fill($2::text, ARRAY[100]), array_fill(1 + 0 * s.i::bigint, ARRAY[100]), array_fill(-1::bigint, ARRAY[100])) g
+				ORDER BY s.i, g.req_index`},
+		} {
+			for _, q := range []string{"f1", "f10"} {
+				rows, err := b.pool.Query(b.ctx, c.sql, q, c.fn)
+				require.NoError(t, err)
+				ds, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (decision, error) {
+					var d decision
+					var retry, reset int64
+					err := row.Scan(&d.granted, &d.fits, &d.start, &d.end, &d.at, &retry, &reset)
+					d.retryAfter, d.resetAft = usWait(retry), usWait(reset)
+					return d, err
+				})
+				require.NoError(t, err)
+				granted := checkDecisions(t, c.fn+" "+q, ds, 1)
+				var sum, most int64
+				require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT coalesce(sum(used), 0), coalesce(max(used), 0) FROM pgquota.usage
+					WHERE quota_name = $1 AND member = $2`, q, c.fn).Scan(&sum, &most))
+				require.Equal(t, int64(granted), sum, "%s %s: the counters hold the grants reported", c.fn, q)
+				require.LessOrEqual(t, most, int64(1))
+				t.Logf("%s %s: %d of %d granted", c.fn, q, granted, len(ds))
+			}
 		}
+	})
+	t.Run("Grant and GrantBatch", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, 2)
+		b.define(t, quota.Definition{Name: "f1", Window: quota.WindowFixed, DefaultLimit: ptr(int64(1)), Period: time.Millisecond})
+		var results []quota.GrantResult
+		for range 500 {
+			r, err := b.client.Grant(b.ctx, quota.GrantRequest{Quota: "f1", Member: "m", Amount: 1})
+			require.NoError(t, err)
+			results = append(results, r)
+		}
+		for range 5 {
+			reqs := make([]quota.GrantRequest, 100)
+			for i := range reqs {
+				reqs[i] = quota.GrantRequest{Quota: "f1", Member: "m", Amount: 1}
+			}
+			outs, err := b.client.GrantBatch(b.ctx, reqs)
+			require.NoError(t, err)
+			for _, o := range outs {
+				require.NoError(t, o.Err)
+				results = append(results, o.GrantResult)
+			}
+		}
+		ds := make([]decision, len(results))
+		for i, r := range results {
+			ds[i] = decisionOf(r, "f1")
+		}
+		granted := checkDecisions(t, "Grant and GrantBatch", ds, 1)
+		b.checkCounters(t, "Grant and GrantBatch", "f1", 1, granted)
+		t.Logf("Grant and GrantBatch: %d of %d granted", granted, len(results))
 	})
 	for _, path := range []string{"Coalesce", "GroupCommit"} {
 		t.Run(path, func(t *testing.T) {
