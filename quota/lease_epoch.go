@@ -150,7 +150,7 @@ func (e *LeaseEpochUnconfirmedError) Error() string {
 	if len(missing) > 0 {
 		fmt.Fprintf(&b, "standby %s has not flushed WAL up to %s", strings.Join(missing, ", "), e.LSN)
 	} else {
-		fmt.Fprintf(&b, "%d standby confirmed, %d required", confirmed, e.Required)
+		fmt.Fprintf(&b, "%d of the %d standbys required confirmed", confirmed, e.Required)
 	}
 	b.WriteString("; a standby promoted without the bump would issue tokens below the primary's")
 	if unreadable {

@@ -74,7 +74,7 @@ func TestLeaseEpochBumpRaisesOnlyWhatEveryStandbyHas(t *testing.T) {
 	// Fewer standbys than required: refused, nothing raised.
 	_, err = op.BumpLeaseEpoch(ctx, quota.BumpLeaseEpochRequest{Standbys: 2, Timeout: time.Second})
 	require.ErrorIs(t, err, quota.ErrLeaseEpochUnconfirmed)
-	require.ErrorContains(t, err, "1 standby confirmed, 2 required")
+	require.ErrorContains(t, err, "1 of the 2 standbys required confirmed")
 	e, err := op.LeaseEpoch(ctx)
 	require.NoError(t, err)
 	require.Equal(t, e1, e.Epoch, "a refused bump raises nothing")

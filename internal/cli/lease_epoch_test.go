@@ -38,3 +38,40 @@ func TestCLILeaseEpochBumpRaisesLaterTokens(t *testing.T) {
 	code, _, errOut := runLease(t, dbURL, "lease", "epoch", "bump", "--min-epoch", "-1")
 	require.Equal(t, cli.ExitUsage, code, errOut)
 }
+
+// TestCLILeaseEpochBumpRefusesWithoutTheStandbysItNeeds: with --standbys 1
+// on a server without standbys the bump exits 1 naming the shortfall and
+// raises nothing; --unconfirmed raises anyway; --timeout and --standbys
+// reject bad values as usage errors.
+func TestCLILeaseEpochBumpRefusesWithoutTheStandbysItNeeds(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.NewURL(t)
+	epoch := func(args ...string) (int, int64, string) {
+		t.Helper()
+		code, out, errOut := runLease(t, dbURL, append([]string{"lease", "epoch", "--json"}, args...)...)
+		var e struct {
+			Epoch int64 `json:"epoch"`
+		}
+		if code == cli.ExitOK {
+			require.NoError(t, json.Unmarshal([]byte(out), &e), out)
+		}
+		return code, e.Epoch, errOut
+	}
+	_, before, _ := epoch()
+	code, _, errOut := epoch("bump", "--standbys", "1", "--timeout", "200ms")
+	require.Equal(t, cli.ExitError, code, errOut)
+	require.Contains(t, errOut, "lease epoch not raised to ")
+	require.Contains(t, errOut, "0 of the 1 standbys required confirmed")
+	require.Contains(t, errOut, "--unconfirmed")
+	_, now, _ := epoch()
+	require.Equal(t, before, now, "nothing raised")
+
+	code, now, errOut = epoch("bump", "--standbys", "1", "--timeout", "200ms", "--unconfirmed")
+	require.Equal(t, cli.ExitOK, code, errOut)
+	require.Equal(t, before+1, now)
+
+	for _, bad := range [][]string{{"--timeout", "0s"}, {"--timeout", "-1s"}, {"--standbys", "-1"}} {
+		code, _, errOut := runLease(t, dbURL, append([]string{"lease", "epoch", "bump"}, bad...)...)
+		require.Equal(t, cli.ExitUsage, code, "%v: %s", bad, errOut)
+	}
+}
