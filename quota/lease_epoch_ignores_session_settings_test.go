@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/internal/pgtest"
@@ -20,25 +21,31 @@ import (
 // session saw "another cluster" and raised the epoch by the timeline.
 func TestLeaseTokensIgnoreASessionsSystemIdentifierSetting(t *testing.T) {
 	t.Parallel()
-	b := setup(t, 1) // one connection: the SET stays on the session the acquires use
+	b := setup(t, 1)
 	first, err := b.client.Acquire(b.ctx, quota.AcquireRequest{Name: "r0", Holder: "A", TTL: time.Hour})
 	require.NoError(t, err)
 	before, err := b.client.LeaseEpoch(b.ctx)
 	require.NoError(t, err)
 
-	_, err = b.pool.Exec(b.ctx, `SET pgquota.system_identifier = '12345'`)
-	require.NoError(t, err)
-	prev := first.Token
-	for i := range 6 {
-		l, err := b.client.Acquire(b.ctx, quota.AcquireRequest{Name: "r" + strconv.Itoa(i+1), Holder: "A", TTL: time.Hour})
-		require.NoError(t, err)
-		require.Equal(t, first.Token>>quota.LeaseTokenEpochShift, l.Token>>quota.LeaseTokenEpochShift, "acquire %d: the epoch", i+1)
-		require.Equal(t, prev+1, l.Token, "acquire %d: the next token of the sequence", i+1)
-		prev = l.Token
-	}
-	var setting string
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT current_setting('pgquota.system_identifier')`).Scan(&setting))
-	require.Equal(t, "12345", setting, "the session still carries the setting")
+	// In one transaction, so that behind a transaction pooler too the
+	// acquires run on the server session that carries the setting.
+	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(b.ctx, `SET pgquota.system_identifier = '12345'`); err != nil {
+			return err
+		}
+		prev := first.Token
+		for i := range 6 {
+			l, err := b.client.AcquireTx(b.ctx, tx, quota.AcquireRequest{Name: "r" + strconv.Itoa(i+1), Holder: "A", TTL: time.Hour})
+			require.NoError(t, err)
+			require.Equal(t, first.Token>>quota.LeaseTokenEpochShift, l.Token>>quota.LeaseTokenEpochShift, "acquire %d: the epoch", i+1)
+			require.Equal(t, prev+1, l.Token, "acquire %d: the next token of the sequence", i+1)
+			prev = l.Token
+		}
+		var setting string
+		require.NoError(t, tx.QueryRow(b.ctx, `SELECT current_setting('pgquota.system_identifier')`).Scan(&setting))
+		require.Equal(t, "12345", setting, "the session carries the setting")
+		return nil
+	}))
 	after, err := b.client.LeaseEpoch(b.ctx)
 	require.NoError(t, err)
 	require.Equal(t, before.Epoch, after.Epoch)
