@@ -95,13 +95,19 @@ type BumpLeaseEpochRequest struct {
 	// Timeout bounds the wait for the standbys to confirm the bump; 0 for
 	// DefaultBumpTimeout. Not negative.
 	Timeout time.Duration
-	// Standbys is the least number of standbys that must confirm. The
-	// primary knows the standbys connected to it and those with a physical
-	// replication slot; a standby that is disconnected and has no slot is
-	// invisible to it, so a deployment with such standbys names how many it
-	// runs here (a cascading standby, one fed by another standby, is never
-	// seen by the primary either). Not negative.
+	// Standbys is the least number of standbys that must confirm (every
+	// standby the primary sees must confirm in any case). The primary sees
+	// the standbys connected to it and those with a physical replication
+	// slot; a standby that is disconnected and has no slot is invisible to
+	// it (so is a cascading standby, fed by another standby), so name here
+	// how many standbys the deployment runs. 0: the standbys the primary
+	// sees, and at least one unless NoStandbys. Not negative.
 	Standbys int
+	// NoStandbys states that the deployment runs no standby: a primary that
+	// sees none raises the epoch at once. Without it (and with Standbys 0)
+	// a primary that sees no standby refuses, since it cannot tell a
+	// deployment without standbys from one whose standby is cut off.
+	NoStandbys bool
 	// Unconfirmed raises the epoch even when a standby has not confirmed
 	// it within Timeout (or fewer than Standbys did). The risk: a standby
 	// that missed the bump and is promoted issues tokens in timeline + its
@@ -128,7 +134,9 @@ type LeaseEpochUnconfirmedError struct {
 	LSN string
 	// Standbys lists every standby the primary knew at the end of the wait.
 	Standbys []LeaseEpochStandby
-	// Required is BumpLeaseEpochRequest.Standbys.
+	// Required is the least number of standbys that had to confirm:
+	// BumpLeaseEpochRequest.Standbys, or 1 when it was 0 without
+	// NoStandbys.
 	Required int
 	// Timeout is how long it waited.
 	Timeout time.Duration
@@ -149,6 +157,9 @@ func (e *LeaseEpochUnconfirmedError) Error() string {
 	fmt.Fprintf(&b, "pgquota: lease epoch not raised to %d: after %s ", e.Epoch, e.Timeout)
 	if len(missing) > 0 {
 		fmt.Fprintf(&b, "standby %s has not flushed WAL up to %s", strings.Join(missing, ", "), e.LSN)
+	} else if len(e.Standbys) == 0 {
+		b.WriteString("the primary sees no standby (a standby that is disconnected and has no replication slot is invisible to it); " +
+			"state that none runs with --no-standbys (BumpLeaseEpochRequest.NoStandbys), or how many run with --standbys N")
 	} else {
 		fmt.Fprintf(&b, "%d of the %d standbys required confirmed", confirmed, e.Required)
 	}
@@ -184,9 +195,10 @@ func orNone(s string) string {
 // inactive physical replication slots), and at least req.Standbys of
 // them, has flushed that commit (a promoted standby replays all it has
 // flushed, and issues tokens above a pending epoch); then it raises the
-// epoch. When a standby does not confirm within req.Timeout it raises
-// nothing and returns *LeaseEpochUnconfirmedError, unless
-// req.Unconfirmed. Reading the standbys' positions needs a superuser or a
+// epoch. When a standby does not confirm within req.Timeout, or fewer
+// than req.Standbys did, or the primary sees no standby and
+// req.NoStandbys is not set, it raises nothing and returns
+// *LeaseEpochUnconfirmedError, unless req.Unconfirmed. Reading the standbys' positions needs a superuser or a
 // member of pg_read_all_stats; a standby whose position the role cannot
 // read never confirms.
 //
@@ -224,12 +236,16 @@ func (c *Client) BumpLeaseEpoch(ctx context.Context, req BumpLeaseEpochRequest) 
 	if err != nil {
 		return LeaseEpoch{}, dbError("bump lease epoch: read WAL position", err)
 	}
-	standbys, err := c.awaitStandbys(ctx, lsn, req.Standbys, timeout)
+	required := req.Standbys
+	if required == 0 && !req.NoStandbys {
+		required = 1
+	}
+	standbys, err := c.awaitStandbys(ctx, lsn, required, timeout)
 	if err != nil {
 		return LeaseEpoch{}, err
 	}
-	if !standbysConfirmed(standbys, req.Standbys) && !req.Unconfirmed {
-		return LeaseEpoch{}, &LeaseEpochUnconfirmedError{Epoch: epoch, LSN: lsn, Standbys: standbys, Required: req.Standbys, Timeout: timeout}
+	if !standbysConfirmed(standbys, required) && !req.Unconfirmed {
+		return LeaseEpoch{}, &LeaseEpochUnconfirmedError{Epoch: epoch, LSN: lsn, Standbys: standbys, Required: required, Timeout: timeout}
 	}
 	if _, err := c.queries.LeaseEpochRaise(ctx, c.db, epoch); err != nil {
 		return LeaseEpoch{}, dbError("bump lease epoch", err)

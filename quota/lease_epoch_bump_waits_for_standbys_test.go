@@ -146,7 +146,9 @@ func TestLeaseEpochBumpRaisesOnlyWhatEveryStandbyHas(t *testing.T) {
 
 // TestLeaseEpochBumpUnconfirmedLetsAPromotedStandbyIssueLowerTokens pins
 // the risk BumpLeaseEpochRequest.Unconfirmed documents, on real clusters:
-// the standby is cut off and misses the bump (and everything after), the
+// the standby (no replication slot) is cut off, so the primary sees no
+// standby and a plain bump refuses; with Unconfirmed the standby misses
+// the bump (and everything after), the
 // old primary issues tokens in the bumped epoch E; the promoted standby
 // issues tokens in its timeline + its own offset, which is E again, with a
 // lower sequence number: its first token is below the old primary's last,
@@ -163,7 +165,16 @@ func TestLeaseEpochBumpUnconfirmedLetsAPromotedStandbyIssueLowerTokens(t *testin
 
 	before, err := op.LeaseEpoch(ctx)
 	require.NoError(t, err)
-	e, err := op.BumpLeaseEpoch(ctx, quota.BumpLeaseEpochRequest{Unconfirmed: true, Standbys: 1, Timeout: time.Second})
+	// The standby has no slot: the primary sees no standby, and a plain
+	// bump refuses rather than guess there is none.
+	_, err = op.BumpLeaseEpoch(ctx, quota.BumpLeaseEpochRequest{Timeout: time.Second})
+	require.ErrorIs(t, err, quota.ErrLeaseEpochUnconfirmed)
+	require.ErrorContains(t, err, "the primary sees no standby")
+	e, err := op.LeaseEpoch(ctx)
+	require.NoError(t, err)
+	require.Equal(t, before.Epoch, e.Epoch, "nothing raised")
+
+	e, err = op.BumpLeaseEpoch(ctx, quota.BumpLeaseEpochRequest{Unconfirmed: true, Standbys: 1, Timeout: time.Second})
 	require.NoError(t, err, "Unconfirmed raises although no standby confirmed")
 	require.Equal(t, before.Epoch+1, e.Epoch)
 	last := issueSpins(ctx, t, old, 50)
@@ -206,7 +217,7 @@ func TestBaseBackupStartedAsItsOwnClusterNeedsAMinEpochAboveTheSource(t *testing
 
 	cp := source.NewCopy("copy")
 	// The source goes on: it bumps its epoch and issues more tokens.
-	se, err := src.BumpLeaseEpoch(ctx, quota.BumpLeaseEpochRequest{Timeout: time.Minute})
+	se, err := src.BumpLeaseEpoch(ctx, quota.BumpLeaseEpochRequest{NoStandbys: true, Timeout: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, backedUp>>quota.LeaseTokenEpochShift+1, se.Epoch)
 	srcLast := issueSpins(ctx, t, src, 100)
@@ -223,13 +234,13 @@ func TestBaseBackupStartedAsItsOwnClusterNeedsAMinEpochAboveTheSource(t *testing
 	require.Equal(t, backedUp>>quota.LeaseTokenEpochShift, t1>>quota.LeaseTokenEpochShift, "the copy issues in the backup's epoch")
 	require.Less(t, t1, srcLast)
 
-	e, err := dst.BumpLeaseEpoch(ctx, quota.BumpLeaseEpochRequest{Timeout: time.Minute})
+	e, err := dst.BumpLeaseEpoch(ctx, quota.BumpLeaseEpochRequest{NoStandbys: true, Timeout: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, srcEpoch.Epoch, e.Epoch, "a plain bump on the copy reaches the source's epoch, no more")
 	t2 := issueSpins(ctx, t, dst, 1)
 	require.Less(t, t2, srcLast, "and its tokens are still below the source's")
 
-	e, err = dst.BumpLeaseEpoch(ctx, quota.BumpLeaseEpochRequest{MinEpoch: srcEpoch.Epoch + 1, Timeout: time.Minute})
+	e, err = dst.BumpLeaseEpoch(ctx, quota.BumpLeaseEpochRequest{MinEpoch: srcEpoch.Epoch + 1, NoStandbys: true, Timeout: time.Minute})
 	require.NoError(t, err)
 	require.Equal(t, srcEpoch.Epoch+1, e.Epoch)
 	t3 := issueSpins(ctx, t, dst, 1)

@@ -40,6 +40,7 @@ pg_restore, pg_upgrade) moves to a higher epoch by itself.`,
 		timeout     time.Duration
 		standbys    int
 		unconfirmed bool
+		noStandbys  bool
 	)
 	bump := &cobra.Command{
 		Use:   "bump",
@@ -51,8 +52,9 @@ until every standby the primary knows has flushed it (the walsenders of
 pg_stat_replication and inactive physical replication slots; at least
 --standbys of them), and only then raises it. A standby that is disconnected
 and has no replication slot is invisible to the primary: name how many
-standbys you run with --standbys. Reading their positions needs a superuser or
-pg_read_all_stats.
+standbys you run with --standbys, or state that none runs with --no-standbys;
+without either, a primary that sees no standby refuses. Reading their
+positions needs a superuser or pg_read_all_stats.
 
 When a standby does not confirm, nothing is raised and it exits 1 naming the
 standby. --unconfirmed raises anyway: a standby that missed the bump and is
@@ -64,9 +66,8 @@ Use it after restoring a base backup, file-system snapshot or dump as a cluster
 of its own while the source may go on issuing tokens: read the source's epoch
 with 'pgquota lease epoch' (on the source, or the highest it may have reached)
 and bump the copy with --min-epoch above it.`,
-		Example: `  pgquota lease epoch bump
-  pgquota lease epoch bump --standbys 2 --timeout 1m
-  pgquota lease epoch bump --min-epoch 12`,
+		Example: `  pgquota lease epoch bump --standbys 2 --timeout 1m
+  pgquota lease epoch bump --no-standbys --min-epoch 12`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if minEpoch < 0 || minEpoch > quota.MaxLeaseEpoch {
@@ -78,12 +79,15 @@ and bump the copy with --min-epoch above it.`,
 			if standbys < 0 {
 				return usagef("--standbys must be 0 or more, got %d", standbys)
 			}
+			if noStandbys && standbys > 0 {
+				return usagef("--no-standbys and --standbys %d contradict each other", standbys)
+			}
 			c, err := a.quotaClient(cmd.Context())
 			if err != nil {
 				return err
 			}
 			e, err := c.BumpLeaseEpoch(cmd.Context(), quota.BumpLeaseEpochRequest{
-				MinEpoch: minEpoch, Timeout: timeout, Standbys: standbys, Unconfirmed: unconfirmed})
+				MinEpoch: minEpoch, Timeout: timeout, Standbys: standbys, NoStandbys: noStandbys, Unconfirmed: unconfirmed})
 			if err != nil {
 				return err
 			}
@@ -92,7 +96,8 @@ and bump the copy with --min-epoch above it.`,
 	}
 	bump.Flags().Int64Var(&minEpoch, "min-epoch", 0, "raise the epoch to at least this")
 	bump.Flags().DurationVar(&timeout, "timeout", quota.DefaultBumpTimeout, "how long to wait for the standbys to confirm")
-	bump.Flags().IntVar(&standbys, "standbys", 0, "the least number of standbys that must confirm (count those the primary cannot see)")
+	bump.Flags().IntVar(&standbys, "standbys", 0, "the number of standbys you run, that must confirm (count those the primary cannot see)")
+	bump.Flags().BoolVar(&noStandbys, "no-standbys", false, "no standby runs: raise at once when the primary sees none")
 	bump.Flags().BoolVar(&unconfirmed, "unconfirmed", false, "raise the epoch even when a standby has not confirmed it (a standby promoted without it issues lower tokens)")
 	cmd.AddCommand(bump)
 	return cmd
