@@ -51,6 +51,8 @@ type PgquotaLeaseEpoch struct {
 	TimelineOffset   int64
 	Epoch            int64
 	UpdatedAt        pgtype.Timestamptz
+	PendingEpoch     pgtype.Int8
+	PendingTimeline  pgtype.Int8
 }
 
 type PgquotaLeaseWaiter struct {
