@@ -157,7 +157,14 @@ func (c *Client) grantBatch(ctx context.Context, x db.DBTX, reqs []GrantRequest)
 	multi := make(map[groupCounter]bool) // the counters grants against several quotas name
 	for i, req := range reqs {
 		out[i].Quota, out[i].Member, out[i].Amount = req.Quota, req.Member, req.Amount
-		if c.shapedRoute(ctx, readsOf(x), req) {
+		shaped, err := c.shapedRouteErr(ctx, readsOf(x), req)
+		if err != nil {
+			// A database error (a privilege the role lacks, a lost
+			// connection): in a transaction it aborted it, and the
+			// batch's statements would fail with 25P02 instead.
+			return nil, err
+		}
+		if shaped {
 			n, err := checkLimitsRequest(req)
 			if err != nil {
 				out[i].Err = err

@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -115,11 +116,21 @@ func errKeyedShaped() error {
 // read fails, the calendar path runs and reports its own error. A keyed
 // request, which grant_limits refuses, re-reads a cached shaped kind first.
 func (c *Client) shapedRoute(ctx context.Context, x db.DBTX, req GrantRequest) bool {
+	shaped, _ := c.shapedRouteErr(ctx, x, req)
+	return shaped
+}
+
+// shapedRouteErr is shapedRoute that also returns the error of the kind's
+// read, other than ErrQuotaNotFound (the calendar path reports that one).
+// In a transaction (a keyed GrantBatch, GrantBatchTx) a failed read has
+// aborted it, so the caller returns that error: every later statement
+// would only fail with 25P02 and hide it.
+func (c *Client) shapedRouteErr(ctx context.Context, x db.DBTX, req GrantRequest) (bool, error) {
 	if len(req.Quotas) > 0 {
-		return true
+		return true, nil
 	}
 	if checkName("quota name", req.Quota) != nil {
-		return false
+		return false, nil
 	}
 	if w, ok := c.kinds.Load(req.Quota); ok && w.Shaped() && req.Idempotency.Key != "" {
 		// grantLimits refuses a key: before refusing on a cached kind,
@@ -128,7 +139,10 @@ func (c *Client) shapedRoute(ctx context.Context, x db.DBTX, req GrantRequest) b
 		c.kinds.Delete(req.Quota)
 	}
 	w, err := c.quotaKind(ctx, x, req.Quota)
-	return err == nil && w.Shaped()
+	if errors.Is(err, ErrQuotaNotFound) {
+		return false, nil
+	}
+	return err == nil && w.Shaped(), err
 }
 
 // grantLimits grants req through pgquota.grant_limits (one statement).
