@@ -3,7 +3,6 @@ package quota
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -317,14 +316,14 @@ func (c *Client) grantBatchStatement(ctx context.Context, x db.DBTX, reqs []Gran
 	for _, r := range rows {
 		n := int(r.CounterIndex) - 1
 		if n < 0 || n >= len(order) || order[n].found {
-			return fmt.Errorf("pgquota: grant batch: the database reported counter %d of %d twice or out of range", r.CounterIndex, len(order))
+			return errorf("pgquota: grant batch: the database reported counter %d of %d twice or out of range", r.CounterIndex, len(order))
 		}
 		order[n].row, order[n].found = r, true
 	}
 	for _, bc := range order {
 		if !bc.found {
 			for _, i := range bc.reqs {
-				out[i].Err = fmt.Errorf("%w: %q", ErrQuotaNotFound, reqs[i].Quota)
+				out[i].Err = errorf("%w: %q", ErrQuotaNotFound, reqs[i].Quota)
 			}
 			continue
 		}
@@ -340,7 +339,7 @@ func (c *Client) grantBatchStatement(ctx context.Context, x db.DBTX, reqs []Gran
 			}
 			if limit == nil {
 				out[i].GrantResult = GrantResult{Quota: reqs[i].Quota, Member: reqs[i].Member, Amount: reqs[i].Amount}
-				out[i].Err = fmt.Errorf("%w (quota %q, member %q)", ErrNoLimit, reqs[i].Quota, reqs[i].Member)
+				out[i].Err = errorf("%w (quota %q, member %q)", ErrNoLimit, reqs[i].Quota, reqs[i].Member)
 				continue
 			}
 			granted := false
@@ -351,7 +350,7 @@ func (c *Client) grantBatchStatement(ctx context.Context, x db.DBTX, reqs []Gran
 			out[i].windowStart, out[i].windowEnd = bc.row.WindowStart, bc.row.WindowEnd
 		}
 		if used != bc.row.UsedAfter {
-			return fmt.Errorf("pgquota: grant batch: counter (%q, %q) went from %d to %d, the requests replay to %d",
+			return errorf("pgquota: grant batch: counter (%q, %q) went from %d to %d, the requests replay to %d",
 				reqs[bc.reqs[0]].Quota, reqs[bc.reqs[0]].Member, bc.row.UsedBefore, bc.row.UsedAfter, used)
 		}
 	}

@@ -279,7 +279,7 @@ func (c *Client) CheckSchema(ctx context.Context) error {
 		if migrations.IsUndefinedSchemaError(err) {
 			st = migrations.State{}
 		} else {
-			return dbError("read schema version", err)
+			return dbError("check schema", err)
 		}
 	}
 	e := &SchemaVersionError{Have: st.Current, Want: migrations.Latest(), Unknown: st.Unknown(), Missing: st.Missing()}
@@ -295,12 +295,12 @@ func (c *Client) CheckSchema(ctx context.Context) error {
 // always stays in the chain.
 func dbError(op string, err error) error {
 	if sqlState(err) == "42501" {
-		return fmt.Errorf("pgquota: %s: %w: %s: %w", op, ErrPermissionDenied, permissionAdvice(err), err)
+		return errorf("pgquota: %s: %w: %s: %w", op, ErrPermissionDenied, permissionAdvice(err), err)
 	}
 	if migrations.IsUndefinedSchemaError(err) {
-		return fmt.Errorf("pgquota: %s: %w: %w", op, ErrSchemaMissing, err)
+		return errorf("pgquota: %s: %w: %w", op, ErrSchemaMissing, err)
 	}
-	return fmt.Errorf("pgquota: %s: %w", op, err)
+	return errorf("pgquota: %s: %w", op, err)
 }
 
 // permissionAdvice says, for a permission error (42501), which privileges

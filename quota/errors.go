@@ -3,6 +3,7 @@ package quota
 import (
 	"errors"
 	"fmt"
+	"github.com/pgquota/pgquota/internal/errtext"
 
 	"github.com/pgquota/pgquota/internal/dbutil"
 	"github.com/pgquota/pgquota/migrations"
@@ -260,3 +261,7 @@ var (
 // ErrNoLeader is returned by Election.Leader when no campaigner holds the
 // election's lease (nobody ever won, or the last leader resigned or lost it).
 var ErrNoLeader = errors.New("pgquota: election has no leader")
+
+// errorf is fmt.Errorf whose message carries one "pgquota: " prefix however
+// many of the wrapped errors start with one (errtext.Errorf).
+var errorf = errtext.Errorf

@@ -180,12 +180,12 @@ func (c *Client) grantLimitsOnce(ctx context.Context, x db.DBTX, req GrantReques
 // Grant and the batch statement (batch_limits.go) share it.
 func (c *Client) limitsOutcome(req GrantRequest, names []string, rows []db.LimitsGrantRow) (GrantResult, error) {
 	if len(rows) != len(names) {
-		return GrantResult{}, fmt.Errorf("pgquota: grant: %d rows for %d quotas", len(rows), len(names))
+		return GrantResult{}, errorf("pgquota: grant: %d rows for %d quotas", len(rows), len(names))
 	}
 	for _, r := range rows {
 		if !r.Found {
 			c.kinds.Delete(r.QuotaName)
-			return GrantResult{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, r.QuotaName)
+			return GrantResult{}, errorf("%w: %q", ErrQuotaNotFound, r.QuotaName)
 		}
 		c.kinds.Store(r.QuotaName, Window(r.Kind))
 	}
@@ -193,11 +193,11 @@ func (c *Client) limitsOutcome(req GrantRequest, names []string, rows []db.Limit
 		switch {
 		case r.Decided:
 		case !r.HasLimit:
-			return GrantResult{}, fmt.Errorf("%w (quota %q, member %q)", ErrNoLimit, r.QuotaName, req.Member)
+			return GrantResult{}, errorf("%w (quota %q, member %q)", ErrNoLimit, r.QuotaName, req.Member)
 		case Window(r.Kind) == WindowRolling && r.LimitValue > MaxRollingLimit:
 			return GrantResult{}, inputError("limit", "of rolling quota %q for member %q is %d, at most %d is supported", r.QuotaName, req.Member, r.LimitValue, MaxRollingLimit)
 		case r.PeriodUs == 0 && Window(r.Kind).Shaped():
-			return GrantResult{}, fmt.Errorf("pgquota: grant: quota %q of kind %s has no shape row", r.QuotaName, r.Kind)
+			return GrantResult{}, errorf("pgquota: grant: quota %q of kind %s has no shape row", r.QuotaName, r.Kind)
 		}
 	}
 	res := GrantResult{

@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"fmt"
 	"sync"
 )
 
@@ -164,7 +163,7 @@ func (g *grouper) grant(ctx context.Context, req GrantRequest) (GrantResult, err
 // abandonedError is the error of a grouped or coalesced call whose caller
 // gave up after the call was sent.
 func abandonedError(ctx context.Context) error {
-	return fmt.Errorf("%w (%w): %w", ErrGrantAbandoned, ErrOutcomeUnknown, ctx.Err())
+	return errorf("%w (%w): %w", ErrGrantAbandoned, ErrOutcomeUnknown, ctx.Err())
 }
 
 // run sends the groups of lane ln, one at a time, each of the calls waiting

@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -171,7 +170,7 @@ func (c *Client) Quota(ctx context.Context, name string) (Quota, error) {
 	}
 	row, err := c.queries.QuotaGet(ctx, c.db.reads(), name)
 	if isNoRows(err) {
-		return Quota{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, name)
+		return Quota{}, errorf("%w: %q", ErrQuotaNotFound, name)
 	}
 	if err != nil {
 		return Quota{}, dbError("get quota", err)
@@ -242,13 +241,13 @@ func (c *Client) setMemberLimit(ctx context.Context, x db.DBTX, quota, member st
 		QuotaName: quota, Member: member, LimitValue: limit,
 	})
 	if isNoRows(err) {
-		return MemberLimit{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, quota)
+		return MemberLimit{}, errorf("%w: %q", ErrQuotaNotFound, quota)
 	}
 	if err != nil {
 		if isForeignKeyViolation(err) {
 			// The quota was there when the statement began: a concurrent
 			// delete. Keep the database's error in the chain.
-			return MemberLimit{}, fmt.Errorf("%w: %q: %w", ErrQuotaNotFound, quota, err)
+			return MemberLimit{}, errorf("%w: %q: %w", ErrQuotaNotFound, quota, err)
 		}
 		return MemberLimit{}, dbError("set member limit", err)
 	}
@@ -302,7 +301,7 @@ func (c *Client) MemberLimits(ctx context.Context, quota string) ([]MemberLimit,
 	if len(rows) == 0 {
 		// No overrides, or no quota: tell them apart.
 		if _, err := c.queries.QuotaGet(ctx, c.db, quota); isNoRows(err) {
-			return nil, fmt.Errorf("%w: %q", ErrQuotaNotFound, quota)
+			return nil, errorf("%w: %q", ErrQuotaNotFound, quota)
 		} else if err != nil {
 			return nil, dbError("list member limits", err)
 		}
