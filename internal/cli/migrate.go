@@ -330,6 +330,12 @@ func (a *app) withProvider(ctx context.Context, fn func(ctx context.Context, db 
 	if err != nil {
 		return fmt.Errorf("connect: %w", permissionHint(err))
 	}
+	// A schema a newer build migrated: goose would look for a migration
+	// file it does not have ("version not found"). Name it as up and
+	// status do (ErrSchemaNewer), and roll back nothing.
+	if err := st.Check(true); err != nil {
+		return fmt.Errorf("migrate down: %s: %w", a.target, err)
+	}
 	p, err := migrations.NewProvider(db)
 	if err != nil {
 		return err
