@@ -257,7 +257,15 @@ func (c *Client) Pool() *pgxpool.Pool { return c.pool }
 // applying anything, with an error wrapping ErrSchemaNewer or ErrSchemaGap,
 // when the database has migrations this build does not know or misses
 // one below its newest (see migrations.SchemaError for the way out).
+// With Config.Pooler set to PoolerTransaction it refuses at once, with an
+// *InputError naming Config.Pooler (ErrInvalidInput): the migration lock
+// needs a session, which a transaction pooler does not keep; migrate
+// through a client on a direct connection.
 func (c *Client) Migrate(ctx context.Context) error {
+	if c.cfg.Pooler == PoolerTransaction {
+		return inputError("Config.Pooler", "is %s: Migrate takes a session-level advisory lock (goose's), which a transaction-mode pooler does not keep; "+
+			"migrate through a client on a direct connection to PostgreSQL or a session-mode pooler", PoolerTransaction)
+	}
 	sqlDB := stdlib.OpenDBFromPool(c.pool)
 	defer sqlDB.Close()
 	_, err := migrations.Up(ctx, sqlDB)
