@@ -3,12 +3,14 @@ package quota
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgquota/pgquota/db"
 	"github.com/pgquota/pgquota/internal/dbutil"
+	"github.com/pgquota/pgquota/internal/errtext"
 )
 
 // BatchOutcome is the outcome of one request of GrantBatch: its result, or
@@ -123,9 +125,20 @@ func (c *Client) grantBatchOwn(ctx context.Context, reqs []GrantRequest) ([]Batc
 			})
 		})
 		if !errors.Is(err, errKeyedUndecided) || run == maxKeyedRuns {
-			return outs, err
+			return outs, batchError(err)
 		}
 	}
+}
+
+// batchError is the error of a batch's own transaction: the errors of
+// BEGIN and COMMIT (dbutil.WithTx; a lost COMMIT is already marked
+// ErrOutcomeUnknown, a failed BEGIN wrote nothing) get the "pgquota: grant
+// batch: " prefix its statements' errors have.
+func batchError(err error) error {
+	if err == nil || strings.HasPrefix(err.Error(), errtext.Prefix) {
+		return err
+	}
+	return dbError("grant batch", err)
 }
 
 // GrantBatchTx is GrantBatch inside the caller's transaction: every grant
@@ -211,7 +224,7 @@ func (c *Client) grantBatch(ctx context.Context, x db.DBTX, reqs []GrantRequest)
 				return struct{}{}, c.grantBatchDecide(ctx, tx, reqs, todo, out)
 			})
 		})
-		return out, err
+		return out, batchError(err)
 	}
 	if err := c.grantLimitsBatch(ctx, x, reqs, lb, out); err != nil {
 		return out, err

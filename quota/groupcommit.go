@@ -226,6 +226,9 @@ func (g *grouper) send(ln *groupLane, batch []*waiter) {
 		outcomes[0].GrantResult, outcomes[0].Err = g.c.grant(ctx, g.c.db, reqs[0])
 	} else {
 		outcomes, err = g.c.grantBatchOwn(ctx, reqs)
+		if err != nil {
+			err = errorf("pgquota: grant: group commit: %w", err)
+		}
 	}
 	cancel()
 
