@@ -25,6 +25,13 @@ var (
 	// or GrantBatchTx request (in its BatchOutcome) that names one.
 	ErrQuotaNotFound = errors.New("pgquota: quota not found")
 
+	// ErrQuotaKindChange is returned by DefineQuota and DefineQuotaTx when
+	// the quota exists with another kind (Window: day and rate, say) and
+	// Definition.ReplaceKind is false. Nothing is written. The message
+	// says what a change of kind does to the counters (ReplaceKind deletes
+	// them all) and how to ask for it.
+	ErrQuotaKindChange = errors.New("pgquota: redefinition changes the quota's kind")
+
 	// ErrNoLimit is returned by Grant and GrantTx, and is the error of a
 	// GrantBatch or GrantBatchTx request (in its BatchOutcome), when the
 	// call gives no limit, the member has no override and the quota has no

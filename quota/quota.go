@@ -69,6 +69,15 @@ type Definition struct {
 	// Origin. Whole milliseconds. Defaults to the Unix epoch (so a 1h
 	// window starts at each full UTC hour, a 10s window at :00, :10, ...).
 	Origin time.Time
+	// ReplaceKind allows a redefinition to change the kind (Window) of an
+	// existing quota, day to rate say: the quota's counters of every kind
+	// (calendar and fixed windows, rate buckets, rolling windows) are then
+	// deleted in the same statement, so every member starts from zero and
+	// no old counter comes back if the quota is switched back; member
+	// limits stay. Without it such a redefinition fails with
+	// ErrQuotaKindChange and changes nothing. A redefinition of the same
+	// kind keeps the counters either way. Defaults to false.
+	ReplaceKind bool
 }
 
 // Quota is a defined quota.
@@ -94,12 +103,17 @@ type MemberLimit struct {
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
-// DefineQuota creates the quota, or redefines it when it exists. Counters of
-// a redefined quota restart when its window or time zone changes (counters
-// are kept per window, and the new windows are new rows).
+// DefineQuota creates the quota, or redefines it when it exists. A
+// redefinition of the same kind (Window) keeps the counters; a change of
+// time zone (or of a fixed window's period or origin) starts new windows,
+// hence new counters. A redefinition that changes the kind needs
+// d.ReplaceKind, which deletes the quota's counters of every kind (see
+// Definition.ReplaceKind).
 //
 // Errors: *InputError (ErrInvalidInput) for a bad name, window, time zone or
-// default limit; ErrSchemaMissing; database errors.
+// default limit; ErrQuotaKindChange when the quota exists with another
+// kind and d.ReplaceKind is false (nothing is written); ErrSchemaMissing;
+// database errors.
 //
 // ErrOutcomeUnknown: the request (its statement, or its transaction's
 // COMMIT) was sent and no reply said how it ended, so it may have been
@@ -149,8 +163,12 @@ func (c *Client) defineQuota(ctx context.Context, x db.DBTX, d Definition) (Quot
 		WindowUnit:   string(d.Window),
 		TimeZone:     tz,
 		DefaultLimit: def,
+		ReplaceKind:  d.ReplaceKind,
 	})
 	if isNoRows(err) {
+		if err := c.kindChangeError(ctx, x, d); err != nil {
+			return Quota{}, err
+		}
 		return Quota{}, inputError("time zone", "%q is not an IANA time zone the database knows (see pg_timezone_names)", tz)
 	}
 	if err != nil {
@@ -158,6 +176,24 @@ func (c *Client) defineQuota(ctx context.Context, x db.DBTX, d Definition) (Quot
 	}
 	c.kinds.Store(d.Name, d.Window)
 	return quotaFromRow(db.QuotaRow(row)), nil
+}
+
+// kindChangeError is the error of a define statement that wrote nothing:
+// ErrQuotaKindChange when the quota exists with a kind other than d's (and
+// d.ReplaceKind is false), nil otherwise.
+func (c *Client) kindChangeError(ctx context.Context, x db.DBTX, d Definition) error {
+	unit, err := c.queries.QuotaKindGet(ctx, x, d.Name)
+	if isNoRows(err) {
+		return nil
+	}
+	if err != nil {
+		return dbError("define quota", err)
+	}
+	if Window(unit) == d.Window || d.ReplaceKind {
+		return nil
+	}
+	return errorf("%w: quota %q is of kind %s, not %s; redefining its kind deletes its counters of every kind (every member starts from zero, "+
+		"member limits stay): set Definition.ReplaceKind (CLI: --replace-kind) to do that; nothing was changed", ErrQuotaKindChange, d.Name, unit, d.Window)
 }
 
 // Quota returns the quota named name.

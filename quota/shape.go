@@ -118,7 +118,13 @@ func (c *Client) defineShaped(ctx context.Context, x db.DBTX, d Definition) (Quo
 		PeriodUs:     d.Period.Microseconds(),
 		Burst:        burst,
 		Origin:       pgtype.Timestamptz{Time: origin, Valid: true},
+		ReplaceKind:  d.ReplaceKind,
 	})
+	if isNoRows(err) {
+		if kerr := c.kindChangeError(ctx, x, d); kerr != nil {
+			return Quota{}, kerr
+		}
+	}
 	if err != nil {
 		return Quota{}, dbError("define quota", err)
 	}

@@ -187,7 +187,7 @@ func hint(err error) string {
 // they exit with ExitUsage like a malformed flag.
 func isBadInput(err error) bool {
 	for _, target := range []error{
-		quota.ErrInvalidInput, quota.ErrQuotaNotFound, quota.ErrNoLimit,
+		quota.ErrInvalidInput, quota.ErrQuotaNotFound, quota.ErrNoLimit, quota.ErrQuotaKindChange,
 		quota.ErrCampaignNotFound, quota.ErrCampaignExists,
 		quota.ErrLeaseNotFound,
 		quota.ErrIdempotencyKeyReused, quota.ErrGrantNotFound,
