@@ -131,3 +131,19 @@ func (q *Queries) QuotaList(ctx context.Context, db DBTX) ([]QuotaRow, error) {
 	}
 	return items, nil
 }
+
+const quotaTimeZoneKnown = `-- name: QuotaTimeZoneKnown :one
+SELECT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_timezone_names z WHERE lower(z.name) = lower($1::text)
+)::boolean AS known
+`
+
+// Whether PostgreSQL knows the IANA zone (as QuotaDefine matches it): tells
+// an unknown zone from a refused change of kind when QuotaDefine returned
+// no row.
+func (q *Queries) QuotaTimeZoneKnown(ctx context.Context, db DBTX, timeZone string) (bool, error) {
+	row := db.QueryRow(ctx, quotaTimeZoneKnown, timeZone)
+	var known bool
+	err := row.Scan(&known)
+	return known, err
+}

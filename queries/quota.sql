@@ -46,3 +46,11 @@ WHERE name = @name::text;
 SELECT name, window_unit, time_zone, default_limit, created_at, updated_at
 FROM pgquota.quota
 ORDER BY name;
+
+-- name: QuotaTimeZoneKnown :one
+-- Whether PostgreSQL knows the IANA zone (as QuotaDefine matches it): tells
+-- an unknown zone from a refused change of kind when QuotaDefine returned
+-- no row.
+SELECT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_timezone_names z WHERE lower(z.name) = lower(@time_zone::text)
+)::boolean AS known;

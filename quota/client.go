@@ -308,6 +308,9 @@ func dbError(op string, err error) error {
 	if migrations.IsUndefinedSchemaError(err) {
 		return errorf("pgquota: %s: %w: %w", op, ErrSchemaMissing, err)
 	}
+	if sqlState(err) == SQLStateQuotaNotFound {
+		return errorf("pgquota: %s: %w: %w", op, ErrQuotaNotFound, err)
+	}
 	return errorf("pgquota: %s: %w", op, err)
 }
 

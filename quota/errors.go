@@ -100,6 +100,12 @@ var (
 	ErrGrantNotFound = errors.New("pgquota: grant not found in the ledger")
 )
 
+// SQLStateQuotaNotFound is the SQLSTATE pgquota.grant, pgquota.grant_keyed
+// and pgquota.limit_usage raise for a quota that does not exist
+// (migrations/00021_sql_errors.sql; docs/sql.md). Every call maps it to
+// ErrQuotaNotFound, with the *pgconn.PgError kept in the chain.
+const SQLStateQuotaNotFound = "PQ010"
+
 // ErrOutcomeUnknown marks an error after which it is unknown whether a
 // state-changing call took effect: its statement, or the COMMIT of the
 // transaction it owns, may have reached the server, and no reply said how

@@ -166,8 +166,15 @@ func (c *Client) defineQuota(ctx context.Context, x db.DBTX, d Definition) (Quot
 		ReplaceKind:  d.ReplaceKind,
 	})
 	if isNoRows(err) {
-		if err := c.kindChangeError(ctx, x, d); err != nil {
-			return Quota{}, err
+		// An unknown zone (bad input first), or a refused change of kind.
+		known, kerr := c.queries.QuotaTimeZoneKnown(ctx, x, tz)
+		if kerr != nil {
+			return Quota{}, dbError("define quota", kerr)
+		}
+		if known {
+			if err := c.kindChangeError(ctx, x, d); err != nil {
+				return Quota{}, err
+			}
 		}
 		return Quota{}, inputError("time zone", "%q is not an IANA time zone the database knows (see pg_timezone_names)", tz)
 	}
