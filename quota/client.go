@@ -105,7 +105,8 @@ type Config struct {
 	// (and grantFenced, which waits through it) polls instead of LISTENing
 	// (see WaitOptions for the intervals), and New refuses a pool whose pgx
 	// query exec mode is unsafe behind such a pooler (see
-	// PoolerMode.CheckExecMode: use pgx.QueryExecModeExec). The pgquota
+	// PoolerMode.CheckExecMode: use pgx.QueryExecModeExec). Migrate, whose
+	// lock needs a session, refuses to run (ErrInvalidInput). The pgquota
 	// command sets it with --pooler or $PGQUOTA_POOLER. Defaults to
 	// PoolerNone (a direct connection or a session-mode pooler).
 	Pooler PoolerMode
