@@ -18,10 +18,6 @@ WITH prev AS (
     SELECT $5::boolean AND EXISTS (SELECT 1 FROM prev WHERE prev.window_unit <> $2::text) AS yes
 ), gone_usage AS (
     DELETE FROM pgquota.usage u WHERE u.quota_name = $1::text AND (SELECT r.yes FROM replaced r) RETURNING 1
-), gone_rate AS (
-    DELETE FROM pgquota.rate_state rs WHERE rs.quota_name = $1::text AND (SELECT r.yes FROM replaced r) RETURNING 1
-), gone_rolling AS (
-    DELETE FROM pgquota.rolling_usage ru WHERE ru.quota_name = $1::text AND (SELECT r.yes FROM replaced r) RETURNING 1
 )
 INSERT INTO pgquota.quota (name, window_unit, time_zone, default_limit)
 SELECT $1::text, $2::text, tz.name, $3::bigint
@@ -54,9 +50,12 @@ type QuotaDefineParams struct {
 // canonical spelling is stored. No row comes back, and nothing is written,
 // when the zone is unknown, or when the quota exists with another kind
 // (window_unit) and replace_kind is false. With replace_kind, a change of
-// kind deletes the quota's counters of every kind (usage, rate_state,
-// rolling_usage) in the same statement, so that none of them comes back
-// when the quota is switched back; member limits stay. prev reads the row
+// kind deletes the quota's counters (usage) in the same statement, so that
+// none comes back when the quota is switched back; member limits stay. (A
+// rate's or rolling window's state, which only QuotaShapeDefine's kinds
+// read, is deleted by QuotaShapeDefine when the quota becomes one again;
+// this statement names only migration 00001's tables, so it runs on any
+// schema.) prev reads the row
 // as the statement's snapshot saw it (no FOR UPDATE: the upsert below may
 // run first, and a row it updated is invisible to a locking read).
 func (q *Queries) QuotaDefine(ctx context.Context, db DBTX, arg QuotaDefineParams) (QuotaRow, error) {

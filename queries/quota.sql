@@ -4,9 +4,12 @@
 -- canonical spelling is stored. No row comes back, and nothing is written,
 -- when the zone is unknown, or when the quota exists with another kind
 -- (window_unit) and replace_kind is false. With replace_kind, a change of
--- kind deletes the quota's counters of every kind (usage, rate_state,
--- rolling_usage) in the same statement, so that none of them comes back
--- when the quota is switched back; member limits stay. prev reads the row
+-- kind deletes the quota's counters (usage) in the same statement, so that
+-- none comes back when the quota is switched back; member limits stay. (A
+-- rate's or rolling window's state, which only QuotaShapeDefine's kinds
+-- read, is deleted by QuotaShapeDefine when the quota becomes one again;
+-- this statement names only migration 00001's tables, so it runs on any
+-- schema.) prev reads the row
 -- as the statement's snapshot saw it (no FOR UPDATE: the upsert below may
 -- run first, and a row it updated is invisible to a locking read).
 WITH prev AS (
@@ -15,10 +18,6 @@ WITH prev AS (
     SELECT @replace_kind::boolean AND EXISTS (SELECT 1 FROM prev WHERE prev.window_unit <> @window_unit::text) AS yes
 ), gone_usage AS (
     DELETE FROM pgquota.usage u WHERE u.quota_name = @name::text AND (SELECT r.yes FROM replaced r) RETURNING 1
-), gone_rate AS (
-    DELETE FROM pgquota.rate_state rs WHERE rs.quota_name = @name::text AND (SELECT r.yes FROM replaced r) RETURNING 1
-), gone_rolling AS (
-    DELETE FROM pgquota.rolling_usage ru WHERE ru.quota_name = @name::text AND (SELECT r.yes FROM replaced r) RETURNING 1
 )
 INSERT INTO pgquota.quota (name, window_unit, time_zone, default_limit)
 SELECT @name::text, @window_unit::text, tz.name, sqlc.narg('default_limit')::bigint

@@ -70,11 +70,11 @@ type Definition struct {
 	// window starts at each full UTC hour, a 10s window at :00, :10, ...).
 	Origin time.Time
 	// ReplaceKind allows a redefinition to change the kind (Window) of an
-	// existing quota, day to rate say: the quota's counters of every kind
-	// (calendar and fixed windows, rate buckets, rolling windows) are then
-	// deleted in the same statement, so every member starts from zero and
-	// no old counter comes back if the quota is switched back; member
-	// limits stay. Without it such a redefinition fails with
+	// existing quota, day to rate or day to hour say: its existing counters
+	// are then deleted in the same statement (a rate's buckets and a
+	// rolling window's grants when it becomes a rate or a rolling window
+	// again), so every member starts from zero and no old counter comes
+	// back if the quota is switched back; member limits stay. Without it such a redefinition fails with
 	// ErrQuotaKindChange and changes nothing. A redefinition of the same
 	// kind keeps the counters either way. Defaults to false.
 	ReplaceKind bool
@@ -199,7 +199,7 @@ func (c *Client) kindChangeError(ctx context.Context, x db.DBTX, d Definition) e
 	if Window(unit) == d.Window || d.ReplaceKind {
 		return nil
 	}
-	return errorf("%w: quota %q is of kind %s, not %s; redefining its kind deletes its counters of every kind (every member starts from zero, "+
+	return errorf("%w: quota %q is of kind %s, not %s; redefining its kind deletes its counters (every member starts from zero, none comes back when switched back, "+
 		"member limits stay): set Definition.ReplaceKind (CLI: --replace-kind) to do that; nothing was changed", ErrQuotaKindChange, d.Name, unit, d.Window)
 }
 

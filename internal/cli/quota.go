@@ -70,7 +70,7 @@ command fails and changes nothing.`,
 	define.Flags().StringVar(&window, "window", "", "window: hour, day, week, month, none, or a length such as 10s, 15m, 36h (one of --window, --rolling, --rate is required)")
 	define.Flags().StringVar(&def.TimeZone, "tz", "UTC", "IANA time zone the windows are cut in")
 	define.Flags().Int64Var(&limit, "limit", 0, "default limit per member and window (none when omitted)")
-	define.Flags().BoolVar(&def.ReplaceKind, "replace-kind", false, "allow changing an existing quota's kind (window or rate); deletes its counters of every kind")
+	define.Flags().BoolVar(&def.ReplaceKind, "replace-kind", false, "allow changing an existing quota's kind (window or rate); deletes its counters")
 	shape.register(define)
 	_ = define.MarkFlagRequired("name")
 
