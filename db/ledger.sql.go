@@ -175,7 +175,7 @@ SELECT g.found::boolean AS quota_found,
        g.retry_after_us::bigint AS retry_after_us,
        g.reset_after_us::bigint AS reset_after_us,
        g.decided_at::timestamptz AS decided_at
-FROM pgquota.grant_keyed($1::text, $2::text, $3::text, $4::text,
+FROM pgquota.grant_keyed_row($1::text, $2::text, $3::text, $4::text,
                          $5::bigint, $6::bigint) g
 `
 

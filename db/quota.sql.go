@@ -12,6 +12,13 @@ import (
 )
 
 const quotaDefine = `-- name: QuotaDefine :one
+WITH prev AS (
+    SELECT p.window_unit FROM pgquota.quota p WHERE p.name = $1::text
+), replaced AS (
+    SELECT $5::boolean AND EXISTS (SELECT 1 FROM prev WHERE prev.window_unit <> $2::text) AS yes
+), gone_usage AS (
+    DELETE FROM pgquota.usage u WHERE u.quota_name = $1::text AND (SELECT r.yes FROM replaced r) RETURNING 1
+)
 INSERT INTO pgquota.quota (name, window_unit, time_zone, default_limit)
 SELECT $1::text, $2::text, tz.name, $3::bigint
 FROM (
@@ -26,6 +33,7 @@ SET window_unit   = excluded.window_unit,
     time_zone     = excluded.time_zone,
     default_limit = excluded.default_limit,
     updated_at    = pgquota.clock()
+WHERE pgquota.quota.window_unit = excluded.window_unit OR $5::boolean
 RETURNING name, window_unit, time_zone, default_limit, created_at, updated_at
 `
 
@@ -34,18 +42,29 @@ type QuotaDefineParams struct {
 	WindowUnit   string
 	DefaultLimit pgtype.Int8
 	TimeZone     string
+	ReplaceKind  bool
 }
 
 // Creates or redefines a quota. The time zone must be an IANA zone name that
 // PostgreSQL knows (pg_timezone_names, matched without regard to case); its
 // canonical spelling is stored. No row comes back, and nothing is written,
-// when the zone is unknown.
+// when the zone is unknown, or when the quota exists with another kind
+// (window_unit) and replace_kind is false. With replace_kind, a change of
+// kind deletes the quota's counters (usage) in the same statement, so that
+// none comes back when the quota is switched back; member limits stay. (A
+// rate's or rolling window's state, which only QuotaShapeDefine's kinds
+// read, is deleted by QuotaShapeDefine when the quota becomes one again;
+// this statement names only migration 00001's tables, so it runs on any
+// schema.) prev reads the row
+// as the statement's snapshot saw it (no FOR UPDATE: the upsert below may
+// run first, and a row it updated is invisible to a locking read).
 func (q *Queries) QuotaDefine(ctx context.Context, db DBTX, arg QuotaDefineParams) (QuotaRow, error) {
 	row := db.QueryRow(ctx, quotaDefine,
 		arg.Name,
 		arg.WindowUnit,
 		arg.DefaultLimit,
 		arg.TimeZone,
+		arg.ReplaceKind,
 	)
 	var i QuotaRow
 	err := row.Scan(
@@ -110,4 +129,20 @@ func (q *Queries) QuotaList(ctx context.Context, db DBTX) ([]QuotaRow, error) {
 		return nil, err
 	}
 	return items, nil
+}
+
+const quotaTimeZoneKnown = `-- name: QuotaTimeZoneKnown :one
+SELECT EXISTS (
+    SELECT 1 FROM pg_catalog.pg_timezone_names z WHERE lower(z.name) = lower($1::text)
+)::boolean AS known
+`
+
+// Whether PostgreSQL knows the IANA zone (as QuotaDefine matches it): tells
+// an unknown zone from a refused change of kind when QuotaDefine returned
+// no row.
+func (q *Queries) QuotaTimeZoneKnown(ctx context.Context, db DBTX, timeZone string) (bool, error) {
+	row := db.QueryRow(ctx, quotaTimeZoneKnown, timeZone)
+	var known bool
+	err := row.Scan(&known)
+	return known, err
 }

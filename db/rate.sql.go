@@ -122,19 +122,30 @@ func (q *Queries) QuotaKindGet(ctx context.Context, db DBTX, name string) (strin
 
 const quotaShapeDefine = `-- name: QuotaShapeDefine :one
 
-WITH q AS (
+WITH prev AS (
+    SELECT p.window_unit FROM pgquota.quota p WHERE p.name = $1::text
+), replaced AS (
+    SELECT $2::boolean AND EXISTS (SELECT 1 FROM prev WHERE prev.window_unit <> $3::text) AS yes
+), gone_usage AS (
+    DELETE FROM pgquota.usage u WHERE u.quota_name = $1::text AND (SELECT r.yes FROM replaced r) RETURNING 1
+), gone_rate AS (
+    DELETE FROM pgquota.rate_state rs WHERE rs.quota_name = $1::text AND (SELECT r.yes FROM replaced r) RETURNING 1
+), gone_rolling AS (
+    DELETE FROM pgquota.rolling_usage ru WHERE ru.quota_name = $1::text AND (SELECT r.yes FROM replaced r) RETURNING 1
+), q AS (
     INSERT INTO pgquota.quota (name, window_unit, time_zone, default_limit)
-    SELECT $1::text, $2::text, 'UTC', $3::bigint
+    SELECT $1::text, $3::text, 'UTC', $4::bigint
     WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
     ON CONFLICT (name) DO UPDATE
     SET window_unit   = excluded.window_unit,
         time_zone     = excluded.time_zone,
         default_limit = excluded.default_limit,
         updated_at    = pgquota.clock()
+    WHERE pgquota.quota.window_unit = excluded.window_unit OR $2::boolean
     RETURNING name, window_unit, time_zone, default_limit, created_at, updated_at
 ), s AS (
     INSERT INTO pgquota.quota_shape (quota_name, period_us, burst, origin)
-    SELECT q.name, $4::bigint, $5::bigint, $6::timestamptz FROM q
+    SELECT q.name, $5::bigint, $6::bigint, $7::timestamptz FROM q
     ON CONFLICT (quota_name) DO UPDATE
     SET period_us  = excluded.period_us,
         burst      = excluded.burst,
@@ -149,6 +160,7 @@ FROM q JOIN s ON s.quota_name = q.name
 
 type QuotaShapeDefineParams struct {
 	Name         string
+	ReplaceKind  bool
 	WindowUnit   string
 	DefaultLimit pgtype.Int8
 	PeriodUs     int64
@@ -171,10 +183,13 @@ type QuotaShapeDefineRow struct {
 // Quotas of the kinds rate, fixed and rolling (migrations/00011), and
 // grants against several quotas at once.
 // Creates or redefines a quota of kind rate, fixed or rolling with its
-// shape, in one statement (both rows or neither).
+// shape, in one statement (both rows or neither). As QuotaDefine, no row
+// comes back when the quota exists with another kind and replace_kind is
+// false; with replace_kind a change of kind deletes its counters.
 func (q *Queries) QuotaShapeDefine(ctx context.Context, db DBTX, arg QuotaShapeDefineParams) (QuotaShapeDefineRow, error) {
 	row := db.QueryRow(ctx, quotaShapeDefine,
 		arg.Name,
+		arg.ReplaceKind,
 		arg.WindowUnit,
 		arg.DefaultLimit,
 		arg.PeriodUs,

@@ -87,7 +87,7 @@ SELECT g.found::boolean AS found,
        g.decided_at::timestamptz AS decided_at,
        g.burst::bigint AS burst,
        g.period_us::bigint AS period_us
-FROM pgquota.grant($1::text, $2::text, $3::bigint, $4::bigint) g
+FROM pgquota.grant_row($1::text, $2::text, $3::bigint, $4::bigint) g
 `
 
 type UsageGrantParams struct {

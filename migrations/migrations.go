@@ -35,6 +35,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"github.com/pgquota/pgquota/internal/errtext"
 	"io/fs"
 	"slices"
 	"strconv"
@@ -106,7 +107,7 @@ func newProvider(db *sql.DB, l *locker) (*goose.Provider, error) {
 		goose.WithAllowOutofOrder(l.opts.allowMissing),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("pgquota: migrations: %w", err)
+		return nil, errorf("pgquota: migrations: %w", err)
 	}
 	return p, nil
 }
@@ -127,7 +128,7 @@ func (l *locker) SessionLock(ctx context.Context, conn *sql.Conn) error {
 		// The lock may have been granted just as the wait was cancelled:
 		// end the session, which releases it, rather than pool it.
 		discard(conn)
-		return fmt.Errorf("pgquota: take the migration lock: %w", err)
+		return errorf("pgquota: take the migration lock: %w", err)
 	}
 	if err := l.prepare(ctx, conn); err != nil {
 		if uerr := l.SessionUnlock(context.WithoutCancel(ctx), conn); uerr != nil {
@@ -145,7 +146,7 @@ func (l *locker) SessionUnlock(ctx context.Context, conn *sql.Conn) error {
 		discard(conn)
 	}
 	if err != nil {
-		return fmt.Errorf("pgquota: release the migration lock (the session was ended, which releases it): %w", err)
+		return errorf("pgquota: release the migration lock (the session was ended, which releases it): %w", err)
 	}
 	if !released {
 		return errors.New("pgquota: the migration lock was not held by this session at the end of the run: " +
@@ -165,14 +166,14 @@ func discard(conn *sql.Conn) {
 func (l *locker) prepare(ctx context.Context, conn *sql.Conn) error {
 	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("pgquota: prepare migration: %w", err)
+		return errorf("pgquota: prepare migration: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
 	if err := l.prepareTx(ctx, tx); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("pgquota: prepare migration: %w", err)
+		return errorf("pgquota: prepare migration: %w", err)
 	}
 	return nil
 }
@@ -190,7 +191,7 @@ func (l *locker) prepareTx(ctx context.Context, tx *sql.Tx) error {
 		SELECT to_regnamespace($1) IS NOT NULL, to_regclass($2) IS NOT NULL,
 		       to_regclass($3) IS NOT NULL, to_regclass($4) IS NOT NULL`,
 		Schema, VersionTable, LegacyVersionTable, LegacyLockTable).Scan(&hasSchema, &hasTable, &hasLegacy, &hasLegacyLock); err != nil {
-		return fmt.Errorf("pgquota: prepare migration: %w", err)
+		return errorf("pgquota: prepare migration: %w", err)
 	}
 	var stmts []string
 	if !hasSchema {
@@ -209,19 +210,19 @@ func (l *locker) prepareTx(ctx context.Context, tx *sql.Tx) error {
 	}
 	for _, stmt := range stmts {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
-			return fmt.Errorf("pgquota: prepare migration: %s: %w", stmt, err)
+			return errorf("pgquota: prepare migration: %s: %w", stmt, err)
 		}
 	}
 	if !hasTable && !hasLegacy {
 		store, err := database.NewStore(goose.DialectPostgres, VersionTable)
 		if err != nil {
-			return fmt.Errorf("pgquota: prepare migration: %w", err)
+			return errorf("pgquota: prepare migration: %w", err)
 		}
 		if err := store.CreateVersionTable(ctx, tx); err != nil {
-			return fmt.Errorf("pgquota: create version table %s: %w", VersionTable, err)
+			return errorf("pgquota: create version table %s: %w", VersionTable, err)
 		}
 		if err := store.Insert(ctx, tx, database.InsertRequest{Version: 0}); err != nil {
-			return fmt.Errorf("pgquota: create version table %s: %w", VersionTable, err)
+			return errorf("pgquota: create version table %s: %w", VersionTable, err)
 		}
 	}
 	if l.check {
@@ -243,17 +244,17 @@ func (l *locker) prepareTx(ctx context.Context, tx *sql.Tx) error {
 func (l *locker) prepareLocked(ctx context.Context, db *sql.DB) error {
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("pgquota: prepare migration: %w", err)
+		return errorf("pgquota: prepare migration: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }()
 	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(`+lockKey+`)`); err != nil {
-		return fmt.Errorf("pgquota: take the migration lock: %w", err)
+		return errorf("pgquota: take the migration lock: %w", err)
 	}
 	if err := l.prepareTx(ctx, tx); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("pgquota: prepare migration: %w", err)
+		return errorf("pgquota: prepare migration: %w", err)
 	}
 	return nil
 }
@@ -292,7 +293,7 @@ func Up(ctx context.Context, db *sql.DB, opts ...Option) ([]*goose.MigrationResu
 		return nil, l.checkErr
 	}
 	if err != nil {
-		return res, fmt.Errorf("pgquota: migrate up: %w", err)
+		return res, errorf("pgquota: migrate up: %w", err)
 	}
 	return res, nil
 }
@@ -407,17 +408,17 @@ func ReadState(ctx context.Context, db DBTX) (State, error) {
 	st := State{Applied: map[int64]time.Time{}}
 	rows, err := db.QueryContext(ctx, `SELECT coalesce(to_regclass($1), to_regclass($2))::text`, VersionTable, LegacyVersionTable)
 	if err != nil {
-		return st, fmt.Errorf("pgquota: read schema version: %w", err)
+		return st, errorf("pgquota: read schema version: %w", err)
 	}
 	var table sql.NullString
 	for rows.Next() {
 		if err := rows.Scan(&table); err != nil {
 			rows.Close()
-			return st, fmt.Errorf("pgquota: read schema version: %w", err)
+			return st, errorf("pgquota: read schema version: %w", err)
 		}
 	}
 	if err := rows.Close(); err != nil {
-		return st, fmt.Errorf("pgquota: read schema version: %w", err)
+		return st, errorf("pgquota: read schema version: %w", err)
 	}
 	if !table.Valid {
 		return st, nil
@@ -434,7 +435,7 @@ func ReadState(ctx context.Context, db DBTX) (State, error) {
 		FROM `+st.Table+` WHERE version_id > 0
 		ORDER BY version_id, id DESC`)
 	if err != nil {
-		return st, fmt.Errorf("pgquota: read schema version: %w", err)
+		return st, errorf("pgquota: read schema version: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -442,7 +443,7 @@ func ReadState(ctx context.Context, db DBTX) (State, error) {
 		var applied bool
 		var at time.Time
 		if err := rows.Scan(&v, &applied, &at); err != nil {
-			return st, fmt.Errorf("pgquota: read schema version: %w", err)
+			return st, errorf("pgquota: read schema version: %w", err)
 		}
 		if applied {
 			st.Applied[v] = at
@@ -450,7 +451,7 @@ func ReadState(ctx context.Context, db DBTX) (State, error) {
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return st, fmt.Errorf("pgquota: read schema version: %w", err)
+		return st, errorf("pgquota: read schema version: %w", err)
 	}
 	return st, nil
 }
@@ -556,3 +557,7 @@ func IsUndefinedSchemaError(err error) bool {
 	}
 	return false
 }
+
+// errorf is fmt.Errorf whose message carries one "pgquota: " prefix however
+// many of the wrapped errors start with one (errtext.Errorf).
+var errorf = errtext.Errorf

@@ -71,7 +71,7 @@ SELECT g.found::boolean AS quota_found,
        g.retry_after_us::bigint AS retry_after_us,
        g.reset_after_us::bigint AS reset_after_us,
        g.decided_at::timestamptz AS decided_at
-FROM pgquota.grant_keyed(@scope::text, @idempotency_key::text, @quota_name::text, @member::text,
+FROM pgquota.grant_keyed_row(@scope::text, @idempotency_key::text, @quota_name::text, @member::text,
                          @amount::bigint, sqlc.narg('limit_value')::bigint) g;
 
 -- name: LedgerRevoke :one

@@ -3,8 +3,20 @@
 
 -- name: QuotaShapeDefine :one
 -- Creates or redefines a quota of kind rate, fixed or rolling with its
--- shape, in one statement (both rows or neither).
-WITH q AS (
+-- shape, in one statement (both rows or neither). As QuotaDefine, no row
+-- comes back when the quota exists with another kind and replace_kind is
+-- false; with replace_kind a change of kind deletes its counters.
+WITH prev AS (
+    SELECT p.window_unit FROM pgquota.quota p WHERE p.name = @name::text
+), replaced AS (
+    SELECT @replace_kind::boolean AND EXISTS (SELECT 1 FROM prev WHERE prev.window_unit <> @window_unit::text) AS yes
+), gone_usage AS (
+    DELETE FROM pgquota.usage u WHERE u.quota_name = @name::text AND (SELECT r.yes FROM replaced r) RETURNING 1
+), gone_rate AS (
+    DELETE FROM pgquota.rate_state rs WHERE rs.quota_name = @name::text AND (SELECT r.yes FROM replaced r) RETURNING 1
+), gone_rolling AS (
+    DELETE FROM pgquota.rolling_usage ru WHERE ru.quota_name = @name::text AND (SELECT r.yes FROM replaced r) RETURNING 1
+), q AS (
     INSERT INTO pgquota.quota (name, window_unit, time_zone, default_limit)
     SELECT @name::text, @window_unit::text, 'UTC', sqlc.narg('default_limit')::bigint
     WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
@@ -13,6 +25,7 @@ WITH q AS (
         time_zone     = excluded.time_zone,
         default_limit = excluded.default_limit,
         updated_at    = pgquota.clock()
+    WHERE pgquota.quota.window_unit = excluded.window_unit OR @replace_kind::boolean
     RETURNING name, window_unit, time_zone, default_limit, created_at, updated_at
 ), s AS (
     INSERT INTO pgquota.quota_shape (quota_name, period_us, burst, origin)

@@ -29,7 +29,7 @@ SELECT g.found::boolean AS found,
        g.decided_at::timestamptz AS decided_at,
        g.burst::bigint AS burst,
        g.period_us::bigint AS period_us
-FROM pgquota.grant(@quota_name::text, @member::text, @amount::bigint, sqlc.narg('limit_value')::bigint) g;
+FROM pgquota.grant_row(@quota_name::text, @member::text, @amount::bigint, sqlc.narg('limit_value')::bigint) g;
 
 -- name: UsageRevoke :one
 -- Gives back up to @amount units of a member's counter in the current

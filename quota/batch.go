@@ -3,13 +3,14 @@ package quota
 import (
 	"context"
 	"errors"
-	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgquota/pgquota/db"
 	"github.com/pgquota/pgquota/internal/dbutil"
+	"github.com/pgquota/pgquota/internal/errtext"
 )
 
 // BatchOutcome is the outcome of one request of GrantBatch: its result, or
@@ -124,9 +125,20 @@ func (c *Client) grantBatchOwn(ctx context.Context, reqs []GrantRequest) ([]Batc
 			})
 		})
 		if !errors.Is(err, errKeyedUndecided) || run == maxKeyedRuns {
-			return outs, err
+			return outs, batchError(err)
 		}
 	}
+}
+
+// batchError is the error of a batch's own transaction: the errors of
+// BEGIN and COMMIT (dbutil.WithTx; a lost COMMIT is already marked
+// ErrOutcomeUnknown, a failed BEGIN wrote nothing) get the "pgquota: grant
+// batch: " prefix its statements' errors have.
+func batchError(err error) error {
+	if err == nil || strings.HasPrefix(err.Error(), errtext.Prefix) {
+		return err
+	}
+	return dbError("grant batch", err)
 }
 
 // GrantBatchTx is GrantBatch inside the caller's transaction: every grant
@@ -157,7 +169,14 @@ func (c *Client) grantBatch(ctx context.Context, x db.DBTX, reqs []GrantRequest)
 	multi := make(map[groupCounter]bool) // the counters grants against several quotas name
 	for i, req := range reqs {
 		out[i].Quota, out[i].Member, out[i].Amount = req.Quota, req.Member, req.Amount
-		if c.shapedRoute(ctx, readsOf(x), req) {
+		shaped, err := c.shapedRouteErr(ctx, readsOf(x), req)
+		if err != nil {
+			// A database error (a privilege the role lacks, a lost
+			// connection): in a transaction it aborted it, and the
+			// batch's statements would fail with 25P02 instead.
+			return nil, err
+		}
+		if shaped {
 			n, err := checkLimitsRequest(req)
 			if err != nil {
 				out[i].Err = err
@@ -205,7 +224,7 @@ func (c *Client) grantBatch(ctx context.Context, x db.DBTX, reqs []GrantRequest)
 				return struct{}{}, c.grantBatchDecide(ctx, tx, reqs, todo, out)
 			})
 		})
-		return out, err
+		return out, batchError(err)
 	}
 	if err := c.grantLimitsBatch(ctx, x, reqs, lb, out); err != nil {
 		return out, err
@@ -310,14 +329,14 @@ func (c *Client) grantBatchStatement(ctx context.Context, x db.DBTX, reqs []Gran
 	for _, r := range rows {
 		n := int(r.CounterIndex) - 1
 		if n < 0 || n >= len(order) || order[n].found {
-			return fmt.Errorf("pgquota: grant batch: the database reported counter %d of %d twice or out of range", r.CounterIndex, len(order))
+			return errorf("pgquota: grant batch: the database reported counter %d of %d twice or out of range", r.CounterIndex, len(order))
 		}
 		order[n].row, order[n].found = r, true
 	}
 	for _, bc := range order {
 		if !bc.found {
 			for _, i := range bc.reqs {
-				out[i].Err = fmt.Errorf("%w: %q", ErrQuotaNotFound, reqs[i].Quota)
+				out[i].Err = errorf("%w: %q", ErrQuotaNotFound, reqs[i].Quota)
 			}
 			continue
 		}
@@ -333,7 +352,7 @@ func (c *Client) grantBatchStatement(ctx context.Context, x db.DBTX, reqs []Gran
 			}
 			if limit == nil {
 				out[i].GrantResult = GrantResult{Quota: reqs[i].Quota, Member: reqs[i].Member, Amount: reqs[i].Amount}
-				out[i].Err = fmt.Errorf("%w (quota %q, member %q)", ErrNoLimit, reqs[i].Quota, reqs[i].Member)
+				out[i].Err = errorf("%w (quota %q, member %q)", ErrNoLimit, reqs[i].Quota, reqs[i].Member)
 				continue
 			}
 			granted := false
@@ -344,7 +363,7 @@ func (c *Client) grantBatchStatement(ctx context.Context, x db.DBTX, reqs []Gran
 			out[i].windowStart, out[i].windowEnd = bc.row.WindowStart, bc.row.WindowEnd
 		}
 		if used != bc.row.UsedAfter {
-			return fmt.Errorf("pgquota: grant batch: counter (%q, %q) went from %d to %d, the requests replay to %d",
+			return errorf("pgquota: grant batch: counter (%q, %q) went from %d to %d, the requests replay to %d",
 				reqs[bc.reqs[0]].Quota, reqs[bc.reqs[0]].Member, bc.row.UsedBefore, bc.row.UsedAfter, used)
 		}
 	}

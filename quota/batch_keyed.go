@@ -215,7 +215,7 @@ func (c *Client) grantBatchKeyed(ctx context.Context, x db.DBTX, reqs []GrantReq
 			// A recorded key must get an outcome: the quota or the
 			// member's limit changed since the key was recorded. The
 			// whole batch fails (and its transaction must roll back).
-			return fmt.Errorf("pgquota: grant batch: keyed request (key %q) could not be decided: %w: %w", fps[i].key.Key, errKeyedUndecided, out[i].Err)
+			return errorf("pgquota: grant batch: keyed request (key %q) could not be decided: %w: %w", fps[i].key.Key, errKeyedUndecided, out[i].Err)
 		}
 		out[i].Keyed = Keyed{GrantID: id, IdempotencyScope: fps[i].key.Scope, IdempotencyKey: fps[i].key.Key}
 	}
@@ -247,7 +247,7 @@ func (c *Client) grantBatchKeyed(ctx context.Context, x db.DBTX, reqs []GrantReq
 	// Copies of a key within the batch replay its first copy.
 	for i, f := range dupOf {
 		if diff := sameRequest(fps[f], fps[i]); diff != "" {
-			out[i].Err = fmt.Errorf("%w: key %q in scope %q is another request of the batch, made with %s",
+			out[i].Err = errorf("%w: key %q in scope %q is another request of the batch, made with %s",
 				ErrIdempotencyKeyReused, fps[i].key.Key, fps[i].key.Scope, diff)
 			continue
 		}

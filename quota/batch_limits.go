@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/pgquota/pgquota/db"
 )
@@ -68,7 +67,7 @@ func (c *Client) grantLimitsBatch(ctx context.Context, x db.DBTX, reqs []GrantRe
 	for _, r := range rows {
 		k := int(r.ReqIndex) - 1
 		if k < 0 || k >= len(lb.todo) {
-			return fmt.Errorf("pgquota: grant batch: the database reported request %d of %d", r.ReqIndex, len(lb.todo))
+			return errorf("pgquota: grant batch: the database reported request %d of %d", r.ReqIndex, len(lb.todo))
 		}
 		per[k] = append(per[k], db.LimitsGrantRow{
 			Ord: r.Ord, QuotaName: r.QuotaName, Kind: r.Kind, Found: r.Found, Decided: r.Decided,

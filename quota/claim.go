@@ -3,7 +3,6 @@ package quota
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5"
@@ -158,7 +157,7 @@ func (c *Client) claimUnkeyed(ctx context.Context, x db.DBTX, campaign, member s
 	}
 	switch {
 	case !row.Found:
-		return ClaimResult{}, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
+		return ClaimResult{}, errorf("%w: %q", ErrCampaignNotFound, campaign)
 	case CampaignKind(row.Kind) == KindSharded:
 		if !sharded || cached.(int) != int(row.Shards) {
 			c.shardCounts.Store(campaign, int(row.Shards))
@@ -197,7 +196,7 @@ func (c *Client) claimKeyed(ctx context.Context, x db.DBTX, fp request) (ClaimRe
 		case row.PriorGrantID != 0:
 			return ClaimResult{}, row.PriorGrantID, nil
 		case !row.CampaignFound:
-			return ClaimResult{}, 0, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
+			return ClaimResult{}, 0, errorf("%w: %q", ErrCampaignNotFound, campaign)
 		case row.Busy:
 			return ClaimResult{}, 0, errCodesLocked
 		}

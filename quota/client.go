@@ -105,7 +105,8 @@ type Config struct {
 	// (and grantFenced, which waits through it) polls instead of LISTENing
 	// (see WaitOptions for the intervals), and New refuses a pool whose pgx
 	// query exec mode is unsafe behind such a pooler (see
-	// PoolerMode.CheckExecMode: use pgx.QueryExecModeExec). The pgquota
+	// PoolerMode.CheckExecMode: use pgx.QueryExecModeExec). Migrate, whose
+	// lock needs a session, refuses to run (ErrInvalidInput). The pgquota
 	// command sets it with --pooler or $PGQUOTA_POOLER. Defaults to
 	// PoolerNone (a direct connection or a session-mode pooler).
 	Pooler PoolerMode
@@ -257,7 +258,15 @@ func (c *Client) Pool() *pgxpool.Pool { return c.pool }
 // applying anything, with an error wrapping ErrSchemaNewer or ErrSchemaGap,
 // when the database has migrations this build does not know or misses
 // one below its newest (see migrations.SchemaError for the way out).
+// With Config.Pooler set to PoolerTransaction it refuses at once, with an
+// *InputError naming Config.Pooler (ErrInvalidInput): the migration lock
+// needs a session, which a transaction pooler does not keep; migrate
+// through a client on a direct connection.
 func (c *Client) Migrate(ctx context.Context) error {
+	if c.cfg.Pooler == PoolerTransaction {
+		return inputError("Config.Pooler", "is %s: Migrate takes a session-level advisory lock (goose's), which a transaction-mode pooler does not keep; "+
+			"migrate through a client on a direct connection to PostgreSQL or a session-mode pooler", PoolerTransaction)
+	}
 	sqlDB := stdlib.OpenDBFromPool(c.pool)
 	defer sqlDB.Close()
 	_, err := migrations.Up(ctx, sqlDB)
@@ -279,7 +288,7 @@ func (c *Client) CheckSchema(ctx context.Context) error {
 		if migrations.IsUndefinedSchemaError(err) {
 			st = migrations.State{}
 		} else {
-			return dbError("read schema version", err)
+			return dbError("check schema", err)
 		}
 	}
 	e := &SchemaVersionError{Have: st.Current, Want: migrations.Latest(), Unknown: st.Unknown(), Missing: st.Missing()}
@@ -295,12 +304,15 @@ func (c *Client) CheckSchema(ctx context.Context) error {
 // always stays in the chain.
 func dbError(op string, err error) error {
 	if sqlState(err) == "42501" {
-		return fmt.Errorf("pgquota: %s: %w: %s: %w", op, ErrPermissionDenied, permissionAdvice(err), err)
+		return errorf("pgquota: %s: %w: %s: %w", op, ErrPermissionDenied, permissionAdvice(err), err)
 	}
 	if migrations.IsUndefinedSchemaError(err) {
-		return fmt.Errorf("pgquota: %s: %w: %w", op, ErrSchemaMissing, err)
+		return errorf("pgquota: %s: %w: %w", op, ErrSchemaMissing, err)
 	}
-	return fmt.Errorf("pgquota: %s: %w", op, err)
+	if sqlState(err) == SQLStateQuotaNotFound {
+		return errorf("pgquota: %s: %w: %w", op, ErrQuotaNotFound, err)
+	}
+	return errorf("pgquota: %s: %w", op, err)
 }
 
 // permissionAdvice says, for a permission error (42501), which privileges

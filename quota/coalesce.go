@@ -205,6 +205,11 @@ func (co *coalescer) send(batch []*waiter) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), coalesceStatementTimeout)
 	outcomes, err := co.c.grantBatchOwn(ctx, reqs)
 	cancel()
+	if err != nil {
+		// The callers called Grant: their error says so, once prefixed,
+		// with the batch's classification (ErrOutcomeUnknown or not) kept.
+		err = errorf("pgquota: grant: coalesced statement: %w", err)
+	}
 
 	var abandoned []*waiter
 	co.mu.Lock()

@@ -3,6 +3,7 @@ package quota
 import (
 	"errors"
 	"fmt"
+	"github.com/pgquota/pgquota/internal/errtext"
 
 	"github.com/pgquota/pgquota/internal/dbutil"
 	"github.com/pgquota/pgquota/migrations"
@@ -23,6 +24,13 @@ var (
 	// quota of that name has been defined, and is the error of a GrantBatch
 	// or GrantBatchTx request (in its BatchOutcome) that names one.
 	ErrQuotaNotFound = errors.New("pgquota: quota not found")
+
+	// ErrQuotaKindChange is returned by DefineQuota and DefineQuotaTx when
+	// the quota exists with another kind (Window: day and rate, say) and
+	// Definition.ReplaceKind is false. Nothing is written. The message
+	// says what a change of kind does to the counters (ReplaceKind deletes
+	// them all) and how to ask for it.
+	ErrQuotaKindChange = errors.New("pgquota: redefinition changes the quota's kind")
 
 	// ErrNoLimit is returned by Grant and GrantTx, and is the error of a
 	// GrantBatch or GrantBatchTx request (in its BatchOutcome), when the
@@ -91,6 +99,12 @@ var (
 	// LedgerEntry and LedgerEntryByKey when no ledger entry matches.
 	ErrGrantNotFound = errors.New("pgquota: grant not found in the ledger")
 )
+
+// SQLStateQuotaNotFound is the SQLSTATE pgquota.grant, pgquota.grant_keyed
+// and pgquota.limit_usage raise for a quota that does not exist
+// (migrations/00021_sql_errors.sql; docs/sql.md). Every call maps it to
+// ErrQuotaNotFound, with the *pgconn.PgError kept in the chain.
+const SQLStateQuotaNotFound = "PQ010"
 
 // ErrOutcomeUnknown marks an error after which it is unknown whether a
 // state-changing call took effect: its statement, or the COMMIT of the
@@ -260,3 +274,7 @@ var (
 // ErrNoLeader is returned by Election.Leader when no campaigner holds the
 // election's lease (nobody ever won, or the last leader resigned or lost it).
 var ErrNoLeader = errors.New("pgquota: election has no leader")
+
+// errorf is fmt.Errorf whose message carries one "pgquota: " prefix however
+// many of the wrapped errors start with one (errtext.Errorf).
+var errorf = errtext.Errorf

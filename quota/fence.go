@@ -308,7 +308,7 @@ func (c *Client) FencedRow(ctx context.Context, resource, key string) (FencedRow
 	}
 	r, err := c.queries.FencedRowGet(ctx, c.db.reads(), db.FencedRowGetParams{Resource: resource, Key: key})
 	if isNoRows(err) {
-		return FencedRow{}, fmt.Errorf("%w: resource %q, key %q", ErrFencedRowNotFound, resource, key)
+		return FencedRow{}, errorf("%w: resource %q, key %q", ErrFencedRowNotFound, resource, key)
 	}
 	if err != nil {
 		return FencedRow{}, dbError("read fenced row", err)

@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -219,17 +218,17 @@ func (c *Client) grant(ctx context.Context, x db.DBTX, req GrantRequest) (GrantR
 	}
 	if !row.Found {
 		c.kinds.Delete(req.Quota)
-		return GrantResult{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, req.Quota)
+		return GrantResult{}, errorf("%w: %q", ErrQuotaNotFound, req.Quota)
 	}
 	w := Window(row.Kind)
 	c.kinds.Store(req.Quota, w)
 	switch {
 	case !row.HasLimit:
-		return GrantResult{}, fmt.Errorf("%w (quota %q, member %q)", ErrNoLimit, req.Quota, req.Member)
+		return GrantResult{}, errorf("%w (quota %q, member %q)", ErrNoLimit, req.Quota, req.Member)
 	case !row.DecidedAt.Valid && w == WindowRolling && row.LimitValue > MaxRollingLimit:
 		return GrantResult{}, inputError("limit", "of rolling quota %q for member %q is %d, at most %d is supported", req.Quota, req.Member, row.LimitValue, MaxRollingLimit)
 	case !row.DecidedAt.Valid:
-		return GrantResult{}, fmt.Errorf("pgquota: grant: quota %q of kind %s has no shape row", req.Quota, row.Kind)
+		return GrantResult{}, errorf("pgquota: grant: quota %q of kind %s has no shape row", req.Quota, row.Kind)
 	}
 	res := GrantResult{
 		Granted:     row.Granted,
@@ -333,7 +332,7 @@ func (c *Client) revoke(ctx context.Context, x db.DBTX, req RevokeRequest) (Revo
 		return RevokeResult{}, dbError("revoke", err)
 	}
 	if !row.Found {
-		return RevokeResult{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, req.Quota)
+		return RevokeResult{}, errorf("%w: %q", ErrQuotaNotFound, req.Quota)
 	}
 	if w := Window(row.Kind); w.Shaped() {
 		return RevokeResult{}, calendarOnlyError("revoke", req.Quota, w)
@@ -412,7 +411,7 @@ func (c *Client) Usage(ctx context.Context, quota, member string) (Usage, error)
 	}
 	row, err := c.queries.UsageGet(ctx, c.db.reads(), db.UsageGetParams{QuotaName: quota, Member: member})
 	if isNoRows(err) {
-		return Usage{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, quota)
+		return Usage{}, errorf("%w: %q", ErrQuotaNotFound, quota)
 	}
 	if err != nil {
 		return Usage{}, dbError("usage", err)

@@ -105,7 +105,7 @@ func TestGrantShapedFirstCallOneStatement(t *testing.T) {
 	sent := append([]string(nil), counter.sql...)
 	counter.mu.Unlock()
 	require.Len(t, sent, 1, "one statement: %q", sent)
-	require.Contains(t, sent[0], "pgquota.grant(")
+	require.Contains(t, sent[0], "pgquota.grant_row(")
 
 	require.True(t, res.Granted)
 	require.Zero(t, res.Remaining)

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -166,13 +165,13 @@ func (c *Client) grantFencedDecide(ctx context.Context, req GrantRequest, limit 
 		QuotaName: req.Quota, Member: req.Member, LimitValue: limit,
 	})
 	if isNoRows(err) {
-		return GrantResult{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, req.Quota)
+		return GrantResult{}, errorf("%w: %q", ErrQuotaNotFound, req.Quota)
 	}
 	if err != nil {
 		return GrantResult{}, dbError("fenced grant: read", err)
 	}
 	if !row.HasLimit {
-		return GrantResult{}, fmt.Errorf("%w (quota %q, member %q)", ErrNoLimit, req.Quota, req.Member)
+		return GrantResult{}, errorf("%w (quota %q, member %q)", ErrNoLimit, req.Quota, req.Member)
 	}
 	res = GrantResult{
 		Quota:       req.Quota,

@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -115,11 +116,21 @@ func errKeyedShaped() error {
 // read fails, the calendar path runs and reports its own error. A keyed
 // request, which grant_limits refuses, re-reads a cached shaped kind first.
 func (c *Client) shapedRoute(ctx context.Context, x db.DBTX, req GrantRequest) bool {
+	shaped, _ := c.shapedRouteErr(ctx, x, req)
+	return shaped
+}
+
+// shapedRouteErr is shapedRoute that also returns the error of the kind's
+// read, other than ErrQuotaNotFound (the calendar path reports that one).
+// In a transaction (a keyed GrantBatch, GrantBatchTx) a failed read has
+// aborted it, so the caller returns that error: every later statement
+// would only fail with 25P02 and hide it.
+func (c *Client) shapedRouteErr(ctx context.Context, x db.DBTX, req GrantRequest) (bool, error) {
 	if len(req.Quotas) > 0 {
-		return true
+		return true, nil
 	}
 	if checkName("quota name", req.Quota) != nil {
-		return false
+		return false, nil
 	}
 	if w, ok := c.kinds.Load(req.Quota); ok && w.Shaped() && req.Idempotency.Key != "" {
 		// grantLimits refuses a key: before refusing on a cached kind,
@@ -128,7 +139,10 @@ func (c *Client) shapedRoute(ctx context.Context, x db.DBTX, req GrantRequest) b
 		c.kinds.Delete(req.Quota)
 	}
 	w, err := c.quotaKind(ctx, x, req.Quota)
-	return err == nil && w.Shaped()
+	if errors.Is(err, ErrQuotaNotFound) {
+		return false, nil
+	}
+	return err == nil && w.Shaped(), err
 }
 
 // grantLimits grants req through pgquota.grant_limits (one statement).
@@ -166,12 +180,12 @@ func (c *Client) grantLimitsOnce(ctx context.Context, x db.DBTX, req GrantReques
 // Grant and the batch statement (batch_limits.go) share it.
 func (c *Client) limitsOutcome(req GrantRequest, names []string, rows []db.LimitsGrantRow) (GrantResult, error) {
 	if len(rows) != len(names) {
-		return GrantResult{}, fmt.Errorf("pgquota: grant: %d rows for %d quotas", len(rows), len(names))
+		return GrantResult{}, errorf("pgquota: grant: %d rows for %d quotas", len(rows), len(names))
 	}
 	for _, r := range rows {
 		if !r.Found {
 			c.kinds.Delete(r.QuotaName)
-			return GrantResult{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, r.QuotaName)
+			return GrantResult{}, errorf("%w: %q", ErrQuotaNotFound, r.QuotaName)
 		}
 		c.kinds.Store(r.QuotaName, Window(r.Kind))
 	}
@@ -179,11 +193,11 @@ func (c *Client) limitsOutcome(req GrantRequest, names []string, rows []db.Limit
 		switch {
 		case r.Decided:
 		case !r.HasLimit:
-			return GrantResult{}, fmt.Errorf("%w (quota %q, member %q)", ErrNoLimit, r.QuotaName, req.Member)
+			return GrantResult{}, errorf("%w (quota %q, member %q)", ErrNoLimit, r.QuotaName, req.Member)
 		case Window(r.Kind) == WindowRolling && r.LimitValue > MaxRollingLimit:
 			return GrantResult{}, inputError("limit", "of rolling quota %q for member %q is %d, at most %d is supported", r.QuotaName, req.Member, r.LimitValue, MaxRollingLimit)
 		case r.PeriodUs == 0 && Window(r.Kind).Shaped():
-			return GrantResult{}, fmt.Errorf("pgquota: grant: quota %q of kind %s has no shape row", r.QuotaName, r.Kind)
+			return GrantResult{}, errorf("pgquota: grant: quota %q of kind %s has no shape row", r.QuotaName, r.Kind)
 		}
 	}
 	res := GrantResult{

@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"fmt"
 	"sync"
 )
 
@@ -164,7 +163,7 @@ func (g *grouper) grant(ctx context.Context, req GrantRequest) (GrantResult, err
 // abandonedError is the error of a grouped or coalesced call whose caller
 // gave up after the call was sent.
 func abandonedError(ctx context.Context) error {
-	return fmt.Errorf("%w (%w): %w", ErrGrantAbandoned, ErrOutcomeUnknown, ctx.Err())
+	return errorf("%w (%w): %w", ErrGrantAbandoned, ErrOutcomeUnknown, ctx.Err())
 }
 
 // run sends the groups of lane ln, one at a time, each of the calls waiting
@@ -227,6 +226,9 @@ func (g *grouper) send(ln *groupLane, batch []*waiter) {
 		outcomes[0].GrantResult, outcomes[0].Err = g.c.grant(ctx, g.c.db, reqs[0])
 	} else {
 		outcomes, err = g.c.grantBatchOwn(ctx, reqs)
+		if err != nil {
+			err = errorf("pgquota: grant: group commit: %w", err)
+		}
 	}
 	cancel()
 

@@ -3,7 +3,6 @@ package quota
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
 
@@ -201,10 +200,10 @@ func (k *Keeper) deadline(l Lease) time.Time {
 func (k *Keeper) expire() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	cause := fmt.Errorf("%w: lease %q, token %d: no renewal confirmed %s before its expiry at %s",
+	cause := errorf("%w: lease %q, token %d: no renewal confirmed %s before its expiry at %s",
 		ErrLeaseExpiring, k.name, k.token, k.margin, k.lease.ExpiresAt.UTC().Format(time.RFC3339Nano))
 	if k.lastErr != nil {
-		cause = fmt.Errorf("%w (last renewal error: %w)", cause, k.lastErr)
+		cause = errorf("%w (last renewal error: %w)", cause, k.lastErr)
 	}
 	k.c.m.keepaliveExpired()
 	k.cancel(cause)
@@ -229,7 +228,7 @@ func (k *Keeper) renewOnNewConn(ctx context.Context) (Lease, error) {
 	}
 	conn, err := pgx.ConnectConfig(ctx, k.c.pool.Config().ConnConfig.Copy())
 	if err != nil {
-		return Lease{}, fmt.Errorf("pgquota: renew lease %q: connect: %w", k.name, err)
+		return Lease{}, errorf("pgquota: renew lease %q: connect: %w", k.name, err)
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)

@@ -357,17 +357,17 @@ func (c *Client) leaseLost(ctx context.Context, x db.DBTX, op, name string, toke
 	r, err := c.queries.LeaseGet(ctx, readsOf(x), name)
 	switch {
 	case isNoRows(err):
-		return fmt.Errorf("%w: cannot %s lease %q with token %d: it does not exist", ErrLeaseLost, op, name, token)
+		return errorf("%w: cannot %s lease %q with token %d: it does not exist", ErrLeaseLost, op, name, token)
 	case err != nil:
-		return fmt.Errorf("%w: cannot %s lease %q with token %d (%w)", ErrLeaseLost, op, name, token, dbError("read lease", err))
+		return errorf("%w: cannot %s lease %q with token %d (%w)", ErrLeaseLost, op, name, token, dbError("read lease", err))
 	case r.Token != token && r.ExpiresAt.Time.After(r.DbNow.Time):
-		return fmt.Errorf("%w: cannot %s lease %q with token %d: %q holds it with token %d", ErrLeaseLost, op, name, token, r.Holder, r.Token)
+		return errorf("%w: cannot %s lease %q with token %d: %q holds it with token %d", ErrLeaseLost, op, name, token, r.Holder, r.Token)
 	case r.Token != token:
-		return fmt.Errorf("%w: cannot %s lease %q with token %d: it was acquired since with token %d", ErrLeaseLost, op, name, token, r.Token)
+		return errorf("%w: cannot %s lease %q with token %d: it was acquired since with token %d", ErrLeaseLost, op, name, token, r.Token)
 	default:
 		// Release ends a lease by setting its expiry to the release time,
 		// so the row cannot tell a release from an expiry.
-		return fmt.Errorf("%w: cannot %s lease %q with token %d: it was released or expired at %s", ErrLeaseLost, op, name, token, r.ExpiresAt.Time.UTC().Format(time.RFC3339Nano))
+		return errorf("%w: cannot %s lease %q with token %d: it was released or expired at %s", ErrLeaseLost, op, name, token, r.ExpiresAt.Time.UTC().Format(time.RFC3339Nano))
 	}
 }
 
@@ -432,7 +432,7 @@ func (c *Client) Lease(ctx context.Context, name string) (Lease, error) {
 	sent := time.Now()
 	r, err := c.queries.LeaseRead(ctx, c.db.reads(), name)
 	if isNoRows(err) {
-		return Lease{}, fmt.Errorf("%w: %q", ErrLeaseNotFound, name)
+		return Lease{}, errorf("%w: %q", ErrLeaseNotFound, name)
 	}
 	if err != nil {
 		return Lease{}, dbError("get lease", err)
@@ -544,7 +544,7 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 			if errors.Is(err, ErrLeaseHeld) {
 				lastHeld = nil
 			}
-			return Lease{}, fmt.Errorf("pgquota: acquire lease %q: %w", req.Name, errors.Join(context.Cause(ctx), lastHeld, err))
+			return Lease{}, errorf("pgquota: acquire lease %q: %w", req.Name, errors.Join(context.Cause(ctx), lastHeld, err))
 		case errors.As(err, &held):
 			lastHeld = err
 			failures = 0
@@ -574,7 +574,7 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 		}
 		t.Stop()
 		if ctx.Err() != nil {
-			return Lease{}, fmt.Errorf("pgquota: acquire lease %q: %w", req.Name, errors.Join(context.Cause(ctx), lastHeld))
+			return Lease{}, errorf("pgquota: acquire lease %q: %w", req.Name, errors.Join(context.Cause(ctx), lastHeld))
 		}
 		interval = min(2*interval, o.MaxInterval)
 	}

@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -72,7 +71,7 @@ func (c *Client) acquireWithPayload(ctx context.Context, x db.DBTX, req AcquireR
 	case pgx.Tx:
 		return run(p)
 	default:
-		return Lease{}, fmt.Errorf("pgquota: acquire with a payload needs a pool or a transaction, got %T", x)
+		return Lease{}, errorf("pgquota: acquire with a payload needs a pool or a transaction, got %T", x)
 	}
 }
 

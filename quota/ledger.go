@@ -118,7 +118,7 @@ func (r request) check(e db.PgquotaLedgerEntry) error {
 	default:
 		return nil
 	}
-	return fmt.Errorf("%w: key %q in scope %q is grant %d, made with %s",
+	return errorf("%w: key %q in scope %q is grant %d, made with %s",
 		ErrIdempotencyKeyReused, r.key.Key, r.key.Scope, e.GrantID, diff)
 }
 
@@ -185,7 +185,7 @@ func (c *Client) grantKeyed(ctx context.Context, x db.DBTX, fp request) (GrantRe
 			return GrantResult{}, row.PriorGrantID, nil
 		case !row.QuotaFound:
 			c.kinds.Delete(req.Quota)
-			return GrantResult{}, 0, fmt.Errorf("%w: %q", ErrQuotaNotFound, req.Quota)
+			return GrantResult{}, 0, errorf("%w: %q", ErrQuotaNotFound, req.Quota)
 		}
 		w := Window(row.Kind)
 		c.kinds.Store(req.Quota, w)
@@ -193,7 +193,7 @@ func (c *Client) grantKeyed(ctx context.Context, x db.DBTX, fp request) (GrantRe
 		case w.Shaped():
 			return GrantResult{}, 0, errKeyedShaped() // nothing was written
 		case !row.HasLimit:
-			return GrantResult{}, 0, fmt.Errorf("%w (quota %q, member %q)", ErrNoLimit, req.Quota, req.Member)
+			return GrantResult{}, 0, errorf("%w (quota %q, member %q)", ErrNoLimit, req.Quota, req.Member)
 		}
 		return GrantResult{
 			Granted:     row.Granted,
@@ -233,7 +233,7 @@ func (c *Client) revokeKeyed(ctx context.Context, x db.DBTX, req RevokeRequest) 
 		case row.PriorGrantID != 0:
 			return RevokeResult{}, row.PriorGrantID, nil
 		case !row.QuotaFound:
-			return RevokeResult{}, 0, fmt.Errorf("%w: %q", ErrQuotaNotFound, req.Quota)
+			return RevokeResult{}, 0, errorf("%w: %q", ErrQuotaNotFound, req.Quota)
 		case Window(row.Kind).Shaped():
 			return RevokeResult{}, 0, calendarOnlyError("revoke", req.Quota, Window(row.Kind)) // nothing was written
 		}
@@ -340,7 +340,7 @@ func (c *Client) revokeGrant(ctx context.Context, x db.DBTX, grantID int64) (Com
 	}
 	row, err := c.queries.LedgerRevokeGrant(ctx, x, grantID)
 	if isNoRows(err) {
-		return CompensateGrantResult{}, fmt.Errorf("%w: no keyed grant has id %d", ErrGrantNotFound, grantID)
+		return CompensateGrantResult{}, errorf("%w: no keyed grant has id %d", ErrGrantNotFound, grantID)
 	}
 	if err != nil {
 		return CompensateGrantResult{}, dbError("revoke grant", err)
@@ -360,7 +360,7 @@ func (c *Client) revokeGrant(ctx context.Context, x db.DBTX, grantID int64) (Com
 		if row.Compensated > 0 && row.WrittenUsed != row.CompensatedUsed {
 			// Cannot happen: the counter row stays locked from the read
 			// the compensation was computed from to the write.
-			return CompensateGrantResult{}, fmt.Errorf("pgquota: revoke grant %d: the counter was written as %d, the compensation recorded %d",
+			return CompensateGrantResult{}, errorf("pgquota: revoke grant %d: the counter was written as %d, the compensation recorded %d",
 				grantID, row.WrittenUsed, row.CompensatedUsed)
 		}
 		res.Revoked, res.Used, res.RevokedAt = row.Compensated, row.CompensatedUsed, timeFromPG(row.CompensatedAt)
@@ -375,7 +375,7 @@ func (c *Client) revokeGrant(ctx context.Context, x db.DBTX, grantID int64) (Com
 	if isNoRows(err) {
 		// Reaped while the statement above waited for its outcome row:
 		// nothing was given back.
-		return CompensateGrantResult{}, fmt.Errorf("%w: no keyed grant has id %d", ErrGrantNotFound, grantID)
+		return CompensateGrantResult{}, errorf("%w: no keyed grant has id %d", ErrGrantNotFound, grantID)
 	}
 	if err != nil {
 		return CompensateGrantResult{}, dbError("revoke grant", err)
@@ -478,7 +478,7 @@ func (c *Client) LedgerEntry(ctx context.Context, grantID int64) (LedgerEntry, e
 	}
 	e, err := c.queries.LedgerGet(ctx, c.db.reads(), grantID)
 	if isNoRows(err) {
-		return LedgerEntry{}, fmt.Errorf("%w: grant id %d", ErrGrantNotFound, grantID)
+		return LedgerEntry{}, errorf("%w: grant id %d", ErrGrantNotFound, grantID)
 	}
 	if err != nil {
 		return LedgerEntry{}, dbError("read ledger", err)
@@ -500,7 +500,7 @@ func (c *Client) LedgerEntryByKey(ctx context.Context, key IdempotencyKey) (Ledg
 	}
 	e, err := c.queries.LedgerGetByKey(ctx, c.db.reads(), db.LedgerGetByKeyParams{Scope: key.Scope, IdempotencyKey: key.Key})
 	if isNoRows(err) {
-		return LedgerEntry{}, fmt.Errorf("%w: key %q in scope %q", ErrGrantNotFound, key.Key, key.Scope)
+		return LedgerEntry{}, errorf("%w: key %q in scope %q", ErrGrantNotFound, key.Key, key.Scope)
 	}
 	if err != nil {
 		return LedgerEntry{}, dbError("read ledger", err)

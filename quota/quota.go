@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -70,6 +69,15 @@ type Definition struct {
 	// Origin. Whole milliseconds. Defaults to the Unix epoch (so a 1h
 	// window starts at each full UTC hour, a 10s window at :00, :10, ...).
 	Origin time.Time
+	// ReplaceKind allows a redefinition to change the kind (Window) of an
+	// existing quota, day to rate or day to hour say: its existing counters
+	// are then deleted in the same statement (a rate's buckets and a
+	// rolling window's grants when it becomes a rate or a rolling window
+	// again), so every member starts from zero and no old counter comes
+	// back if the quota is switched back; member limits stay. Without it such a redefinition fails with
+	// ErrQuotaKindChange and changes nothing. A redefinition of the same
+	// kind keeps the counters either way. Defaults to false.
+	ReplaceKind bool
 }
 
 // Quota is a defined quota.
@@ -95,12 +103,17 @@ type MemberLimit struct {
 	UpdatedAt time.Time `json:"updated_at"`
 }
 
-// DefineQuota creates the quota, or redefines it when it exists. Counters of
-// a redefined quota restart when its window or time zone changes (counters
-// are kept per window, and the new windows are new rows).
+// DefineQuota creates the quota, or redefines it when it exists. A
+// redefinition of the same kind (Window) keeps the counters; a change of
+// time zone (or of a fixed window's period or origin) starts new windows,
+// hence new counters. A redefinition that changes the kind needs
+// d.ReplaceKind, which deletes the quota's counters of every kind (see
+// Definition.ReplaceKind).
 //
 // Errors: *InputError (ErrInvalidInput) for a bad name, window, time zone or
-// default limit; ErrSchemaMissing; database errors.
+// default limit; ErrQuotaKindChange when the quota exists with another
+// kind and d.ReplaceKind is false (nothing is written); ErrSchemaMissing;
+// database errors.
 //
 // ErrOutcomeUnknown: the request (its statement, or its transaction's
 // COMMIT) was sent and no reply said how it ended, so it may have been
@@ -150,8 +163,19 @@ func (c *Client) defineQuota(ctx context.Context, x db.DBTX, d Definition) (Quot
 		WindowUnit:   string(d.Window),
 		TimeZone:     tz,
 		DefaultLimit: def,
+		ReplaceKind:  d.ReplaceKind,
 	})
 	if isNoRows(err) {
+		// An unknown zone (bad input first), or a refused change of kind.
+		known, kerr := c.queries.QuotaTimeZoneKnown(ctx, x, tz)
+		if kerr != nil {
+			return Quota{}, dbError("define quota", kerr)
+		}
+		if known {
+			if err := c.kindChangeError(ctx, x, d); err != nil {
+				return Quota{}, err
+			}
+		}
 		return Quota{}, inputError("time zone", "%q is not an IANA time zone the database knows (see pg_timezone_names)", tz)
 	}
 	if err != nil {
@@ -159,6 +183,24 @@ func (c *Client) defineQuota(ctx context.Context, x db.DBTX, d Definition) (Quot
 	}
 	c.kinds.Store(d.Name, d.Window)
 	return quotaFromRow(db.QuotaRow(row)), nil
+}
+
+// kindChangeError is the error of a define statement that wrote nothing:
+// ErrQuotaKindChange when the quota exists with a kind other than d's (and
+// d.ReplaceKind is false), nil otherwise.
+func (c *Client) kindChangeError(ctx context.Context, x db.DBTX, d Definition) error {
+	unit, err := c.queries.QuotaKindGet(ctx, x, d.Name)
+	if isNoRows(err) {
+		return nil
+	}
+	if err != nil {
+		return dbError("define quota", err)
+	}
+	if Window(unit) == d.Window || d.ReplaceKind {
+		return nil
+	}
+	return errorf("%w: quota %q is of kind %s, not %s; redefining its kind deletes its counters (every member starts from zero, none comes back when switched back, "+
+		"member limits stay): set Definition.ReplaceKind (CLI: --replace-kind) to do that; nothing was changed", ErrQuotaKindChange, d.Name, unit, d.Window)
 }
 
 // Quota returns the quota named name.
@@ -171,7 +213,7 @@ func (c *Client) Quota(ctx context.Context, name string) (Quota, error) {
 	}
 	row, err := c.queries.QuotaGet(ctx, c.db.reads(), name)
 	if isNoRows(err) {
-		return Quota{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, name)
+		return Quota{}, errorf("%w: %q", ErrQuotaNotFound, name)
 	}
 	if err != nil {
 		return Quota{}, dbError("get quota", err)
@@ -242,13 +284,13 @@ func (c *Client) setMemberLimit(ctx context.Context, x db.DBTX, quota, member st
 		QuotaName: quota, Member: member, LimitValue: limit,
 	})
 	if isNoRows(err) {
-		return MemberLimit{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, quota)
+		return MemberLimit{}, errorf("%w: %q", ErrQuotaNotFound, quota)
 	}
 	if err != nil {
 		if isForeignKeyViolation(err) {
 			// The quota was there when the statement began: a concurrent
 			// delete. Keep the database's error in the chain.
-			return MemberLimit{}, fmt.Errorf("%w: %q: %w", ErrQuotaNotFound, quota, err)
+			return MemberLimit{}, errorf("%w: %q: %w", ErrQuotaNotFound, quota, err)
 		}
 		return MemberLimit{}, dbError("set member limit", err)
 	}
@@ -302,7 +344,7 @@ func (c *Client) MemberLimits(ctx context.Context, quota string) ([]MemberLimit,
 	if len(rows) == 0 {
 		// No overrides, or no quota: tell them apart.
 		if _, err := c.queries.QuotaGet(ctx, c.db, quota); isNoRows(err) {
-			return nil, fmt.Errorf("%w: %q", ErrQuotaNotFound, quota)
+			return nil, errorf("%w: %q", ErrQuotaNotFound, quota)
 		} else if err != nil {
 			return nil, dbError("list member limits", err)
 		}

@@ -344,7 +344,7 @@ func (r *Relay) alive(ctx context.Context, tx pgx.Tx) error {
 func (r *Relay) call(ctx context.Context, ev Event) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("handler panicked: %v", p)
+			err = errorf("handler panicked: %v", p)
 		}
 	}()
 	return r.handler(ctx, ev)

@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
@@ -119,7 +118,13 @@ func (c *Client) defineShaped(ctx context.Context, x db.DBTX, d Definition) (Quo
 		PeriodUs:     d.Period.Microseconds(),
 		Burst:        burst,
 		Origin:       pgtype.Timestamptz{Time: origin, Valid: true},
+		ReplaceKind:  d.ReplaceKind,
 	})
+	if isNoRows(err) {
+		if kerr := c.kindChangeError(ctx, x, d); kerr != nil {
+			return Quota{}, kerr
+		}
+	}
 	if err != nil {
 		return Quota{}, dbError("define quota", err)
 	}
@@ -153,7 +158,7 @@ func (c *Client) withShape(ctx context.Context, q Quota) (Quota, error) {
 	}
 	s, err := c.queries.QuotaShapeGet(ctx, c.db.reads(), q.Name)
 	if isNoRows(err) {
-		return Quota{}, fmt.Errorf("%w: %q", ErrQuotaNotFound, q.Name)
+		return Quota{}, errorf("%w: %q", ErrQuotaNotFound, q.Name)
 	}
 	if err != nil {
 		return Quota{}, dbError("get quota", err)
@@ -213,7 +218,7 @@ func (c *Client) quotaKind(ctx context.Context, x db.DBTX, name string) (Window,
 	}
 	unit, err := c.queries.QuotaKindGet(ctx, x, name)
 	if isNoRows(err) {
-		return "", fmt.Errorf("%w: %q", ErrQuotaNotFound, name)
+		return "", errorf("%w: %q", ErrQuotaNotFound, name)
 	}
 	if err != nil {
 		return "", dbError("grant", err)

@@ -23,7 +23,7 @@ func TestShapeKindCacheStaleKeyedGrant(t *testing.T) {
 		b.define(t, quota.Definition{Name: "r2d", Window: quota.WindowRate, DefaultLimit: ptr(int64(10)), Period: time.Hour})
 		_, err := a.Grant(b.ctx, quota.GrantRequest{Quota: "r2d", Member: "m", Amount: 1}) // A caches "rate"
 		require.NoError(t, err)
-		_, err = other.DefineQuota(b.ctx, quota.Definition{Name: "r2d", Window: quota.WindowDay, DefaultLimit: ptr(int64(10))})
+		_, err = other.DefineQuota(b.ctx, quota.Definition{Name: "r2d", Window: quota.WindowDay, DefaultLimit: ptr(int64(10)), ReplaceKind: true})
 		require.NoError(t, err)
 		res, err := a.Grant(b.ctx, quota.GrantRequest{Quota: "r2d", Member: "m", Amount: 3, Idempotency: key("k1")})
 		require.NoError(t, err, "a keyed grant on a quota now of kind day")
@@ -37,7 +37,7 @@ func TestShapeKindCacheStaleKeyedGrant(t *testing.T) {
 		b.define(t, quota.Definition{Name: "d2f", Window: quota.WindowDay, DefaultLimit: ptr(int64(10))})
 		_, err := a.Grant(b.ctx, quota.GrantRequest{Quota: "d2f", Member: "m", Amount: 1, Idempotency: key("k1")}) // A caches "day"
 		require.NoError(t, err)
-		_, err = other.DefineQuota(b.ctx, quota.Definition{Name: "d2f", Window: quota.WindowFixed, DefaultLimit: ptr(int64(10)), Period: time.Minute})
+		_, err = other.DefineQuota(b.ctx, quota.Definition{Name: "d2f", Window: quota.WindowFixed, DefaultLimit: ptr(int64(10)), Period: time.Minute, ReplaceKind: true})
 		require.NoError(t, err)
 		// pgquota.grant_keyed reports the quota's kind: the stale cache
 		// costs no extra call.

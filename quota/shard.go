@@ -2,7 +2,6 @@ package quota
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -114,7 +113,7 @@ func (c *Client) createShardedPool(ctx context.Context, tx pgx.Tx, campaign stri
 			return Campaign{}, dbError("create sharded pool", err)
 		}
 		if CampaignKind(existing.Kind) != KindSharded || existing.Total != total || int(existing.Shards) != shards {
-			return Campaign{}, fmt.Errorf("%w: %q is a %s campaign with total %d in %d shards", ErrCampaignExists, campaign, existing.Kind, existing.Total, existing.Shards)
+			return Campaign{}, errorf("%w: %q is a %s campaign with total %d in %d shards", ErrCampaignExists, campaign, existing.Kind, existing.Total, existing.Shards)
 		}
 		return poolFromStatus(existing), nil
 	}

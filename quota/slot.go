@@ -261,7 +261,7 @@ func (c *Client) AcquireSlotWait(ctx context.Context, req SlotRequest, opts *Wai
 		case err == nil:
 			return s, nil
 		case ctx.Err() != nil:
-			return Slot{}, fmt.Errorf("pgquota: acquire a slot of semaphore %q: %w", req.Semaphore, errors.Join(context.Cause(ctx), err))
+			return Slot{}, errorf("pgquota: acquire a slot of semaphore %q: %w", req.Semaphore, errors.Join(context.Cause(ctx), err))
 		case errors.As(err, &full):
 			last = err
 			failures = 0
@@ -281,7 +281,7 @@ func (c *Client) AcquireSlotWait(ctx context.Context, req SlotRequest, opts *Wai
 		}
 		t.Stop()
 		if ctx.Err() != nil {
-			return Slot{}, fmt.Errorf("pgquota: acquire a slot of semaphore %q: %w", req.Semaphore, errors.Join(context.Cause(ctx), last))
+			return Slot{}, errorf("pgquota: acquire a slot of semaphore %q: %w", req.Semaphore, errors.Join(context.Cause(ctx), last))
 		}
 		interval = min(2*interval, o.MaxInterval)
 	}
@@ -352,7 +352,7 @@ func (c *Client) Semaphore(ctx context.Context, name string) (SemaphoreState, er
 	sent := time.Now()
 	sem, err := c.queries.SemaphoreGet(ctx, c.db.reads(), name)
 	if isNoRows(err) {
-		return SemaphoreState{}, fmt.Errorf("%w: %q", ErrSemaphoreNotFound, name)
+		return SemaphoreState{}, errorf("%w: %q", ErrSemaphoreNotFound, name)
 	}
 	if err != nil {
 		return SemaphoreState{}, dbError("get semaphore", err)

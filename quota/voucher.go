@@ -120,7 +120,7 @@ func (c *Client) createVoucherPool(ctx context.Context, x db.DBTX, campaign stri
 		return Campaign{}, dbError("create voucher pool", err)
 	}
 	if CampaignKind(existing.Kind) != KindCounted || existing.Total != total {
-		return Campaign{}, fmt.Errorf("%w: %q is a %s campaign with total %d", ErrCampaignExists, campaign, existing.Kind, existing.Total)
+		return Campaign{}, errorf("%w: %q is a %s campaign with total %d", ErrCampaignExists, campaign, existing.Kind, existing.Total)
 	}
 	return poolFromRow(existing, existing.Claimed), nil
 }
@@ -149,7 +149,7 @@ func (c *Client) Campaign(ctx context.Context, campaign string) (Campaign, error
 	}
 	row, err := c.queries.VoucherPoolStatus(ctx, c.db.reads(), campaign)
 	if isNoRows(err) {
-		return Campaign{}, fmt.Errorf("%w: %q", ErrCampaignNotFound, campaign)
+		return Campaign{}, errorf("%w: %q", ErrCampaignNotFound, campaign)
 	}
 	if err != nil {
 		return Campaign{}, dbError("voucher status", err)
@@ -181,7 +181,7 @@ func (c *Client) whileCodesLocked(ctx context.Context, campaign string, attempt 
 		backoff.WithBackOff(b),
 		backoff.WithMaxElapsedTime(c.cfg.CodeClaimWait))
 	if errors.Is(err, errCodesLocked) {
-		return ClaimResult{}, fmt.Errorf("%w (campaign %q)", ErrCodesBusy, campaign)
+		return ClaimResult{}, errorf("%w (campaign %q)", ErrCodesBusy, campaign)
 	}
 	return claim, err
 }
@@ -246,7 +246,7 @@ func (c *Client) importCodes(ctx context.Context, tx pgx.Tx, campaign string, co
 		return ImportResult{}, dbError("import codes", err)
 	}
 	if CampaignKind(pool.Kind) != KindCodes {
-		return ImportResult{}, fmt.Errorf("%w: %q is a %s pool, it cannot hold codes", ErrCampaignExists, campaign, pool.Kind)
+		return ImportResult{}, errorf("%w: %q is a %s pool, it cannot hold codes", ErrCampaignExists, campaign, pool.Kind)
 	}
 	// The staging table lives in this transaction only, so the import keeps
 	// no session state (and works behind a transaction-mode pooler).

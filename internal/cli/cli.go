@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/pgquota/pgquota/internal/errtext"
 	"io"
 	"os"
 	"strings"
@@ -119,6 +120,8 @@ type errorJSON struct {
 // printError prints a failed command's one line on stderr: "pgquota: msg",
 // or with --json one errorJSON object.
 func (a *app) printError(err error, code int, msg string) {
+	// One "pgquota: " prefix: the line's own, none from the wrapped errors.
+	msg = strings.TrimPrefix(errtext.OnePrefix(errtext.Prefix+msg), errtext.Prefix)
 	if !a.json {
 		fmt.Fprintln(a.stderr, "pgquota: "+msg)
 		return
@@ -184,7 +187,7 @@ func hint(err error) string {
 // they exit with ExitUsage like a malformed flag.
 func isBadInput(err error) bool {
 	for _, target := range []error{
-		quota.ErrInvalidInput, quota.ErrQuotaNotFound, quota.ErrNoLimit,
+		quota.ErrInvalidInput, quota.ErrQuotaNotFound, quota.ErrNoLimit, quota.ErrQuotaKindChange,
 		quota.ErrCampaignNotFound, quota.ErrCampaignExists,
 		quota.ErrLeaseNotFound,
 		quota.ErrIdempotencyKeyReused, quota.ErrGrantNotFound,

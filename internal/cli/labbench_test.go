@@ -114,7 +114,7 @@ func TestBenchJSONWithPgbenchAndSVG(t *testing.T) {
 	require.Contains(t, r.Pgbench.Command, "--time=1")
 	require.Equal(t, "on", rep.Server.SynchronousCommit)
 	require.Len(t, rep.Scripts, 1)
-	require.Contains(t, rep.Scripts[0].Text, "FROM pgquota.grant(:c1::text, :c2::text, :c3::bigint, :c4::bigint)", "the grant statement the library sent")
+	require.Contains(t, rep.Scripts[0].Text, "FROM pgquota.grant_row(:c1::text, :c2::text, :c3::bigint, :c4::bigint)", "the grant statement the library sent")
 	if r.Pgbench.TPS > 0 {
 		require.InDelta(t, r.Library.OpsPerSec/r.Pgbench.TPS, r.Ratio, 1e-9)
 	}

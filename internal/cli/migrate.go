@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -17,6 +18,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgquota/pgquota/migrations"
+	"github.com/pgquota/pgquota/quota"
 )
 
 func (a *app) migrateCommand() *cobra.Command {
@@ -45,6 +47,9 @@ pgquota) or missing a migration below its newest one (a gap: --allow-missing
 applies the missing ones out of order).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := a.refuseTransactionPooler("migrate up"); err != nil {
+				return err
+			}
 			ctx := cmd.Context()
 			db, err := a.sqlDB(ctx)
 			if err != nil {
@@ -156,6 +161,29 @@ the one this build needs. It takes no lock and creates nothing.`,
 	return cmd
 }
 
+// refuseTransactionPooler fails migrate up and down, before they connect,
+// when --pooler (else $PGQUOTA_POOLER) says a transaction-mode pooler is in
+// front of PostgreSQL: the migration lock is a session-level advisory lock
+// (goose's), which such a pooler does not keep on one server connection,
+// so concurrent runs would not wait for each other (one of four concurrent
+// runs through PgBouncer failed with 23505 on pg_proc) and a lock could be
+// left behind on a pooled connection.
+func (a *app) refuseTransactionPooler(command string) error {
+	setting, source := a.pooler, "--pooler"
+	if setting == "" {
+		setting, source = os.Getenv(quota.EnvPooler), "$"+quota.EnvPooler
+	}
+	mode, err := quota.ParsePoolerMode(source, setting)
+	if err != nil {
+		return usageError{err}
+	}
+	if mode != quota.PoolerTransaction {
+		return nil
+	}
+	return usagef("%s refuses %s=%s: migrations take a session-level advisory lock (goose's), which a transaction-mode pooler "+
+		"does not keep; migrate on a direct connection to PostgreSQL or through a session-mode pooler, without %s", command, source, setting, source)
+}
+
 // sqlDB connects and returns a database/sql handle on the pool (for goose).
 func (a *app) sqlDB(ctx context.Context) (*sql.DB, error) {
 	pool, err := a.connect(ctx)
@@ -207,6 +235,9 @@ of the server uses it.`,
   pgquota migrate down --to 0`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := a.refuseTransactionPooler("migrate down"); err != nil {
+				return err
+			}
 			byVersion := cmd.Flags().Changed("to")
 			if byVersion && (to < 0 || to > migrations.Latest()) {
 				return usagef("--to must be between 0 and %d, got %d", migrations.Latest(), to)
@@ -329,6 +360,12 @@ func (a *app) withProvider(ctx context.Context, fn func(ctx context.Context, db 
 	st, err := migrations.ReadState(ctx, db)
 	if err != nil {
 		return fmt.Errorf("connect: %w", permissionHint(err))
+	}
+	// A schema a newer build migrated: goose would look for a migration
+	// file it does not have ("version not found"). Name it as up and
+	// status do (ErrSchemaNewer), and roll back nothing.
+	if err := st.Check(true); err != nil {
+		return fmt.Errorf("migrate down: %s: %w", a.target, err)
 	}
 	p, err := migrations.NewProvider(db)
 	if err != nil {

@@ -34,7 +34,13 @@ func (a *app) quotaCommand() *cobra.Command {
                                      the rate's count); N/s, N/m, N/h, N/d or
                                      N/<duration> such as 5/10s
 --limit is the default limit per member (a member's own limit, set-limit,
-replaces it; for a rate it replaces the count per period).`,
+replaces it; for a rate it replaces the count per period).
+
+Redefining a quota with the same kind keeps its counters. Changing the kind
+of an existing quota (day to a rate, say) needs --replace-kind, which deletes
+its counters of every kind: every member starts from zero, and no old counter
+comes back if the quota is switched back (member limits stay). Without it the
+command fails and changes nothing.`,
 		Example: `  pgquota quota define --name api-calls --window day --tz Europe/Berlin --limit 1000
   pgquota quota define --name signup-bonus --window none --limit 1
   pgquota quota define --name api-rate --rate 10/s --burst 20
@@ -64,6 +70,7 @@ replaces it; for a rate it replaces the count per period).`,
 	define.Flags().StringVar(&window, "window", "", "window: hour, day, week, month, none, or a length such as 10s, 15m, 36h (one of --window, --rolling, --rate is required)")
 	define.Flags().StringVar(&def.TimeZone, "tz", "UTC", "IANA time zone the windows are cut in")
 	define.Flags().Int64Var(&limit, "limit", 0, "default limit per member and window (none when omitted)")
+	define.Flags().BoolVar(&def.ReplaceKind, "replace-kind", false, "allow changing an existing quota's kind (window or rate); deletes its counters")
 	shape.register(define)
 	_ = define.MarkFlagRequired("name")
 

@@ -56,10 +56,12 @@ func (f *shapeFlags) apply(cmd *cobra.Command, window string, def *quota.Definit
 		if err := checkLength("--rate", f.rate, per); err != nil {
 			return err
 		}
-		def.Window, def.Period, def.DefaultLimit, def.Burst = quota.WindowRate, per, &n, f.burst
-		if ch("burst") && f.burst == 0 {
-			def.Burst = -1 // rejected by DefineQuota, naming burst: 0 would mean the default
+		if ch("burst") && f.burst < 1 {
+			// 0 would mean the default in quota.Definition: refuse here,
+			// with the value as given.
+			return usagef("--burst must be at least 1, got %d", f.burst)
 		}
+		def.Window, def.Period, def.DefaultLimit, def.Burst = quota.WindowRate, per, &n, f.burst
 	case ch("rolling"):
 		d, err := time.ParseDuration(f.rolling)
 		if err != nil {

@@ -41,10 +41,9 @@ const (
 //     r=Remaining;t=ResetAfter;
 //   - a calendar, fixed or rolling window is q=Limit;w=<window length>,
 //     r=Remaining;t=<until the window ends> (a rolling window: until its
-//     units have all left it, ResetAfter). A lifetime (WindowNone) quota
-//     has no w and no t, nor has a calendar grant on its own (Grant's
-//     calendar statement returns no database clock instant; name the quota
-//     in GrantRequest.Quotas to have it decided by pgquota.grant_limits).
+//     units have all left it, ResetAfter), also for a calendar grant on its
+//     own (its ResetAfter, from the database clock). A lifetime
+//     (WindowNone) quota has no w and no t.
 //
 // Seconds are whole, rounded up (a client that waits t seconds finds the
 // state reset). Names are quoted as structured-field strings.
@@ -63,13 +62,15 @@ func Fields(res quota.GrantResult) (policy, limit string) {
 		ls = append(ls, l)
 	}
 	if len(res.Limits) == 0 {
-		// A calendar grant on its own carries no database clock instant:
-		// no t (grant with Quotas: []string{name} to get one).
+		// A calendar grant on its own: its window gives w, its ResetAfter
+		// (the time to the window's end; Never for a lifetime quota) t.
 		var w time.Duration
+		t := quota.Never
 		if !res.WindowEnd.IsZero() {
 			w = res.WindowEnd.Sub(res.WindowStart)
+			t = res.ResetAfter
 		}
-		add(res.Quota, res.Limit, w, res.Remaining, -1)
+		add(res.Quota, res.Limit, w, res.Remaining, t)
 		return strings.Join(ps, ", "), strings.Join(ls, ", ")
 	}
 	for _, l := range res.Limits {
@@ -93,13 +94,11 @@ func Fields(res quota.GrantResult) (policy, limit string) {
 	return strings.Join(ps, ", "), strings.Join(ls, ", ")
 }
 
-// RetryAfter returns the Retry-After value for a denied res: whole seconds,
-// rounded up, at least 1; "" when res was granted, when no wait helps
-// (quota.Never), or for a calendar grant on its own (it carries no
-// RetryAfter: grant with GrantRequest.Quotas: []string{name} to get one from
-// the database clock).
+// RetryAfter returns the Retry-After value for a denied res of any kind
+// (res.RetryAfter, from the database clock): whole seconds, rounded up, at
+// least 1; "" when res was granted or when no wait helps (quota.Never).
 func RetryAfter(res quota.GrantResult) string {
-	if res.Granted || res.RetryAfter < 0 || len(res.Limits) == 0 {
+	if res.Granted || res.RetryAfter < 0 {
 		return ""
 	}
 	return strconv.FormatInt(max(ceilSeconds(res.RetryAfter), 1), 10)

@@ -56,17 +56,17 @@ func TestDenyWritesRateLimitFieldsAndRetryAfter(t *testing.T) {
 	require.Equal(t, `"api";r=5;t=2, "hourly";r=20;t=3570`, rec.Header().Get("RateLimit"))
 	require.Contains(t, rec.Body.String(), `"api"`)
 
-	// A calendar grant on its own: the window gives w; no database instant,
-	// so no t and no Retry-After. Through Quotas it has both.
+	// A calendar grant on its own: the window gives w, its ResetAfter t,
+	// and a denial its Retry-After, as through Quotas.
 	res, err = c.Grant(ctx, quota.GrantRequest{Quota: "hourly", Member: "k", Amount: 20})
 	require.NoError(t, err)
 	p, l := httprate.Fields(res)
 	require.Equal(t, `"hourly";q=20;w=3600`, p)
-	require.Equal(t, `"hourly";r=0`, l)
+	require.Equal(t, `"hourly";r=0;t=3570`, l)
 	res, err = c.Grant(ctx, quota.GrantRequest{Quota: "hourly", Member: "k", Amount: 1})
 	require.NoError(t, err)
 	require.False(t, res.Granted)
-	require.Empty(t, httprate.RetryAfter(res))
+	require.Equal(t, "3570", httprate.RetryAfter(res))
 	res, err = c.Grant(ctx, quota.GrantRequest{Quotas: []string{"hourly"}, Member: "k", Amount: 1})
 	require.NoError(t, err)
 	require.False(t, res.Granted)

@@ -60,10 +60,6 @@ BEGIN
         RAISE EXCEPTION 'a full lifetime counter: no wait helps: %', r;
     END IF;
 
-    SELECT * INTO r FROM pgquota.grant('nope', 'alice', 1);
-    IF r.found OR r.decided_at IS NOT NULL THEN
-        RAISE EXCEPTION 'no such quota: %', r;
-    END IF;
     SELECT * INTO r FROM pgquota.grant('unlimited', 'alice', 1);
     IF NOT r.found OR r.has_limit OR r.granted OR r.decided_at IS NOT NULL THEN
         RAISE EXCEPTION 'no limit applies: %', r;
@@ -233,6 +229,62 @@ BEGIN
     END LOOP;
     IF (SELECT count(*) FROM pgquota.usage) + (SELECT count(*) FROM pgquota.ledger) <> v_rows THEN
         RAISE EXCEPTION 'bad input wrote rows';
+    END IF;
+END
+$$;
+
+-- An unknown quota is an error, SQLSTATE PQ010 naming the function and the
+-- quota (where grant and grant_keyed returned found = f, granted = f, which
+-- reads as a denial, and limit_usage no row); nothing is written. A keyed
+-- call whose key was taken before still replays. limit_usage reports burst
+-- and period_us 0 where a kind has none, as grant does (not NULL).
+DO $$
+DECLARE
+    c       text[];
+    v_state text;
+    v_msg   text;
+    v_seen  boolean;
+    v_rows  bigint := (SELECT count(*) FROM pgquota.usage) + (SELECT count(*) FROM pgquota.ledger);
+    r       record;
+    g       record;
+BEGIN
+    FOREACH c SLICE 1 IN ARRAY ARRAY[
+        ['SELECT * FROM pgquota.grant(''nope'', ''alice'', 1)', 'pgquota.grant: quota ''nope'' does not exist'],
+        ['SELECT * FROM pgquota.grant_keyed(''s'', ''never-used'', ''nope'', ''alice'', 1)', 'pgquota.grant_keyed: quota ''nope'''],
+        ['SELECT * FROM pgquota.limit_usage(''nope'', ''alice'')', 'pgquota.limit_usage: quota ''nope''']
+    ] LOOP
+        v_seen := false;
+        BEGIN
+            EXECUTE c[1];
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT;
+            v_seen := true;
+        END;
+        IF NOT v_seen OR v_state <> 'PQ010' OR position(c[2] IN v_msg) = 0 THEN
+            RAISE EXCEPTION '% raised % "%" (seen %), want PQ010 with %', c[1], v_state, v_msg, v_seen, c[2];
+        END IF;
+    END LOOP;
+    IF (SELECT count(*) FROM pgquota.usage) + (SELECT count(*) FROM pgquota.ledger) <> v_rows THEN
+        RAISE EXCEPTION 'an unknown quota wrote rows';
+    END IF;
+
+    -- A key taken before replays although its quota is gone.
+    INSERT INTO pgquota.quota (name, window_unit, default_limit) VALUES ('gone', 'day', 5);
+    SELECT * INTO g FROM pgquota.grant_keyed('s', 'gone-1', 'gone', 'alice', 1);
+    DELETE FROM pgquota.quota WHERE name = 'gone';
+    SELECT * INTO r FROM pgquota.grant_keyed('s', 'gone-1', 'gone', 'alice', 1);
+    IF r.prior_grant_id <> g.grant_id OR r.found THEN
+        RAISE EXCEPTION 'a taken key of a deleted quota replays: %', r;
+    END IF;
+
+    SELECT * INTO r FROM pgquota.limit_usage('calls', 'alice');
+    SELECT * INTO g FROM pgquota.grant('calls', 'alice', 100);
+    IF r.burst IS DISTINCT FROM 0 OR r.period_us IS DISTINCT FROM 0 OR r.burst <> g.burst OR r.period_us <> g.period_us THEN
+        RAISE EXCEPTION 'limit_usage burst/period_us %/% where grant returns %/%', r.burst, r.period_us, g.burst, g.period_us;
+    END IF;
+    SELECT * INTO r FROM pgquota.limit_usage('per-min', 'alice');
+    IF r.burst <> 2 OR r.period_us <> 60000000 THEN
+        RAISE EXCEPTION 'a rate''s burst and period: %', r;
     END IF;
 END
 $$;
