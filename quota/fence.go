@@ -54,6 +54,17 @@ const (
 	// text, "table": text, "operation": text, "token": bigint|null,
 	// "highest": bigint}. MapFenceError maps it to ErrTokenNotPresented.
 	SQLStateTokenNotPresented = "PQ003"
+	// SQLStateWrongLease is raised by fenced writes, pgquota.present_token
+	// (PresentTokenTx) and the guard when the token comes with a lease
+	// other than the one the resource is bound to (GuardTableRequest.Lease,
+	// by default the lease named like the resource), with a lease that is
+	// not a slot of the semaphore it is bound to (GuardTableRequest.Semaphore),
+	// or with any lease for a resource bound to external tokens. Nothing is
+	// written and no mark moves. DETAIL is a JSON object {"resource": text,
+	// "lease": text|null, "token": bigint, "bound": text|null, "binding":
+	// "lease"|"semaphore"|"external"}. MapFenceError maps it to
+	// ErrWrongLease.
+	SQLStateWrongLease = "PQ004"
 )
 
 // MaxFenceValueBytes is the largest fenced value accepted, in bytes.
@@ -101,8 +112,8 @@ func (e *StaleTokenError) Unwrap() []error {
 
 // MapFenceError maps an error raised by pgquota's fence in the database to
 // the library's errors: SQLSTATE PQ001 becomes a *StaleTokenError
-// (ErrStaleToken), PQ002 an error wrapping ErrLeaseLost and PQ003 one
-// wrapping ErrTokenNotPresented, each keeping the *pgconn.PgError in the
+// (ErrStaleToken), PQ002 an error wrapping ErrLeaseLost, PQ003 one
+// wrapping ErrTokenNotPresented and PQ004 one wrapping ErrWrongLease, each keeping the *pgconn.PgError in the
 // chain. Any other error, and nil, is returned
 // unchanged. Use it on errors from your own statements on a table guarded
 // by GuardTable; pgquota's own calls apply it already.
@@ -130,7 +141,9 @@ func MapFenceError(err error) error {
 	case SQLStateLeaseNotHeld:
 		return &leaseNotHeldError{pgErr: pgErr}
 	case SQLStateTokenNotPresented:
-		return &tokenNotPresentedError{pgErr: pgErr}
+		return &tokenNotPresentedError{pgErr: pgErr, sentinel: ErrTokenNotPresented}
+	case SQLStateWrongLease:
+		return &tokenNotPresentedError{pgErr: pgErr, sentinel: ErrWrongLease}
 	}
 	return err
 }
@@ -146,16 +159,19 @@ func (e *leaseNotHeldError) Error() string {
 
 func (e *leaseNotHeldError) Unwrap() []error { return []error{ErrLeaseLost, e.pgErr} }
 
-// tokenNotPresentedError is MapFenceError's error for SQLSTATE PQ003: the
-// server's message once; it unwraps to ErrTokenNotPresented and the
-// *pgconn.PgError.
-type tokenNotPresentedError struct{ pgErr *pgconn.PgError }
+// tokenNotPresentedError is MapFenceError's error for SQLSTATEs PQ003 and
+// PQ004: the server's message once; it unwraps to its sentinel
+// (ErrTokenNotPresented, ErrWrongLease) and the *pgconn.PgError.
+type tokenNotPresentedError struct {
+	pgErr    *pgconn.PgError
+	sentinel error
+}
 
 func (e *tokenNotPresentedError) Error() string {
 	return fmt.Sprintf("pgquota: %s (SQLSTATE %s)", strings.TrimPrefix(e.pgErr.Message, "pgquota: "), e.pgErr.Code)
 }
 
-func (e *tokenNotPresentedError) Unwrap() []error { return []error{ErrTokenNotPresented, e.pgErr} }
+func (e *tokenNotPresentedError) Unwrap() []error { return []error{e.sentinel, e.pgErr} }
 
 // WriteFencedRowRequest is one fenced write.
 type WriteFencedRowRequest struct {
@@ -384,6 +400,20 @@ type GuardTableRequest struct {
 	// is held now, so a token no lease issued (too high, or invented) is
 	// refused instead of locking the real holder out.
 	External bool
+	// Lease binds the table to the pgquota lease of that name: only a
+	// token it issued, while it is held with it, writes the table (or a
+	// fenced row of its resource); a token of any other lease is refused
+	// with SQLSTATE PQ004 (ErrWrongLease). Empty means the lease named like
+	// the table's resource (GuardedTable.Resource). Excludes External and
+	// Semaphore. 1 to MaxNameBytes bytes, no control characters.
+	Lease string
+	// Semaphore binds the table to the semaphore of that name (AcquireSlot):
+	// every slot of it held now writes the table, presenting its own
+	// token with its Slot.Lease (or no lease: the slot holding the token is
+	// found); no holder locks another out, and a slot that expired or was
+	// taken over is refused. Excludes External and Lease. 1 to
+	// MaxSemaphoreNameBytes bytes, no control characters.
+	Semaphore string
 }
 
 // GuardedTable describes a guard attached to an application table.
@@ -402,6 +432,11 @@ type GuardedTable struct {
 	// against the highest seen only, false when they must belong to the
 	// pgquota lease held now.
 	External bool `json:"external"`
+	// Lease is the lease the table is bound to ("" when bound to a
+	// semaphore or external).
+	Lease string `json:"lease,omitempty"`
+	// Semaphore is the semaphore the table is bound to, if any.
+	Semaphore string `json:"semaphore,omitempty"`
 	// Trigger is the row trigger's name, GuardTrigger.
 	Trigger string `json:"trigger"`
 	// TruncateTrigger is the TRUNCATE trigger's name,
@@ -483,6 +518,20 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTable
 	if err := checkName("column", column); err != nil {
 		return GuardedTable{}, err
 	}
+	switch {
+	case req.External && (req.Lease != "" || req.Semaphore != ""):
+		return GuardedTable{}, inputError("external", "excludes a lease or a semaphore: a table takes tokens of one source")
+	case req.Lease != "" && req.Semaphore != "":
+		return GuardedTable{}, inputError("semaphore", "excludes a lease: a table is bound to one lease or one semaphore")
+	case req.Lease != "":
+		if err := checkName("lease name", req.Lease); err != nil {
+			return GuardedTable{}, err
+		}
+	case req.Semaphore != "":
+		if err := checkSemaphoreName(req.Semaphore); err != nil {
+			return GuardedTable{}, err
+		}
+	}
 	var nsp, rel, resource string
 	var found bool
 	err := tx.QueryRow(ctx, `
@@ -523,6 +572,27 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTable
 		// column.
 		return GuardedTable{}, inputError("column", "%s.%s is of type %s, it must be bigint (fencing tokens are 64-bit)", resource, column, typ)
 	}
+	// Inheritance children: a statement on the parent reads and writes
+	// their rows, and a statement on a child bypasses the parent's triggers.
+	// Partitions are covered (row triggers are cloned to them).
+	var children []string
+	crows, err := tx.Query(ctx, `
+		SELECT format('%I.%I', n.nspname, c.relname) FROM pg_catalog.pg_inherits i
+		JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
+		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE (i.inhparent = to_regclass($1) OR i.inhrelid = to_regclass($1)) AND NOT c.relispartition
+		ORDER BY 1`, table)
+	if err == nil {
+		children, err = pgx.CollectRows(crows, pgx.RowTo[string])
+	}
+	if err != nil {
+		return GuardedTable{}, dbError("attach fence guard", err)
+	}
+	if len(children) > 0 {
+		return GuardedTable{}, inputError("table", "%s takes part in table inheritance (INHERITS: %s): statements on a parent change its children's rows, "+
+			"and the guard cannot cover them; guard a table without INHERITS children or parents, or use declarative partitioning",
+			resource, strings.Join(children, ", "))
+	}
 	ident := pgx.Identifier{nsp, rel}.Sanitize()
 	// Triggers of the first form of the guard on this table, under any
 	// name: dropped, so that no write is checked by the old rule alone.
@@ -545,6 +615,15 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTable
 			return GuardedTable{}, dbError("attach fence guard", err)
 		}
 	}
+	var bindLease, bindSemaphore pgtype.Text
+	switch {
+	case req.Semaphore != "":
+		bindSemaphore = pgtype.Text{String: req.Semaphore, Valid: true}
+	case !req.External && req.Lease != "":
+		bindLease = pgtype.Text{String: req.Lease, Valid: true}
+	case !req.External:
+		bindLease = pgtype.Text{String: resource, Valid: true}
+	}
 	args := quoteLiteral(column) + `, ` + quoteLiteral(resource)
 	_, err = tx.Exec(ctx, `CREATE OR REPLACE TRIGGER `+GuardTrigger+
 		` BEFORE INSERT OR UPDATE OR DELETE ON `+ident+
@@ -556,16 +635,18 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTable
 	}
 	if err == nil {
 		_, err = tx.Exec(ctx, `
-			INSERT INTO pgquota.fence_guard_resource AS g (resource, external, attached_at)
-			VALUES ($1, $2, pgquota.clock())
-			ON CONFLICT (resource) DO UPDATE SET external = excluded.external, attached_at = excluded.attached_at`,
-			resource, req.External)
+			INSERT INTO pgquota.fence_guard_resource AS g (resource, external, lease, semaphore, attached_at)
+			VALUES ($1, $2, $3, $4, pgquota.clock())
+			ON CONFLICT (resource) DO UPDATE SET external = excluded.external, lease = excluded.lease,
+			    semaphore = excluded.semaphore, attached_at = excluded.attached_at`,
+			resource, req.External, bindLease, bindSemaphore)
 	}
 	if err != nil {
 		return GuardedTable{}, dbError("attach fence guard", err)
 	}
 	return GuardedTable{
 		Table: ident, Column: column, Resource: resource, External: req.External,
+		Lease: bindLease.String, Semaphore: bindSemaphore.String,
 		Trigger: GuardTrigger, TruncateTrigger: FenceGuardTruncateTrigger, Upgraded: len(old) > 0,
 	}, nil
 }
