@@ -442,6 +442,67 @@ END
 $$;
 -- +goose StatementEnd
 
+
+-- pgquota.fence_guards lists every table guarded by
+-- pgquota.fence_guard_presented (partitions' cloned triggers aside) with
+-- whether its guard fires for ordinary writes, and why not:
+--   * a trigger disabled (ALTER TABLE ... DISABLE TRIGGER, tgenabled D) or
+--     made to fire only in replica sessions (ENABLE REPLICA TRIGGER, R);
+--   * a trigger missing (the row trigger, or the TRUNCATE one);
+--   * a trigger that fires in origin sessions only (the default, O) while
+--     a role or database is set to session_replication_role = replica
+--     (ALTER ROLE/DATABASE ... SET): its sessions bypass the guard.
+--     ENABLE ALWAYS TRIGGER (A) fires in every session, logical
+--     replication's apply workers included.
+-- A session that sets session_replication_role = replica itself (a
+-- superuser, a role granted SET on it) bypasses an O trigger too; that
+-- cannot be seen from here. Columns: table_name (quoted), resource, fires,
+-- problem (NULL when it fires).
+-- +goose StatementBegin
+CREATE FUNCTION pgquota.fence_guards()
+    RETURNS TABLE (table_name text, resource text, fires boolean, problem text)
+    LANGUAGE sql STABLE
+    AS $$
+    WITH t AS (
+        SELECT c.oid AS relid, format('%I.%I', n.nspname, c.relname) AS table_name,
+               max(tr.tgenabled::text) FILTER (WHERE tr.tgname = 'pgquota_fence_guard') AS row_enabled,
+               max(tr.tgenabled::text) FILTER (WHERE tr.tgname = 'pgquota_fence_guard_truncate') AS trunc_enabled,
+               max(g.resource) AS resource
+        FROM pg_catalog.pg_trigger tr
+        JOIN pg_catalog.pg_class c ON c.oid = tr.tgrelid
+        JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+        LEFT JOIN pgquota.fence_guard_resource g
+               ON position('\x00'::bytea || convert_to(g.resource, 'UTF8') || '\x00'::bytea IN '\x00'::bytea || tr.tgargs) > 0
+        WHERE tr.tgfoid = 'pgquota.fence_guard_presented()'::regprocedure AND tr.tgparentid = 0
+        GROUP BY c.oid, n.nspname, c.relname
+    ), replica AS (
+        SELECT string_agg(CASE WHEN s.setrole <> 0 THEN 'role ' || quote_ident(r.rolname) ELSE 'database ' || quote_ident(d.datname) END,
+                          ', ' ORDER BY r.rolname, d.datname) AS who
+        FROM pg_catalog.pg_db_role_setting s
+        LEFT JOIN pg_catalog.pg_roles r ON r.oid = s.setrole
+        LEFT JOIN pg_catalog.pg_database d ON d.oid = s.setdatabase
+        WHERE 'session_replication_role=replica' = ANY (s.setconfig)
+          AND (s.setdatabase = 0 OR s.setdatabase = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database()))
+    ), p AS (
+        SELECT t.table_name, t.resource,
+               concat_ws('; ',
+                   CASE WHEN t.row_enabled IS NULL THEN 'trigger pgquota_fence_guard is missing: INSERT, UPDATE and DELETE are not guarded'
+                        WHEN t.row_enabled = 'D' THEN 'trigger pgquota_fence_guard is disabled (DISABLE TRIGGER): INSERT, UPDATE and DELETE are not guarded'
+                        WHEN t.row_enabled = 'R' THEN 'trigger pgquota_fence_guard fires only in replica sessions (ENABLE REPLICA TRIGGER): INSERT, UPDATE and DELETE are not guarded' END,
+                   CASE WHEN t.trunc_enabled IS NULL THEN 'trigger pgquota_fence_guard_truncate is missing: TRUNCATE is not guarded'
+                        WHEN t.trunc_enabled = 'D' THEN 'trigger pgquota_fence_guard_truncate is disabled (DISABLE TRIGGER): TRUNCATE is not guarded'
+                        WHEN t.trunc_enabled = 'R' THEN 'trigger pgquota_fence_guard_truncate fires only in replica sessions (ENABLE REPLICA TRIGGER): TRUNCATE is not guarded' END,
+                   CASE WHEN (t.row_enabled = 'O' OR t.trunc_enabled = 'O') AND replica.who IS NOT NULL
+                        THEN 'session_replication_role = replica is set for ' || replica.who
+                             || ', whose sessions bypass the guard (ENABLE ALWAYS TRIGGER to guard them)' END) AS problem
+        FROM t, replica
+    )
+    SELECT p.table_name, p.resource, p.problem = '', nullif(p.problem, '')
+    FROM p
+    ORDER BY p.table_name
+$$;
+-- +goose StatementEnd
+
 -- The application role: it calls the SECURITY DEFINER functions; it must
 -- neither read the key nor mint a proof (default privileges of 00010 gave
 -- it both as they were created).
@@ -636,6 +697,7 @@ BEGIN
 END
 $$;
 -- +goose StatementEnd
+DROP FUNCTION pgquota.fence_guards();
 DROP FUNCTION pgquota.fence_present(text, bigint, text);
 DROP FUNCTION pgquota.fence_lease_held(text, bigint, text, text);
 DROP FUNCTION pgquota.fence_slot_lease(text, bigint, text, text);

@@ -114,13 +114,27 @@ token of another lease than the one the table is bound to is refused, exit 3
 			if rows == nil {
 				rows = []quota.FencedRow{}
 			}
+			all, err := c.GuardedTables(cmd.Context())
+			if err != nil {
+				return err
+			}
+			guards := []quota.GuardStatus{}
+			for _, g := range all {
+				if g.Resource == resource {
+					guards = append(guards, g)
+				}
+			}
 			out := struct {
 				quota.FenceState
-				Rows []quota.FencedRow `json:"rows"`
-			}{st, rows}
+				Guards []quota.GuardStatus `json:"guards"`
+				Rows   []quota.FencedRow   `json:"rows"`
+			}{st, guards, rows}
 			return a.output(out, func(w *tabwriter.Writer) {
 				row(w, "resource", st.Resource)
 				row(w, "highest token", st.Highest)
+				for _, g := range guards {
+					row(w, "guarded table", g.Table+" "+guardFires(g))
+				}
 				if len(rows) == 0 {
 					row(w, "rows", "(none)")
 					return
@@ -216,8 +230,55 @@ TRUNCATE): "upgraded yes". Detach with:
 	_ = guard.MarkFlagRequired("table")
 	_ = guard.MarkFlagRequired("column")
 
-	cmd.AddCommand(write, show, guard)
+	guards := &cobra.Command{
+		Use:   "guards",
+		Short: "List guarded tables and whether each guard fires (exit 3 when one does not)",
+		Long: `List every table guarded by "fence guard", with whether its guard fires for
+ordinary writes. A guard does not fire when its trigger was disabled (ALTER
+TABLE ... DISABLE TRIGGER), set to fire only in replica sessions (ENABLE
+REPLICA TRIGGER) or dropped, or when a role or database is set to
+session_replication_role = replica (its sessions bypass triggers that fire in
+origin sessions only, the default). Exit 3 when any guard does not fire.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.quotaClient(cmd.Context())
+			if err != nil {
+				return err
+			}
+			gs, err := c.GuardedTables(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if gs == nil {
+				gs = []quota.GuardStatus{}
+			}
+			if err := a.output(gs, func(w *tabwriter.Writer) {
+				row(w, "TABLE", "RESOURCE", "FIRES")
+				for _, g := range gs {
+					row(w, g.Table, g.Resource, guardFires(g))
+				}
+			}); err != nil {
+				return err
+			}
+			for _, g := range gs {
+				if !g.Fires {
+					return errDenied
+				}
+			}
+			return nil
+		},
+	}
+
+	cmd.AddCommand(write, show, guard, guards)
 	return cmd
+}
+
+// guardFires is "yes", or "NO: " and the problem.
+func guardFires(g quota.GuardStatus) string {
+	if g.Fires {
+		return "yes"
+	}
+	return "NO: " + g.Problem
 }
 
 func printFencedRow(w *tabwriter.Writer, r quota.FencedRow) {
