@@ -29,6 +29,7 @@ func TestGuardRefusesAnotherLeasesToken(t *testing.T) {
 	// In SQL, as the issue ran it.
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
 	_, err = tx.Exec(b.ctx, `SELECT pgquota.present_token('public.reports', $1, 'x')`, x.Token)
 	pgErr := requireSQLState(t, err, quota.SQLStateWrongLease)
 	require.Equal(t, fmt.Sprintf("pgquota: resource public.reports is bound to lease public.reports: token %d of lease x refused", x.Token), pgErr.Message)
@@ -38,6 +39,7 @@ func TestGuardRefusesAnotherLeasesToken(t *testing.T) {
 	// PresentTokenTx.
 	tx, err = b.pool.Begin(b.ctx)
 	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
 	err = b.client.PresentTokenTx(b.ctx, tx, quota.PresentTokenRequest{Resource: g.Resource, Token: x.Token, Lease: "x"})
 	require.ErrorIs(t, err, quota.ErrWrongLease)
 	requireSQLState(t, err, quota.SQLStateWrongLease)

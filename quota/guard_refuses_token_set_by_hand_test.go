@@ -45,6 +45,11 @@ func TestGuardRefusesTokenSetByHand(t *testing.T) {
 		return tx.Commit(b.ctx)
 	}
 
+	// The issue's forgery: the highest token seen, set by hand.
+	err := forged(b.pool, "", `{"public.ext": 1000}`)
+	requireSQLState(t, err, quota.SQLStateTokenNotPresented, "the old form of the setting")
+	require.Equal(t, "1:real:1000", b.rowsOf(t, "ext"))
+
 	// The setting of a real presentation, taken from its transaction.
 	var real string
 	require.NoError(t, pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {

@@ -103,7 +103,7 @@ func TestGuardWritersDoNotStarveRenewals(t *testing.T) {
 			defer wg.Done()
 			conn, err := pgx.Connect(b.ctx, b.pool.Config().ConnString())
 			if err != nil {
-				firstErr.CompareAndSwap(nil, err)
+				firstErr.CompareAndSwap(nil, err.Error())
 				refused.Add(1)
 				return
 			}
@@ -121,7 +121,7 @@ func TestGuardWritersDoNotStarveRenewals(t *testing.T) {
 					return err
 				})
 				if err != nil {
-					firstErr.CompareAndSwap(nil, err)
+					firstErr.CompareAndSwap(nil, err.Error())
 					refused.Add(1)
 					return
 				}
