@@ -191,9 +191,13 @@ type WriteFencedRowRequest struct {
 	// Lease names the pgquota lease that issued Token, usually the same as
 	// Resource. When set, the write is admitted only while that lease is
 	// held with Token by the database clock, and the lease row is locked
-	// FOR SHARE in the same statement, so a takeover cannot slip in between
-	// the check and the write. Leave it empty for tokens from an external
-	// lock service: only the highest-token check applies then.
+	// FOR KEY SHARE in the same statement, so a takeover cannot slip in
+	// between the check and the write (renewals do not wait for it). Leave
+	// it empty for tokens from an external lock service: only the
+	// highest-token check applies then. On the resource of a guarded table
+	// the table's binding decides (GuardTableRequest): another lease than
+	// the bound one is refused with ErrWrongLease (PQ004), and empty means
+	// the bound lease.
 	Lease string
 }
 
@@ -243,7 +247,8 @@ func checkFenceWrite(req WriteFencedRowRequest) error {
 // WriteFencedRow stores req.Value under (req.Resource, req.Key) if req.Token is
 // at least the highest token seen for req.Resource, raising that mark to
 // req.Token; with req.Lease set, only while that lease is held with
-// req.Token. It is one SQL statement and one round trip (see
+// req.Token (on a guarded table's resource, the lease it is bound to; see
+// GuardTableRequest). It is one SQL statement and one round trip (see
 // queries/fenced_row.sql and pgquota.fence_admit in the migrations).
 // Equal tokens are admitted, so the current holder can write any number of
 // times.
@@ -252,7 +257,9 @@ func checkFenceWrite(req WriteFencedRowRequest) error {
 // token or lease name; *StaleTokenError (ErrStaleToken) when the token is
 // below the highest seen for the resource, whichever key it was for, or
 // below the token of req.Lease; ErrLeaseLost when req.Lease is not held with
-// req.Token (expired or released); ErrSchemaMissing; database errors.
+// req.Token (expired or released); ErrWrongLease (SQLSTATE PQ004) when the
+// resource is bound to another lease or semaphore, or to external tokens
+// and req.Lease is set; ErrSchemaMissing; database errors.
 // Nothing is written on an error other than ErrOutcomeUnknown (below).
 //
 // ErrOutcomeUnknown: the request (its statement, or its transaction's
@@ -268,8 +275,8 @@ func (c *Client) WriteFencedRow(ctx context.Context, req WriteFencedRowRequest) 
 // caller's own writes commit only together with an admitted fenced write.
 // Until tx ends, the resource's high-water row stays locked (other fenced
 // writers of the resource wait) and, with req.Lease set, the lease row is
-// locked FOR SHARE: no one can take the lease over, and the holder's own
-// renewals wait too, so keep such transactions short. A rejection aborts
+// locked FOR KEY SHARE: no one can take the lease over (the holder's own
+// renewals do not wait), so keep such transactions short. A rejection aborts
 // tx, as any failed statement does.
 func (c *Client) WriteFencedRowTx(ctx context.Context, tx pgx.Tx, req WriteFencedRowRequest) (_ FencedRow, err error) {
 	defer c.m.fenceDone(ctx, c.m.now(), &err)
@@ -468,13 +475,15 @@ type GuardedTable struct {
 // A statement in a transaction that presented no token for the resource
 // fails with SQLSTATE PQ003 (SQLStateTokenNotPresented, ErrTokenNotPresented
 // through MapFenceError); one whose token was overtaken with PQ001
-// (ErrStaleToken). The presenting transaction holds the resource's
-// high-water row (and, for a lease-backed table, the lease row FOR SHARE)
-// until it ends, so writers of the table serialize and no takeover lands
-// before it commits. Name the lease that protects the table's work after
-// GuardedTable.Resource ("public.orders"): acquiring it raises the resource's
-// mark (see Acquire), so a deposed holder is refused from the moment the
-// lease changes hands. This is the storage half of Kleppmann's fencing
+// (ErrStaleToken). The table is bound to one source of tokens
+// (req.Lease, default the lease named like GuardedTable.Resource;
+// req.Semaphore; or req.External): a token of any other lease is refused
+// with PQ004 (ErrWrongLease) and moves no mark. The presenting transaction
+// holds the lease row FOR KEY SHARE until it ends (the holder's renewals do
+// not wait; a successor's acquire does), and for a lease-bound or external
+// table the resource's high-water row, so writers of the table serialize.
+// A table with INHERITS parents or children is refused. GuardedTables
+// reports a guard that will not fire (disabled, replica-only, bypassed). This is the storage half of Kleppmann's fencing
 // (2016); the triggers follow the PostgreSQL manual, chapter 39 (Triggers).
 //
 // Attaching again replaces the triggers (idempotent) and records
@@ -487,8 +496,10 @@ type GuardedTable struct {
 // pgquota_fence_guard_truncate ON the table.
 //
 // Errors: *InputError (ErrInvalidInput) when the table name does not parse,
-// the table or column does not exist, the table is one of pgquota's own, or
-// the column is not a bigint; ErrSchemaMissing; database errors (for
+// the table or column does not exist, the table is one of pgquota's own or
+// takes part in table inheritance, the column is not a bigint, or the
+// binding is bad (External with Lease or Semaphore, both Lease and
+// Semaphore, a bad name); ErrSchemaMissing; database errors (for
 // example when the role does not own the table). Nothing is changed on an
 // error.
 //
@@ -674,25 +685,29 @@ type PresentTokenRequest struct {
 // ends. It is one statement, SELECT pgquota.present_token(resource, token,
 // lease), which a program without this library runs the same way. The token
 // is checked as WriteFencedRow checks it: for a lease-backed resource the lease
-// (req.Lease, default req.Resource) must be held with req.Token by the
-// database clock, and its row stays locked FOR SHARE until tx ends, so no
-// takeover lands before tx commits (the holder's own renewals wait too:
-// keep such transactions short); then the resource's highest token seen is
+// (req.Lease, default the lease the resource is bound to, else req.Resource)
+// must be held with req.Token by the database clock, and its row stays
+// locked FOR KEY SHARE until tx ends, so no takeover lands before tx
+// commits (the holder's own renewals do not wait); then the resource's highest token seen is
 // raised to req.Token, a row that stays locked until tx ends, so the
 // guarded statements cannot interleave with another writer's. Presenting
 // several resources in one transaction is allowed; present them in the
 // same order everywhere, or two transactions may deadlock (40P01). The
-// token lives in a transaction-scoped setting (pgquota.fence_tokens), so it
-// is safe behind a transaction-mode pooler and gone after commit or
-// rollback; a savepoint rolled back takes a presentation made inside it
-// away.
+// token lives in a transaction-scoped setting (pgquota.fence_tokens) with a
+// keyed hash over resource, token, lease and the transaction's id that only
+// pgquota.present_token computes, so a token set there by hand or copied
+// from another transaction is refused (PQ003); it is safe behind a
+// transaction-mode pooler and gone after commit or rollback; a savepoint
+// rolled back takes a presentation made inside it away.
 //
 // Errors: *InputError (ErrInvalidInput) for a bad resource, token or lease
 // name, nothing sent; *StaleTokenError (ErrStaleToken, SQLSTATE PQ001) when
 // the token is below the highest seen for the resource or below the token
 // the lease was acquired with since; ErrLeaseLost (PQ002) when the lease is
 // not held with the token (expired, released, or a token it never issued,
-// such as one above every token issued); ErrSchemaMissing when the schema
+// such as one above every token issued); ErrWrongLease (PQ004) when the
+// resource is bound to another lease or semaphore than req.Lease names (or
+// to external tokens and req.Lease is set); ErrSchemaMissing when the schema
 // predates pgquota.present_token; database errors. Every rejection aborts
 // tx, as any failed statement does, so nothing of it commits.
 func (c *Client) PresentTokenTx(ctx context.Context, tx pgx.Tx, req PresentTokenRequest) error {
