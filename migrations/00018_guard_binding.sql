@@ -503,6 +503,36 @@ CREATE FUNCTION pgquota.fence_guards()
 $$;
 -- +goose StatementEnd
 
+-- pgquota.grant_app as in 00010_app_role.sql, and it keeps the key and the
+-- minting function from the role (`pgquota migrate grant-app` re-run).
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION pgquota.grant_app(p_role name DEFAULT 'pgquota_app') RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+BEGIN
+    EXECUTE format('GRANT USAGE ON SCHEMA pgquota TO %I', p_role);
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA pgquota TO %I', p_role);
+    EXECUTE format('GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA pgquota TO %I', p_role);
+    EXECUTE format('GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA pgquota TO %I', p_role);
+    EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA pgquota GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO %I', p_role);
+    EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA pgquota GRANT USAGE, SELECT ON SEQUENCES TO %I', p_role);
+    EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA pgquota GRANT EXECUTE ON FUNCTIONS TO %I', p_role);
+    -- The version table is read (CheckSchema, migrate status), never written.
+    IF to_regclass('pgquota.pgquota_migrations') IS NOT NULL THEN
+        EXECUTE format('REVOKE INSERT, UPDATE, DELETE ON pgquota.pgquota_migrations FROM %I', p_role);
+    END IF;
+    -- The key of the proofs of presentation, and the function that mints
+    -- them (00018_guard_binding.sql): never the application's.
+    IF to_regclass('pgquota.fence_secret') IS NOT NULL THEN
+        EXECUTE format('REVOKE ALL ON pgquota.fence_secret FROM %I', p_role);
+        EXECUTE format('REVOKE ALL ON FUNCTION pgquota.fence_proof(text, bigint, text) FROM %I', p_role);
+    END IF;
+    -- Granting is the owner's business.
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION pgquota.grant_app(name) FROM PUBLIC, %I', p_role);
+END
+$$;
+-- +goose StatementEnd
+
 -- The application role: it calls the SECURITY DEFINER functions; it must
 -- neither read the key nor mint a proof (default privileges of 00010 gave
 -- it both as they were created).
@@ -518,6 +548,27 @@ $$;
 -- +goose StatementEnd
 
 -- +goose Down
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION pgquota.grant_app(p_role name DEFAULT 'pgquota_app') RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+BEGIN
+    EXECUTE format('GRANT USAGE ON SCHEMA pgquota TO %I', p_role);
+    EXECUTE format('GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA pgquota TO %I', p_role);
+    EXECUTE format('GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA pgquota TO %I', p_role);
+    EXECUTE format('GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA pgquota TO %I', p_role);
+    EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA pgquota GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO %I', p_role);
+    EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA pgquota GRANT USAGE, SELECT ON SEQUENCES TO %I', p_role);
+    EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA pgquota GRANT EXECUTE ON FUNCTIONS TO %I', p_role);
+    -- The version table is read (CheckSchema, migrate status), never written.
+    IF to_regclass('pgquota.pgquota_migrations') IS NOT NULL THEN
+        EXECUTE format('REVOKE INSERT, UPDATE, DELETE ON pgquota.pgquota_migrations FROM %I', p_role);
+    END IF;
+    -- Granting is the owner's business.
+    EXECUTE format('REVOKE EXECUTE ON FUNCTION pgquota.grant_app(name) FROM PUBLIC, %I', p_role);
+END
+$$;
+-- +goose StatementEnd
 -- Functions as 00006 and 00007 left them; the bindings' columns go (every
 -- lease-backed guard is then checked against the lease named like its
 -- resource again, or the lease a writer names).
