@@ -23,6 +23,13 @@ type PgquotaFenceGuardResource struct {
 	Resource   string
 	External   bool
 	AttachedAt pgtype.Timestamptz
+	Lease      pgtype.Text
+	Semaphore  pgtype.Text
+}
+
+type PgquotaFenceSecret struct {
+	ID     bool
+	Secret []byte
 }
 
 type PgquotaFencedRow struct {

@@ -87,6 +87,14 @@ WITH c AS (
     INSERT INTO pgquota.fence AS f (resource, max_token, updated_at)
     SELECT acq.name, acq.token, c.at
     FROM acq, c
+    -- Not the resource of a guarded table bound to another source of tokens
+    -- (another lease, a semaphore, external tokens: 00018_guard_binding.sql):
+    -- this lease's token is refused there, and raising the mark would lock
+    -- the table's real holders out.
+    WHERE NOT EXISTS (
+        SELECT 1 FROM pgquota.fence_guard_resource g
+        WHERE g.resource = acq.name AND (g.external OR g.semaphore IS NOT NULL OR g.lease <> acq.name)
+    )
     ON CONFLICT (resource) DO UPDATE
     SET max_token  = excluded.max_token,
         updated_at = excluded.updated_at

@@ -245,6 +245,14 @@ var (
 	// admit. Nothing of the statement was written.
 	ErrTokenNotPresented = errors.New("pgquota: no fencing token presented in this transaction")
 
+	// ErrWrongLease is returned (through MapFenceError, SQLSTATE PQ004,
+	// SQLStateWrongLease) when a fencing token is presented or written for
+	// a resource bound to another lease or semaphore than the one that
+	// issued it, or with a lease name for a resource that takes external
+	// tokens only (see GuardTableRequest). Nothing was written and no mark
+	// moved.
+	ErrWrongLease = errors.New("pgquota: fencing token of another lease")
+
 	// ErrKeepaliveStopped is the cause of a Keeper's context after
 	// Keeper.Stop.
 	ErrKeepaliveStopped = errors.New("pgquota: keepalive stopped")

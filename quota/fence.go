@@ -54,6 +54,17 @@ const (
 	// text, "table": text, "operation": text, "token": bigint|null,
 	// "highest": bigint}. MapFenceError maps it to ErrTokenNotPresented.
 	SQLStateTokenNotPresented = "PQ003"
+	// SQLStateWrongLease is raised by fenced writes, pgquota.present_token
+	// (PresentTokenTx) and the guard when the token comes with a lease
+	// other than the one the resource is bound to (GuardTableRequest.Lease,
+	// by default the lease named like the resource), with a lease that is
+	// not a slot of the semaphore it is bound to (GuardTableRequest.Semaphore),
+	// or with any lease for a resource bound to external tokens. Nothing is
+	// written and no mark moves. DETAIL is a JSON object {"resource": text,
+	// "lease": text|null, "token": bigint, "bound": text|null, "binding":
+	// "lease"|"semaphore"|"external"}. MapFenceError maps it to
+	// ErrWrongLease.
+	SQLStateWrongLease = "PQ004"
 )
 
 // MaxFenceValueBytes is the largest fenced value accepted, in bytes.
@@ -101,8 +112,8 @@ func (e *StaleTokenError) Unwrap() []error {
 
 // MapFenceError maps an error raised by pgquota's fence in the database to
 // the library's errors: SQLSTATE PQ001 becomes a *StaleTokenError
-// (ErrStaleToken), PQ002 an error wrapping ErrLeaseLost and PQ003 one
-// wrapping ErrTokenNotPresented, each keeping the *pgconn.PgError in the
+// (ErrStaleToken), PQ002 an error wrapping ErrLeaseLost, PQ003 one
+// wrapping ErrTokenNotPresented and PQ004 one wrapping ErrWrongLease, each keeping the *pgconn.PgError in the
 // chain. Any other error, and nil, is returned
 // unchanged. Use it on errors from your own statements on a table guarded
 // by GuardTable; pgquota's own calls apply it already.
@@ -130,7 +141,9 @@ func MapFenceError(err error) error {
 	case SQLStateLeaseNotHeld:
 		return &leaseNotHeldError{pgErr: pgErr}
 	case SQLStateTokenNotPresented:
-		return &tokenNotPresentedError{pgErr: pgErr}
+		return &tokenNotPresentedError{pgErr: pgErr, sentinel: ErrTokenNotPresented}
+	case SQLStateWrongLease:
+		return &tokenNotPresentedError{pgErr: pgErr, sentinel: ErrWrongLease}
 	}
 	return err
 }
@@ -146,16 +159,19 @@ func (e *leaseNotHeldError) Error() string {
 
 func (e *leaseNotHeldError) Unwrap() []error { return []error{ErrLeaseLost, e.pgErr} }
 
-// tokenNotPresentedError is MapFenceError's error for SQLSTATE PQ003: the
-// server's message once; it unwraps to ErrTokenNotPresented and the
-// *pgconn.PgError.
-type tokenNotPresentedError struct{ pgErr *pgconn.PgError }
+// tokenNotPresentedError is MapFenceError's error for SQLSTATEs PQ003 and
+// PQ004: the server's message once; it unwraps to its sentinel
+// (ErrTokenNotPresented, ErrWrongLease) and the *pgconn.PgError.
+type tokenNotPresentedError struct {
+	pgErr    *pgconn.PgError
+	sentinel error
+}
 
 func (e *tokenNotPresentedError) Error() string {
 	return fmt.Sprintf("pgquota: %s (SQLSTATE %s)", strings.TrimPrefix(e.pgErr.Message, "pgquota: "), e.pgErr.Code)
 }
 
-func (e *tokenNotPresentedError) Unwrap() []error { return []error{ErrTokenNotPresented, e.pgErr} }
+func (e *tokenNotPresentedError) Unwrap() []error { return []error{e.sentinel, e.pgErr} }
 
 // WriteFencedRowRequest is one fenced write.
 type WriteFencedRowRequest struct {
@@ -175,9 +191,13 @@ type WriteFencedRowRequest struct {
 	// Lease names the pgquota lease that issued Token, usually the same as
 	// Resource. When set, the write is admitted only while that lease is
 	// held with Token by the database clock, and the lease row is locked
-	// FOR SHARE in the same statement, so a takeover cannot slip in between
-	// the check and the write. Leave it empty for tokens from an external
-	// lock service: only the highest-token check applies then.
+	// FOR KEY SHARE in the same statement, so a takeover cannot slip in
+	// between the check and the write (renewals do not wait for it). Leave
+	// it empty for tokens from an external lock service: only the
+	// highest-token check applies then. On the resource of a guarded table
+	// the table's binding decides (GuardTableRequest): another lease than
+	// the bound one is refused with ErrWrongLease (PQ004), and empty means
+	// the bound lease.
 	Lease string
 }
 
@@ -227,7 +247,8 @@ func checkFenceWrite(req WriteFencedRowRequest) error {
 // WriteFencedRow stores req.Value under (req.Resource, req.Key) if req.Token is
 // at least the highest token seen for req.Resource, raising that mark to
 // req.Token; with req.Lease set, only while that lease is held with
-// req.Token. It is one SQL statement and one round trip (see
+// req.Token (on a guarded table's resource, the lease it is bound to; see
+// GuardTableRequest). It is one SQL statement and one round trip (see
 // queries/fenced_row.sql and pgquota.fence_admit in the migrations).
 // Equal tokens are admitted, so the current holder can write any number of
 // times.
@@ -236,7 +257,9 @@ func checkFenceWrite(req WriteFencedRowRequest) error {
 // token or lease name; *StaleTokenError (ErrStaleToken) when the token is
 // below the highest seen for the resource, whichever key it was for, or
 // below the token of req.Lease; ErrLeaseLost when req.Lease is not held with
-// req.Token (expired or released); ErrSchemaMissing; database errors.
+// req.Token (expired or released); ErrWrongLease (SQLSTATE PQ004) when the
+// resource is bound to another lease or semaphore, or to external tokens
+// and req.Lease is set; ErrSchemaMissing; database errors.
 // Nothing is written on an error other than ErrOutcomeUnknown (below).
 //
 // ErrOutcomeUnknown: the request (its statement, or its transaction's
@@ -252,8 +275,8 @@ func (c *Client) WriteFencedRow(ctx context.Context, req WriteFencedRowRequest) 
 // caller's own writes commit only together with an admitted fenced write.
 // Until tx ends, the resource's high-water row stays locked (other fenced
 // writers of the resource wait) and, with req.Lease set, the lease row is
-// locked FOR SHARE: no one can take the lease over, and the holder's own
-// renewals wait too, so keep such transactions short. A rejection aborts
+// locked FOR KEY SHARE: no one can take the lease over (the holder's own
+// renewals do not wait), so keep such transactions short. A rejection aborts
 // tx, as any failed statement does.
 func (c *Client) WriteFencedRowTx(ctx context.Context, tx pgx.Tx, req WriteFencedRowRequest) (_ FencedRow, err error) {
 	defer c.m.fenceDone(ctx, c.m.now(), &err)
@@ -384,6 +407,20 @@ type GuardTableRequest struct {
 	// is held now, so a token no lease issued (too high, or invented) is
 	// refused instead of locking the real holder out.
 	External bool
+	// Lease binds the table to the pgquota lease of that name: only a
+	// token it issued, while it is held with it, writes the table (or a
+	// fenced row of its resource); a token of any other lease is refused
+	// with SQLSTATE PQ004 (ErrWrongLease). Empty means the lease named like
+	// the table's resource (GuardedTable.Resource). Excludes External and
+	// Semaphore. 1 to MaxNameBytes bytes, no control characters.
+	Lease string
+	// Semaphore binds the table to the semaphore of that name (AcquireSlot):
+	// every slot of it held now writes the table, presenting its own
+	// token with its Slot.Lease (or no lease: the slot holding the token is
+	// found); no holder locks another out, and a slot that expired or was
+	// taken over is refused. Excludes External and Lease. 1 to
+	// MaxSemaphoreNameBytes bytes, no control characters.
+	Semaphore string
 }
 
 // GuardedTable describes a guard attached to an application table.
@@ -402,6 +439,11 @@ type GuardedTable struct {
 	// against the highest seen only, false when they must belong to the
 	// pgquota lease held now.
 	External bool `json:"external"`
+	// Lease is the lease the table is bound to ("" when bound to a
+	// semaphore or external).
+	Lease string `json:"lease,omitempty"`
+	// Semaphore is the semaphore the table is bound to, if any.
+	Semaphore string `json:"semaphore,omitempty"`
 	// Trigger is the row trigger's name, GuardTrigger.
 	Trigger string `json:"trigger"`
 	// TruncateTrigger is the TRUNCATE trigger's name,
@@ -433,13 +475,15 @@ type GuardedTable struct {
 // A statement in a transaction that presented no token for the resource
 // fails with SQLSTATE PQ003 (SQLStateTokenNotPresented, ErrTokenNotPresented
 // through MapFenceError); one whose token was overtaken with PQ001
-// (ErrStaleToken). The presenting transaction holds the resource's
-// high-water row (and, for a lease-backed table, the lease row FOR SHARE)
-// until it ends, so writers of the table serialize and no takeover lands
-// before it commits. Name the lease that protects the table's work after
-// GuardedTable.Resource ("public.orders"): acquiring it raises the resource's
-// mark (see Acquire), so a deposed holder is refused from the moment the
-// lease changes hands. This is the storage half of Kleppmann's fencing
+// (ErrStaleToken). The table is bound to one source of tokens
+// (req.Lease, default the lease named like GuardedTable.Resource;
+// req.Semaphore; or req.External): a token of any other lease is refused
+// with PQ004 (ErrWrongLease) and moves no mark. The presenting transaction
+// holds the lease row FOR KEY SHARE until it ends (the holder's renewals do
+// not wait; a successor's acquire does), and for a lease-bound or external
+// table the resource's high-water row, so writers of the table serialize.
+// A table with INHERITS parents or children is refused. GuardedTables
+// reports a guard that will not fire (disabled, replica-only, bypassed). This is the storage half of Kleppmann's fencing
 // (2016); the triggers follow the PostgreSQL manual, chapter 39 (Triggers).
 //
 // Attaching again replaces the triggers (idempotent) and records
@@ -452,8 +496,10 @@ type GuardedTable struct {
 // pgquota_fence_guard_truncate ON the table.
 //
 // Errors: *InputError (ErrInvalidInput) when the table name does not parse,
-// the table or column does not exist, the table is one of pgquota's own, or
-// the column is not a bigint; ErrSchemaMissing; database errors (for
+// the table or column does not exist, the table is one of pgquota's own or
+// takes part in table inheritance, the column is not a bigint, or the
+// binding is bad (External with Lease or Semaphore, both Lease and
+// Semaphore, a bad name); ErrSchemaMissing; database errors (for
 // example when the role does not own the table). Nothing is changed on an
 // error.
 //
@@ -482,6 +528,20 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTable
 	}
 	if err := checkName("column", column); err != nil {
 		return GuardedTable{}, err
+	}
+	switch {
+	case req.External && (req.Lease != "" || req.Semaphore != ""):
+		return GuardedTable{}, inputError("external", "excludes a lease or a semaphore: a table takes tokens of one source")
+	case req.Lease != "" && req.Semaphore != "":
+		return GuardedTable{}, inputError("semaphore", "excludes a lease: a table is bound to one lease or one semaphore")
+	case req.Lease != "":
+		if err := checkName("lease name", req.Lease); err != nil {
+			return GuardedTable{}, err
+		}
+	case req.Semaphore != "":
+		if err := checkSemaphoreName(req.Semaphore); err != nil {
+			return GuardedTable{}, err
+		}
 	}
 	var nsp, rel, resource string
 	var found bool
@@ -523,6 +583,27 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTable
 		// column.
 		return GuardedTable{}, inputError("column", "%s.%s is of type %s, it must be bigint (fencing tokens are 64-bit)", resource, column, typ)
 	}
+	// Inheritance children: a statement on the parent reads and writes
+	// their rows, and a statement on a child bypasses the parent's triggers.
+	// Partitions are covered (row triggers are cloned to them).
+	var children []string
+	crows, err := tx.Query(ctx, `
+		SELECT format('%I.%I', n.nspname, c.relname) FROM pg_catalog.pg_inherits i
+		JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid
+		JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+		WHERE (i.inhparent = to_regclass($1) OR i.inhrelid = to_regclass($1)) AND NOT c.relispartition
+		ORDER BY 1`, table)
+	if err == nil {
+		children, err = pgx.CollectRows(crows, pgx.RowTo[string])
+	}
+	if err != nil {
+		return GuardedTable{}, dbError("attach fence guard", err)
+	}
+	if len(children) > 0 {
+		return GuardedTable{}, inputError("table", "%s takes part in table inheritance (INHERITS: %s): statements on a parent change its children's rows, "+
+			"and the guard cannot cover them; guard a table without INHERITS children or parents, or use declarative partitioning",
+			resource, strings.Join(children, ", "))
+	}
 	ident := pgx.Identifier{nsp, rel}.Sanitize()
 	// Triggers of the first form of the guard on this table, under any
 	// name: dropped, so that no write is checked by the old rule alone.
@@ -545,6 +626,15 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTable
 			return GuardedTable{}, dbError("attach fence guard", err)
 		}
 	}
+	var bindLease, bindSemaphore pgtype.Text
+	switch {
+	case req.Semaphore != "":
+		bindSemaphore = pgtype.Text{String: req.Semaphore, Valid: true}
+	case !req.External && req.Lease != "":
+		bindLease = pgtype.Text{String: req.Lease, Valid: true}
+	case !req.External:
+		bindLease = pgtype.Text{String: resource, Valid: true}
+	}
 	args := quoteLiteral(column) + `, ` + quoteLiteral(resource)
 	_, err = tx.Exec(ctx, `CREATE OR REPLACE TRIGGER `+GuardTrigger+
 		` BEFORE INSERT OR UPDATE OR DELETE ON `+ident+
@@ -556,16 +646,18 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTable
 	}
 	if err == nil {
 		_, err = tx.Exec(ctx, `
-			INSERT INTO pgquota.fence_guard_resource AS g (resource, external, attached_at)
-			VALUES ($1, $2, pgquota.clock())
-			ON CONFLICT (resource) DO UPDATE SET external = excluded.external, attached_at = excluded.attached_at`,
-			resource, req.External)
+			INSERT INTO pgquota.fence_guard_resource AS g (resource, external, lease, semaphore, attached_at)
+			VALUES ($1, $2, $3, $4, pgquota.clock())
+			ON CONFLICT (resource) DO UPDATE SET external = excluded.external, lease = excluded.lease,
+			    semaphore = excluded.semaphore, attached_at = excluded.attached_at`,
+			resource, req.External, bindLease, bindSemaphore)
 	}
 	if err != nil {
 		return GuardedTable{}, dbError("attach fence guard", err)
 	}
 	return GuardedTable{
 		Table: ident, Column: column, Resource: resource, External: req.External,
+		Lease: bindLease.String, Semaphore: bindSemaphore.String,
 		Trigger: GuardTrigger, TruncateTrigger: FenceGuardTruncateTrigger, Upgraded: len(old) > 0,
 	}, nil
 }
@@ -593,25 +685,29 @@ type PresentTokenRequest struct {
 // ends. It is one statement, SELECT pgquota.present_token(resource, token,
 // lease), which a program without this library runs the same way. The token
 // is checked as WriteFencedRow checks it: for a lease-backed resource the lease
-// (req.Lease, default req.Resource) must be held with req.Token by the
-// database clock, and its row stays locked FOR SHARE until tx ends, so no
-// takeover lands before tx commits (the holder's own renewals wait too:
-// keep such transactions short); then the resource's highest token seen is
+// (req.Lease, default the lease the resource is bound to, else req.Resource)
+// must be held with req.Token by the database clock, and its row stays
+// locked FOR KEY SHARE until tx ends, so no takeover lands before tx
+// commits (the holder's own renewals do not wait); then the resource's highest token seen is
 // raised to req.Token, a row that stays locked until tx ends, so the
 // guarded statements cannot interleave with another writer's. Presenting
 // several resources in one transaction is allowed; present them in the
 // same order everywhere, or two transactions may deadlock (40P01). The
-// token lives in a transaction-scoped setting (pgquota.fence_tokens), so it
-// is safe behind a transaction-mode pooler and gone after commit or
-// rollback; a savepoint rolled back takes a presentation made inside it
-// away.
+// token lives in a transaction-scoped setting (pgquota.fence_tokens) with a
+// keyed hash over resource, token, lease and the transaction's id that only
+// pgquota.present_token computes, so a token set there by hand or copied
+// from another transaction is refused (PQ003); it is safe behind a
+// transaction-mode pooler and gone after commit or rollback; a savepoint
+// rolled back takes a presentation made inside it away.
 //
 // Errors: *InputError (ErrInvalidInput) for a bad resource, token or lease
 // name, nothing sent; *StaleTokenError (ErrStaleToken, SQLSTATE PQ001) when
 // the token is below the highest seen for the resource or below the token
 // the lease was acquired with since; ErrLeaseLost (PQ002) when the lease is
 // not held with the token (expired, released, or a token it never issued,
-// such as one above every token issued); ErrSchemaMissing when the schema
+// such as one above every token issued); ErrWrongLease (PQ004) when the
+// resource is bound to another lease or semaphore than req.Lease names (or
+// to external tokens and req.Lease is set); ErrSchemaMissing when the schema
 // predates pgquota.present_token; database errors. Every rejection aborts
 // tx, as any failed statement does, so nothing of it commits.
 func (c *Client) PresentTokenTx(ctx context.Context, tx pgx.Tx, req PresentTokenRequest) error {

@@ -11,13 +11,13 @@ import (
 	"github.com/pgquota/pgquota/quota"
 )
 
-// The transaction setting that present_token fills is only a record: a
-// session can set it by hand. On a lease-backed guarded table such a token
-// still needs its lease held with it, by the database clock, at each
-// statement: after the holder released (or its lease expired), a token set
-// by hand equal to the highest seen is refused with PQ002; token 0 on a
-// table nobody wrote yet is refused with PQ003; and a lease that expires
-// inside a transaction that presented its token admits no later statement.
+// The transaction setting that present_token fills can be set by hand, but
+// a token set there carries no proof of presentation (a keyed hash over
+// resource, token, lease and the transaction's id that only present_token
+// computes): it is refused with PQ003 even while the holder holds its
+// lease, as after the holder released, and so is token 0 on a table nobody
+// wrote yet; and a lease that expires inside a transaction that presented
+// its token admits no later statement (PQ002).
 func TestFenceGuardHandSetTokenNeedsHeldLease(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
@@ -26,10 +26,10 @@ func TestFenceGuardHandSetTokenNeedsHeldLease(t *testing.T) {
 
 	h := b.acquire(t, g.Resource, "holder", time.Minute)
 	require.NoError(t, b.txWith(t, g.Resource, h.Token, `INSERT INTO reports VALUES (1, 'held', NULL)`))
-	// While the lease is held the holder's own token, set by hand, is the
-	// holder's write (nobody but the holder should know it is current).
-	require.NoError(t, b.forgedTx(t, g.Resource, h.Token, `UPDATE reports SET val = 'by hand while held' WHERE id = 1`))
-	_, err := b.client.Release(b.ctx, g.Resource, h.Token)
+	// While the lease is held: refused all the same.
+	err := b.forgedTx(t, g.Resource, h.Token, `UPDATE reports SET val = 'by hand while held' WHERE id = 1`)
+	requireSQLState(t, err, quota.SQLStateTokenNotPresented)
+	_, err = b.client.Release(b.ctx, g.Resource, h.Token)
 	require.NoError(t, err)
 
 	for _, stmt := range []string{
@@ -39,10 +39,10 @@ func TestFenceGuardHandSetTokenNeedsHeldLease(t *testing.T) {
 		`TRUNCATE reports`,
 	} {
 		err := b.forgedTx(t, g.Resource, h.Token, stmt)
-		requireSQLState(t, err, quota.SQLStateLeaseNotHeld, stmt)
-		require.ErrorIs(t, quota.MapFenceError(err), quota.ErrLeaseLost, stmt)
+		requireSQLState(t, err, quota.SQLStateTokenNotPresented, stmt)
+		require.ErrorIs(t, quota.MapFenceError(err), quota.ErrTokenNotPresented, stmt)
 	}
-	require.Equal(t, fmt.Sprintf("1:by hand while held:%d", h.Token), b.rowsOf(t, "reports"))
+	require.Equal(t, fmt.Sprintf("1:held:%d", h.Token), b.rowsOf(t, "reports"))
 
 	for _, stmt := range []string{`INSERT INTO fresh VALUES (1, 'zero', NULL)`, `TRUNCATE fresh`} {
 		err := b.forgedTx(t, fresh.Resource, 0, stmt)
@@ -66,14 +66,17 @@ func TestFenceGuardHandSetTokenNeedsHeldLease(t *testing.T) {
 	requireSQLState(t, err, quota.SQLStateLeaseNotHeld)
 }
 
-// The breaker cases of a hand-set stale token: the table's work runs under
-// a lease named otherwise (PresentTokenRequest.Lease), so taking that lease
+// The breaker cases of a hand-set stale token: the table is bound to a
+// lease named otherwise (GuardTableRequest.Lease), so taking that lease
 // over does not raise the table's own mark; and a transaction at
 // REPEATABLE READ whose snapshot predates the takeover. Both are refused.
 func TestFenceGuardHandSetStaleTokenAfterTakeover(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
-	g := b.guardReports(t, "reports", false)
+	b.appDDL(t, `CREATE TABLE public.reports (id int PRIMARY KEY, val text, tok bigint)`, nil, "public.reports")
+	g, err := b.ownerClient(t).GuardTable(b.ctx, quota.GuardTableRequest{Table: "public.reports", Column: "tok", Lease: "job"})
+	require.NoError(t, err)
+	require.Equal(t, "job", g.Lease)
 
 	// A lease named otherwise.
 	a := b.acquire(t, "job", "A", time.Minute)
@@ -90,7 +93,7 @@ func TestFenceGuardHandSetStaleTokenAfterTakeover(t *testing.T) {
 		return tx.Commit(b.ctx)
 	}
 	require.NoError(t, present(a.Token, `INSERT INTO reports VALUES (1, 'a', NULL)`))
-	_, err := b.client.Release(b.ctx, "job", a.Token)
+	_, err = b.client.Release(b.ctx, "job", a.Token)
 	require.NoError(t, err)
 	bl := b.acquire(t, "job", "B", time.Minute)
 	require.Greater(t, bl.Token, a.Token)
@@ -105,7 +108,7 @@ func TestFenceGuardHandSetStaleTokenAfterTakeover(t *testing.T) {
 		_, err = tx.Exec(b.ctx, forge, a.Token)
 		require.NoError(t, err)
 		_, err = tx.Exec(b.ctx, `UPDATE reports SET val = 'A stale, by hand' WHERE id = 1`)
-		requireSQLState(t, err, quota.SQLStateLeaseNotHeld, forge)
+		requireSQLState(t, err, quota.SQLStateTokenNotPresented, forge)
 		require.NoError(t, tx.Rollback(b.ctx))
 	}
 	require.Equal(t, fmt.Sprintf("1:a:%d", a.Token), b.rowsOf(t, "reports"))

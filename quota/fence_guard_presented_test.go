@@ -123,11 +123,11 @@ func TestFenceGuardRefusesDeposedHolder(t *testing.T) {
 		requireStale(t, err, g.Resource, a.Token, bl.Token)
 		requireSQLState(t, err, quota.SQLStateStaleToken, stmt)
 
-		// A's token put into the setting by hand: the guard itself refuses
-		// the statement as stale.
+		// A's token put into the setting by hand: it carries no proof of
+		// presentation, so the guard refuses it as not presented.
 		err = b.forgedTx(t, g.Resource, a.Token, stmt)
-		requireSQLState(t, err, quota.SQLStateStaleToken, stmt)
-		requireStale(t, quota.MapFenceError(err), g.Resource, a.Token, bl.Token)
+		requireSQLState(t, err, quota.SQLStateTokenNotPresented, stmt)
+		require.ErrorIs(t, quota.MapFenceError(err), quota.ErrTokenNotPresented, stmt)
 	}
 	require.Equal(t, want, b.rowsOf(t, "reports"), "no stale statement changed the table")
 
@@ -224,7 +224,7 @@ func TestFenceGuardRefusesInventedTokens(t *testing.T) {
 		require.NoError(t, tx.Rollback(b.ctx))
 	}
 	err = b.forgedTx(t, g.Resource, 0, `UPDATE reports SET val = 'zero'`)
-	requireSQLState(t, err, quota.SQLStateStaleToken)
+	requireSQLState(t, err, quota.SQLStateTokenNotPresented)
 
 	f, err := b.client.FenceState(b.ctx, g.Resource)
 	require.NoError(t, err)
@@ -309,18 +309,18 @@ func TestFenceGuardSeveralResourcesAndFenceWriteTx(t *testing.T) {
 	requireSQLState(t, err, quota.SQLStateTokenNotPresented)
 	require.Contains(t, err.Error(), `UPDATE on "we'ird"."Or""ders"`)
 
-	// A lease named otherwise than the resource is checked when named.
+	// A lease named otherwise than the one the table is bound to is
+	// refused (PQ004), and holder one is not locked out.
 	h3 := b.acquire(t, "nightly", "three", time.Minute)
 	tx, err = b.pool.Begin(b.ctx)
 	require.NoError(t, err)
-	require.NoError(t, b.client.PresentTokenTx(b.ctx, tx, quota.PresentTokenRequest{Resource: g1.Resource, Token: h3.Token, Lease: "nightly"}))
-	_, err = tx.Exec(b.ctx, `UPDATE reports SET val = 'nightly'`)
-	require.NoError(t, err)
-	require.NoError(t, tx.Commit(b.ctx))
-	require.Equal(t, fmt.Sprintf("1:nightly:%d", h3.Token), b.rowsOf(t, "reports"))
-	// Holder one's token is now below the mark.
-	err = b.txWith(t, g1.Resource, h1.Token, `UPDATE reports SET val = 'one'`)
-	requireStale(t, err, g1.Resource, h1.Token, h3.Token)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	err = b.client.PresentTokenTx(b.ctx, tx, quota.PresentTokenRequest{Resource: g1.Resource, Token: h3.Token, Lease: "nightly"})
+	requireSQLState(t, err, quota.SQLStateWrongLease)
+	require.ErrorIs(t, err, quota.ErrWrongLease)
+	require.NoError(t, tx.Rollback(b.ctx))
+	require.NoError(t, b.txWith(t, g1.Resource, h1.Token, `UPDATE reports SET val = 'one'`))
+	require.Equal(t, fmt.Sprintf("1:one:%d", h1.Token), b.rowsOf(t, "reports"))
 }
 
 // A transaction that presented its token keeps the lease row locked: a

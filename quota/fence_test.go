@@ -224,12 +224,14 @@ func TestFenceGuardTrigger(t *testing.T) {
 	// one it did not touch, with its token in the row as before.
 	for _, id := range []int{1, 2} {
 		stmt := fmt.Sprintf(`UPDATE app."Orders" SET status = 'cancelled', fence_token = %d WHERE id = %d`, h1.Token, id)
+		// Its token set by hand in the guard's setting: no proof of
+		// presentation, refused as not presented.
 		err = b.forgedTx(t, g.Resource, h1.Token, stmt)
 		var pgErr *pgconn.PgError
 		require.ErrorAs(t, err, &pgErr)
-		require.Equal(t, "PQ001", pgErr.Code)
-		require.Contains(t, pgErr.Message, fmt.Sprintf("stale fencing token %d", h1.Token))
-		requireStale(t, quota.MapFenceError(err), g.Resource, h1.Token, h2.Token)
+		require.Equal(t, quota.SQLStateTokenNotPresented, pgErr.Code)
+		require.Contains(t, pgErr.Message, fmt.Sprintf("fencing token %d for resource", h1.Token))
+		require.ErrorIs(t, quota.MapFenceError(err), quota.ErrTokenNotPresented)
 		err = b.txWith(t, g.Resource, h1.Token, stmt)
 		requireStale(t, err, g.Resource, h1.Token, h2.Token)
 	}

@@ -19,7 +19,7 @@ func (a *app) fenceCommand() *cobra.Command {
 rejects a write that carries a lower one, whichever key it touches (exit 3,
 SQLSTATE PQ001). Equal tokens are accepted: the current holder may write again.`,
 	}
-	var resource, key, value, lease, table, column string
+	var resource, key, value, lease, table, column, semaphore string
 	var token int64
 	var external bool
 
@@ -36,7 +36,11 @@ lease "report". --lease NAME checks the lease NAME instead. A token of a
 lease that expired, was released, or never issued it is refused: exit 3
 (SQLSTATE PQ002). --external skips the lease check, for tokens from another
 lock service that increase with each holder (an etcd revision, a ZooKeeper
-zxid); the highest-token check still applies.`,
+zxid); the highest-token check still applies.
+
+On the resource of a guarded table the binding decides (see fence guard): a
+token of another lease than the one the table is bound to is refused, exit 3
+(SQLSTATE PQ004), and moves no mark.`,
 		Example: `  pgquota fence write --resource report --key status --token 42 --value done
   pgquota fence write --resource orders --key o-17 --token 7719 --value paid --external`,
 		Args: cobra.NoArgs,
@@ -53,7 +57,7 @@ zxid); the highest-token check still applies.`,
 				req.Lease = resource
 			}
 			r, err := c.WriteFencedRow(cmd.Context(), req)
-			if errors.Is(err, quota.ErrStaleToken) || errors.Is(err, quota.ErrLeaseLost) {
+			if errors.Is(err, quota.ErrStaleToken) || errors.Is(err, quota.ErrLeaseLost) || errors.Is(err, quota.ErrWrongLease) {
 				msg := oneLine(trimPrefix(err.Error()))
 				if errors.Is(err, quota.ErrLeaseLost) && !cmd.Flags().Changed("lease") {
 					msg += fmt.Sprintf("; the token must belong to the lease held now under the name %q (--lease defaults to --resource): "+
@@ -110,13 +114,27 @@ zxid); the highest-token check still applies.`,
 			if rows == nil {
 				rows = []quota.FencedRow{}
 			}
+			all, err := c.GuardedTables(cmd.Context())
+			if err != nil {
+				return err
+			}
+			guards := []quota.GuardStatus{}
+			for _, g := range all {
+				if g.Resource == resource {
+					guards = append(guards, g)
+				}
+			}
 			out := struct {
 				quota.FenceState
-				Rows []quota.FencedRow `json:"rows"`
-			}{st, rows}
+				Guards []quota.GuardStatus `json:"guards"`
+				Rows   []quota.FencedRow   `json:"rows"`
+			}{st, guards, rows}
 			return a.output(out, func(w *tabwriter.Writer) {
 				row(w, "resource", st.Resource)
 				row(w, "highest token", st.Highest)
+				for _, g := range guards {
+					row(w, "guarded table", g.Table+" "+guardFires(g))
+				}
 				if len(rows) == 0 {
 					row(w, "rows", "(none)")
 					return
@@ -154,6 +172,12 @@ token the lease named like the resource is not held with (expired, released,
 never issued: too high or invented) with PQ002; so does a guarded statement
 whose presented token was overtaken (PQ001).
 
+The table is bound to one source of tokens. By default that is the lease
+named like the resource; --lease NAME binds it to lease NAME, --semaphore NAME
+to every slot of semaphore NAME held now (each holder presents its own token;
+none locks another out). A token of any other lease is refused with SQLSTATE
+PQ004, and moves no mark.
+
 --external is for tokens from another lock service that increase with each
 holder (an etcd revision, a ZooKeeper zxid): present_token then checks a
 token only against the highest seen for the resource, and no lease.
@@ -171,7 +195,9 @@ TRUNCATE): "upgraded yes". Detach with:
 			if err != nil {
 				return err
 			}
-			g, err := c.GuardTable(cmd.Context(), quota.GuardTableRequest{Table: table, Column: column, External: external})
+			g, err := c.GuardTable(cmd.Context(), quota.GuardTableRequest{
+				Table: table, Column: column, External: external, Lease: lease, Semaphore: semaphore,
+			})
 			if err != nil {
 				return err
 			}
@@ -179,10 +205,13 @@ TRUNCATE): "upgraded yes". Detach with:
 				row(w, "table", g.Table)
 				row(w, "column", g.Column)
 				row(w, "resource", g.Resource)
-				if g.External {
+				switch {
+				case g.External:
 					row(w, "tokens", "external (checked against the highest seen for the resource only; no lease)")
-				} else {
-					row(w, "tokens", fmt.Sprintf("pgquota lease %q by default (the lease must be held with the token)", g.Resource))
+				case g.Semaphore != "":
+					row(w, "tokens", fmt.Sprintf("any slot of semaphore %q held now, with its own token", g.Semaphore))
+				default:
+					row(w, "tokens", fmt.Sprintf("pgquota lease %q only, while held with the token (any other lease: SQLSTATE %s)", g.Lease, quota.SQLStateWrongLease))
 				}
 				row(w, "present with", fmt.Sprintf("SELECT pgquota.present_token(%s, <token>); in each writing transaction", sqlLiteral(g.Resource)))
 				row(w, "triggers", g.Trigger+" (INSERT, UPDATE, DELETE), "+g.TruncateTrigger+" (TRUNCATE)")
@@ -195,11 +224,61 @@ TRUNCATE): "upgraded yes". Detach with:
 	guard.Flags().StringVar(&table, "table", "", "table, optionally schema-qualified (required)")
 	guard.Flags().StringVar(&column, "column", "", "bigint token column, stamped with the presented token (required)")
 	guard.Flags().BoolVar(&external, "external", false, "tokens come from another lock service (etcd, ZooKeeper): check them against the highest seen only, no lease")
+	guard.Flags().StringVar(&lease, "lease", "", "bind the table to this pgquota lease (default: the lease named like the table's resource)")
+	guard.Flags().StringVar(&semaphore, "semaphore", "", "bind the table to this semaphore: every slot held now writes with its own token")
+	guard.MarkFlagsMutuallyExclusive("external", "lease", "semaphore")
 	_ = guard.MarkFlagRequired("table")
 	_ = guard.MarkFlagRequired("column")
 
-	cmd.AddCommand(write, show, guard)
+	guards := &cobra.Command{
+		Use:   "guards",
+		Short: "List guarded tables and whether each guard fires (exit 3 when one does not)",
+		Long: `List every table guarded by "fence guard", with whether its guard fires for
+ordinary writes. A guard does not fire when its trigger was disabled (ALTER
+TABLE ... DISABLE TRIGGER), set to fire only in replica sessions (ENABLE
+REPLICA TRIGGER) or dropped, or when a role or database is set to
+session_replication_role = replica (its sessions bypass triggers that fire in
+origin sessions only, the default). Exit 3 when any guard does not fire.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.quotaClient(cmd.Context())
+			if err != nil {
+				return err
+			}
+			gs, err := c.GuardedTables(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if gs == nil {
+				gs = []quota.GuardStatus{}
+			}
+			if err := a.output(gs, func(w *tabwriter.Writer) {
+				row(w, "TABLE", "RESOURCE", "FIRES")
+				for _, g := range gs {
+					row(w, g.Table, g.Resource, guardFires(g))
+				}
+			}); err != nil {
+				return err
+			}
+			for _, g := range gs {
+				if !g.Fires {
+					return errDenied
+				}
+			}
+			return nil
+		},
+	}
+
+	cmd.AddCommand(write, show, guard, guards)
 	return cmd
+}
+
+// guardFires is "yes", or "NO: " and the problem.
+func guardFires(g quota.GuardStatus) string {
+	if g.Fires {
+		return "yes"
+	}
+	return "NO: " + g.Problem
 }
 
 func printFencedRow(w *tabwriter.Writer, r quota.FencedRow) {

@@ -72,12 +72,12 @@ COMMIT;
 		require.Equal(t, 3, code, "%s with A's token: %s", stmt, errOut)
 		require.Contains(t, errOut, fmt.Sprintf("ERROR:  PQ001: pgquota: stale fencing token %d for resource public.reports", a), stmt)
 
-		// A's token put into the setting by hand: the statement itself is
-		// refused by the guard.
+		// A's token put into the setting by hand: it carries no proof of
+		// presentation, and the guard refuses the statement.
 		code, _, errOut = psql(t, dbURL, fmt.Sprintf("BEGIN;\nSELECT set_config('pgquota.fence_tokens', '{\"public.reports\": %d}', true);\n%s\nCOMMIT;\n", a, stmt))
 		require.Equal(t, 3, code, "%s with A's token set by hand: %s", stmt, errOut)
-		require.Contains(t, errOut, fmt.Sprintf("ERROR:  PQ001: pgquota: stale fencing token %d for resource public.reports: highest token seen is %d (%s on public.reports)",
-			a, b, strings.Fields(stmt)[0]), stmt)
+		require.Contains(t, errOut, fmt.Sprintf("ERROR:  PQ003: pgquota: fencing token %d for resource public.reports was not presented with pgquota.present_token in this transaction: %s on public.reports refused",
+			a, strings.Fields(stmt)[0]), stmt)
 	}
 	code, rows, errOut := psql(t, dbURL, "SELECT id, val, tok FROM reports;\n")
 	require.Equal(t, 0, code, errOut)

@@ -56,10 +56,17 @@ func (a *app) startMetrics(addr string) (*metricsServer, error) {
 }
 
 // ready makes /healthz check that c's database answers with the schema
-// this build needs (CheckSchema).
+// this build needs (CheckSchema) and that the guard of every guarded table
+// fires (CheckGuards: a guard disabled, or bypassed by replica sessions,
+// is a 503 naming the table).
 func (ms *metricsServer) ready(c *quota.Client) {
 	if ms != nil {
-		check := c.CheckSchema
+		check := func(ctx context.Context) error {
+			if err := c.CheckSchema(ctx); err != nil {
+				return err
+			}
+			return c.CheckGuards(ctx)
+		}
 		ms.health.Store(&check)
 	}
 }
