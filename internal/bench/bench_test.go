@@ -71,7 +71,7 @@ func effect(t *testing.T, db *scratch.Database, s Strategy, do func(env Env, op 
 	pool, err := openPool(ctx, db, 1, nil)
 	require.NoError(t, err)
 	defer pool.Close()
-	env, err := newEnv(pool)
+	env, err := newEnv(pool, nil)
 	require.NoError(t, err)
 	op, err := s.Setup(ctx, env)
 	require.NoError(t, err)
@@ -197,7 +197,7 @@ func TestRunLibrary(t *testing.T) {
 	s, ok := Lookup("grant-hot")
 	require.True(t, ok)
 	var ticks int
-	res, err := RunLibrary(ctx, db, s, 3, 300*time.Millisecond, func(time.Duration) { ticks++ })
+	res, err := RunLibrary(ctx, db, s, 3, 300*time.Millisecond, func(time.Duration) { ticks++ }, nil)
 	require.NoError(t, err)
 	require.Equal(t, int32(3), res.Connections)
 	require.Positive(t, res.Ops)

@@ -31,7 +31,7 @@ func newTestEnv(t *testing.T, cfg Config) (*Env, []*Client) {
 	t.Cleanup(env.DB.Close)
 	env.Quota, err = quota.New(env.DB, nil)
 	require.NoError(t, err)
-	clients, err := openClients(ctx, db, cfg.Requests)
+	clients, err := openClients(ctx, db, cfg.Requests, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		for _, c := range clients {
