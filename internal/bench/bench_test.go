@@ -23,6 +23,9 @@ func newScratch(t *testing.T) *scratch.Database {
 	db, err := scratch.Create(ctx, admin, "pgquota_test_bench")
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, db.Drop(ctx)) })
+	// The pools the bench's tests open on it (RunLibrary's 3 clients,
+	// pgbench's 2, a setup pool), one at a time.
+	pgtest.Reserve(t, 6, "the bench's pools on a scratch database")
 	return db
 }
 

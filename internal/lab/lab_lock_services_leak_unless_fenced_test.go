@@ -26,6 +26,7 @@ func TestLabLockServicesLeakUnlessFenced(t *testing.T) {
 	cfg := lab.DefaultConfig()
 	cfg.Runs = 3
 	cfg.Strategies = []string{"zookeeper", "zookeeper-fenced", "etcd", "etcd-fenced"}
+	pgtest.Reserve(t, cfg.Requests+2, "the lab's requests and its pool")
 	rep, err := lab.Run(ctx, admin, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() {

@@ -38,6 +38,7 @@ func TestLabCounting(t *testing.T) {
 	cfg.Runs = 2
 	// The lock services have a test of their own (lab_lock_services_leak_unless_fenced_test.go).
 	cfg.Strategies = slices.DeleteFunc(lab.Names(), func(n string) bool { return strings.HasPrefix(n, "zookeeper") || strings.HasPrefix(n, "etcd") })
+	pgtest.Reserve(t, cfg.Requests+2, "the lab's requests and its pool")
 	rep, err := lab.Run(ctx, admin, cfg)
 	require.NoError(t, err)
 	require.Empty(t, rep.Violations)
@@ -118,6 +119,7 @@ func TestLabFencedWithoutPauses(t *testing.T) {
 	cfg.TTL = 5 * time.Second
 	cfg.Pause = 0
 	cfg.Strategies = []string{"fenced"}
+	pgtest.Reserve(t, cfg.Requests+2, "the lab's requests and its pool")
 	rep, err := lab.Run(ctx, admin, cfg)
 	require.NoError(t, err)
 	require.Empty(t, rep.Violations)
@@ -154,6 +156,7 @@ func TestLabRedisUnavailable(t *testing.T) {
 	cfg.RedisURL = "redis://127.0.0.1:1"
 	cfg.Strategies = []string{"redis-lock", "conditional"}
 	cfg.Pause = 0
+	pgtest.Reserve(t, cfg.Requests+2, "the lab's requests and its pool")
 	rep, err := lab.Run(ctx, admin, cfg)
 	require.NoError(t, err)
 	require.Len(t, rep.Strategies, 2)
