@@ -116,7 +116,9 @@ func TestLabUsageErrors(t *testing.T) {
 		{"lab", "--strategy", "nope"},
 		{"lab", "--think", "soon"},
 	} {
-		_, errs, code := runOut(t, args...)
+		// A usage error: the command connects to nothing.
+		r := runDB(t, pgtest.BaseURL(t), args...)
+		errs, code := r.stderr, r.code
 		require.Equal(t, cli.ExitUsage, code, "%v: %s", args, errs)
 		require.Equal(t, 1, strings.Count(errs, "\n"), errs)
 	}
@@ -208,7 +210,9 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"bench", "--pgbench", "--duration", "1500ms"},
 		{"bench", "--rounds", "0"},
 	} {
-		_, errs, code := runOut(t, args...)
+		// A usage error: the command connects to nothing.
+		r := runDB(t, pgtest.BaseURL(t), args...)
+		errs, code := r.stderr, r.code
 		require.Equal(t, cli.ExitUsage, code, "%v: %s", args, errs)
 		require.Equal(t, 1, strings.Count(errs, "\n"), errs)
 	}

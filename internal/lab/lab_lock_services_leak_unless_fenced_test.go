@@ -34,6 +34,7 @@ func TestLabLockServicesLeakUnlessFenced(t *testing.T) {
 		rep, err := lab.Run(ctx, admin, cfg)
 		require.NoError(t, err)
 		a.saw(rep)
+		requireInstalled(t, rep)
 		requireNeverAboveLimit(t, rep, cfg.Limit)
 		require.Empty(a, rep.Violations)
 		for _, name := range cfg.Strategies {

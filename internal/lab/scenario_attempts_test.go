@@ -82,6 +82,17 @@ func describeRuns(rep *lab.Report) string {
 	return b.String()
 }
 
+// requireInstalled fails the test at once when a strategy of rep could
+// not run because what it needs is not installed: no retry helps that.
+func requireInstalled(t *testing.T, rep *lab.Report) {
+	t.Helper()
+	for _, s := range rep.Strategies {
+		if s.Status == lab.StatusUnavailable && strings.Contains(s.Reason, "not installed") {
+			t.Fatalf("%s cannot run: %s", s.Name, s.Reason)
+		}
+	}
+}
+
 // requireNeverAboveLimit fails the test at once when a safe strategy of
 // rep handed out more than limit in any run: safety holds in every
 // attempt, retried or not.

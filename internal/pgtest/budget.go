@@ -32,8 +32,9 @@ const (
 	DefaultMaxConns = 60
 	// DefaultBinaries is `make test`'s go test -p.
 	DefaultBinaries = 2
-	// DatabaseConns is what a test database costs beyond the pools on it:
-	// pgtestdb's connection to create and drop it, and the pool of a CLI
+	// DatabaseConns is what a test's databases cost beyond the pools on
+	// them, once per test however many it creates (one at a time):
+	// pgtestdb's connection to create and drop one, and the pool of a CLI
 	// command run against it.
 	DatabaseConns = 2
 	// budgetWait is how long a test waits for its share before it fails
@@ -64,9 +65,10 @@ type account struct {
 	used    int
 	held    map[testing.TB]int
 	waiting map[testing.TB]bool
+	dbs     map[testing.TB]bool
 }
 
-var limiter = account{held: map[testing.TB]int{}, waiting: map[testing.TB]bool{}}
+var limiter = account{held: map[testing.TB]int{}, waiting: map[testing.TB]bool{}, dbs: map[testing.TB]bool{}}
 
 func init() { limiter.cond = sync.NewCond(&limiter.mu) }
 
@@ -80,6 +82,20 @@ func init() { limiter.cond = sync.NewCond(&limiter.mu) }
 func Reserve(tb testing.TB, n int, what string) {
 	tb.Helper()
 	reserve(tb, n, what, false)
+}
+
+// reserveDatabases counts DatabaseConns for tb's first database.
+func reserveDatabases(tb testing.TB) {
+	tb.Helper()
+	limiter.mu.Lock()
+	first := !limiter.dbs[tb]
+	limiter.mu.Unlock()
+	if first {
+		reserve(tb, DatabaseConns, "its test databases", false)
+		limiter.mu.Lock()
+		limiter.dbs[tb] = true
+		limiter.mu.Unlock()
+	}
 }
 
 // ReserveAtLeast is Reserve up to a total: it makes tb hold at least n
@@ -124,6 +140,7 @@ func reserve(tb testing.TB, n int, what string, total bool) {
 			l.mu.Lock()
 			l.used -= l.held[tb]
 			delete(l.held, tb)
+			delete(l.dbs, tb)
 			l.cond.Broadcast()
 			l.mu.Unlock()
 		})

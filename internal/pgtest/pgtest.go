@@ -168,7 +168,7 @@ func NewURL(tb testing.TB) string {
 	if err := ensureRoles(BaseURL(tb)); err != nil {
 		tb.Fatal(err)
 	}
-	Reserve(tb, DatabaseConns, "a test database")
+	reserveDatabases(tb)
 	return pgtestdb.Custom(tb, config(tb), migrator{}).URL()
 }
 
@@ -179,7 +179,7 @@ func NewEmptyURL(tb testing.TB) string {
 	if err := ensureRoles(BaseURL(tb)); err != nil {
 		tb.Fatal(err)
 	}
-	Reserve(tb, DatabaseConns, "a test database")
+	reserveDatabases(tb)
 	return pgtestdb.Custom(tb, config(tb), pgtestdb.NoopMigrator{}).URL()
 }
 
