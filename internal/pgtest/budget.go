@@ -25,13 +25,14 @@ const (
 	EnvMaxConns = "PGQUOTA_TEST_MAX_CONNS"
 	// EnvBinaries names the variable that holds how many test binaries run
 	// at once (go test -p); each gets EnvMaxConns / EnvBinaries. Default
-	// DefaultBinaries, the -p of `make test`.
+	// DefaultBinaries, the -p of `make test`: with `go test -p N`, set it
+	// to N, else N binaries may hold N times the budget.
 	EnvBinaries = "PGQUOTA_TEST_BINARIES"
 	// DefaultMaxConns leaves 40 of PostgreSQL's default max_connections
 	// (100) to others.
 	DefaultMaxConns = 60
 	// DefaultBinaries is `make test`'s go test -p.
-	DefaultBinaries = 2
+	DefaultBinaries = 1
 	// DatabaseConns is what a test's databases cost beyond the pools on
 	// them, once per test however many it creates (one at a time):
 	// pgtestdb's connection to create and drop one, and the pool of a CLI
