@@ -8,6 +8,11 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+type PgquotaCounterLock struct {
+	QuotaName string
+	Member    string
+}
+
 type PgquotaFence struct {
 	Resource  string
 	MaxToken  int64
