@@ -10,6 +10,16 @@ STATICCHECK := go run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 PGQUOTA_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:$(or $(PGPORT),5432)/postgres?sslmode=disable
 export PGQUOTA_TEST_DATABASE_URL
 
+# The connections the whole suite may hold on that server at once (every
+# test binary together; internal/pgtest's budget), and how many test
+# binaries run at once (go test -p): each binary gets the quotient. One at
+# a time: quota's binary takes most of the time anyway, and gets the whole
+# budget (two of its tests hold 36 connections each).
+PGQUOTA_TEST_MAX_CONNS ?= 60
+TEST_PARALLEL_BINARIES ?= 1
+PGQUOTA_TEST_BINARIES := $(TEST_PARALLEL_BINARIES)
+export PGQUOTA_TEST_MAX_CONNS PGQUOTA_TEST_BINARIES
+
 # The server the benchmarks run against: DATABASE_URL when set, else the
 # tests' server. Each creates its own scratch databases and drops them.
 BENCH_DATABASE_URL := $(or $(DATABASE_URL),$(PGQUOTA_TEST_DATABASE_URL))
@@ -41,8 +51,8 @@ lint: ## gofmt, go vet, staticcheck, and go mod tidy leaving no diff
 	go mod tidy -diff
 
 .PHONY: test
-test: ## Run every test with the race detector against PGQUOTA_TEST_DATABASE_URL (default: postgres@127.0.0.1:5432, trust auth)
-	go test -race -count=1 -timeout 20m ./...
+test: ## Run every test with the race detector against PGQUOTA_TEST_DATABASE_URL (default: postgres@127.0.0.1:5432, trust auth), holding at most PGQUOTA_TEST_MAX_CONNS=60 of its connections
+	go test -race -count=1 -p $(TEST_PARALLEL_BINARIES) -timeout 20m ./...
 
 .PHONY: crash-rounds
 crash-rounds: ## 20 immediate shutdowns (the test's default; PGQUOTA_CRASH_ROUNDS=N for more) of a throwaway server under synchronous_commit = off: prints how many tokens were issued twice (must be 0) and outcomes lost; about 40s

@@ -82,6 +82,7 @@ func TestConcurrentMigrateUpLeavesTheSameSchema(t *testing.T) {
 
 	differing, failed := 0, 0
 	var report []string
+	pgtest.Reserve(t, replicas*2, "the replicas' pools of 2, one round at a time")
 	for round := range rounds {
 		dbURL := pgtest.NewEmptyURL(t)
 		errs := make([]error, replicas)

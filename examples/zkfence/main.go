@@ -73,6 +73,9 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer conn.Close()
+	if err := WaitSession(ctx, conn, 30*time.Second); err != nil {
+		return err
+	}
 	h, err := Lock(conn, *lockPath, *epoch)
 	if err != nil {
 		return err
@@ -83,6 +86,26 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "wrote %s/%s = %q with token %d (epoch %d, sequence %d)\n", row.Resource, row.Key, row.Value, row.Token, *epoch, h.Seq)
+	return nil
+}
+
+// WaitSession waits up to timeout until conn holds a session with a
+// server. zk.Connect returns at once and connects in the background; a
+// request sent before the first connection is made fails with
+// zk.ErrNoServer ("zk: could not connect to a server") when that attempt
+// fails, as it can on a busy machine, while the client keeps trying.
+func WaitSession(ctx context.Context, conn *zk.Conn, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for conn.State() != zk.StateHasSession {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("zookeeper %s: no session after %s (state %s)", conn.Server(), timeout, conn.State())
+		case <-tick.C:
+		}
+	}
 	return nil
 }
 

@@ -35,7 +35,8 @@ func setup(t *testing.T) (*pgxpool.Pool, *quota.Client, string) {
 	return pool, qc, dbURL
 }
 
-// connect opens a session; dialer nil means a plain TCP connection.
+// connect opens a session and waits until it is made; dialer nil means a
+// plain TCP connection.
 func connect(t *testing.T, addr string, session time.Duration, dialer zk.Dialer) *zk.Conn {
 	t.Helper()
 	if dialer == nil {
@@ -44,6 +45,9 @@ func connect(t *testing.T, addr string, session time.Duration, dialer zk.Dialer)
 	conn, _, err := zk.Connect([]string{addr}, session, zk.WithLogInfo(false), zk.WithDialer(dialer))
 	require.NoError(t, err)
 	t.Cleanup(conn.Close)
+	// The server answers (zkserver waits for it); the session is made in
+	// the background: wait for it rather than race the first request.
+	require.NoError(t, WaitSession(context.Background(), conn, time.Minute))
 	return conn
 }
 

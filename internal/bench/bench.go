@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgquota/pgquota/internal/scratch"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // Config says what Run measures.
@@ -33,6 +34,11 @@ type Config struct {
 	// Progress, when not nil, is called as the runs advance, with a label
 	// for the current run, the time done and the total time of all runs.
 	Progress func(label string, done, total time.Duration)
+	// MeterProvider, when not nil, is the Config.MeterProvider of the
+	// pgquota clients the library runs create (`--metrics-addr`); nil
+	// records nothing. Each run carries its own, so concurrent runs never
+	// share one.
+	MeterProvider metric.MeterProvider
 }
 
 // Server describes the server the bench ran on.
@@ -184,7 +190,7 @@ func Run(ctx context.Context, admin *pgxpool.Pool, cfg Config) (_ *Report, err e
 					label += fmt.Sprintf(", round %d/%d", round, cfg.Rounds)
 				}
 				progress(label + " (library)")(0)
-				lib, err := RunLibrary(ctx, db, s, n, cfg.Duration, progress(label+" (library)"))
+				lib, err := RunLibrary(ctx, db, s, n, cfg.Duration, progress(label+" (library)"), cfg.MeterProvider)
 				if err != nil {
 					return nil, fmt.Errorf("%s at %d clients: %w", s.Name(), n, err)
 				}
@@ -229,7 +235,7 @@ func runPgbench(ctx context.Context, db *scratch.Database, s Strategy, script *S
 	if err != nil {
 		return PgbenchResult{}, err
 	}
-	env, err := newEnv(pool)
+	env, err := newEnv(pool, nil)
 	if err == nil {
 		_, err = s.Setup(ctx, env)
 	}

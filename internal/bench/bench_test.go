@@ -23,6 +23,9 @@ func newScratch(t *testing.T) *scratch.Database {
 	db, err := scratch.Create(ctx, admin, "pgquota_test_bench")
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, db.Drop(ctx)) })
+	// The pools the bench's tests open on it (RunLibrary's 3 clients,
+	// pgbench's 2, a setup pool), one at a time.
+	pgtest.Reserve(t, 6, "the bench's pools on a scratch database")
 	return db
 }
 
@@ -71,7 +74,7 @@ func effect(t *testing.T, db *scratch.Database, s Strategy, do func(env Env, op 
 	pool, err := openPool(ctx, db, 1, nil)
 	require.NoError(t, err)
 	defer pool.Close()
-	env, err := newEnv(pool)
+	env, err := newEnv(pool, nil)
 	require.NoError(t, err)
 	op, err := s.Setup(ctx, env)
 	require.NoError(t, err)
@@ -197,7 +200,7 @@ func TestRunLibrary(t *testing.T) {
 	s, ok := Lookup("grant-hot")
 	require.True(t, ok)
 	var ticks int
-	res, err := RunLibrary(ctx, db, s, 3, 300*time.Millisecond, func(time.Duration) { ticks++ })
+	res, err := RunLibrary(ctx, db, s, 3, 300*time.Millisecond, func(time.Duration) { ticks++ }, nil)
 	require.NoError(t, err)
 	require.Equal(t, int32(3), res.Connections)
 	require.Positive(t, res.Ops)

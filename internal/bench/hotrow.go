@@ -29,7 +29,7 @@ func (grantHotCoalesced) Setup(ctx context.Context, env Env) (Op, error) {
 	if _, _, err := resetUsage(ctx, env, []string{hotMember}); err != nil {
 		return Op{}, err
 	}
-	client, err := quota.New(env.Pool, &quota.Config{Coalesce: true, MeterProvider: meterProvider})
+	client, err := quota.New(env.Pool, &quota.Config{Coalesce: true, MeterProvider: env.MeterProvider})
 	if err != nil {
 		return Op{}, err
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/pgquota/pgquota/internal/scratch"
 	"github.com/pgquota/pgquota/quota"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // The bench beside the peers users pick instead (issue 15, item 3): each
@@ -42,6 +43,11 @@ type PeersConfig struct {
 	Cases []string
 	// Progress, when not nil, is called before each run with its label.
 	Progress func(label string)
+	// MeterProvider, when not nil, is the Config.MeterProvider of the
+	// pgquota clients the library runs create (`--metrics-addr`); nil
+	// records nothing. Each run carries its own, so concurrent runs never
+	// share one.
+	MeterProvider metric.MeterProvider
 }
 
 // PeerCase is one workload measured on every side.
@@ -209,7 +215,7 @@ func RunPeers(ctx context.Context, admin *pgxpool.Pool, cfg PeersConfig) (_ *Pee
 		for _, n := range cfg.Clients {
 			label := fmt.Sprintf("%s, clients=%d", pc.Name, n)
 			progress(label + " (pgquota)")
-			lib, err := RunLibrary(ctx, db, pc.pgquota, n, cfg.Duration, nil)
+			lib, err := RunLibrary(ctx, db, pc.pgquota, n, cfg.Duration, nil, cfg.MeterProvider)
 			if err != nil {
 				return nil, fmt.Errorf("%s at %d clients: %w", pc.Name, n, err)
 			}
@@ -262,7 +268,7 @@ func runRedisPeer(ctx context.Context, db *scratch.Database, srv *RedisServer, p
 	for _, c := range conns {
 		_ = c.Close()
 	}
-	return RunLibrary(ctx, db, pc.peer(rdb, "pgquota-bench:"+pc.Name+":"), n, d, nil)
+	return RunLibrary(ctx, db, pc.peer(rdb, "pgquota-bench:"+pc.Name+":"), n, d, nil, nil)
 }
 
 // redisRate is go-redis/redis_rate's Allow (a GCRA limiter in one Lua
@@ -351,7 +357,7 @@ func leaseCycleScript(ctx context.Context, db *scratch.Database) (*Script, Strat
 		return nil, nil, err
 	}
 	defer pool.Close()
-	env, err := newEnv(pool)
+	env, err := newEnv(pool, nil)
 	if err != nil {
 		return nil, nil, err
 	}

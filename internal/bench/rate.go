@@ -102,9 +102,9 @@ func (r rateHot) Setup(ctx context.Context, env Env) (Op, error) {
 	var cfg *quota.Config
 	switch r.mode {
 	case "coalesced":
-		cfg = &quota.Config{Coalesce: true, MeterProvider: meterProvider}
+		cfg = &quota.Config{Coalesce: true, MeterProvider: env.MeterProvider}
 	case "grouped":
-		cfg = &quota.Config{GroupCommit: true, MeterProvider: meterProvider}
+		cfg = &quota.Config{GroupCommit: true, MeterProvider: env.MeterProvider}
 	}
 	return shapeGrantWith(ctx, env, quota.Definition{Name: rateQuota, Window: quota.WindowRate, DefaultLimit: ptrInt(ratePerSecond), Period: time.Second},
 		`DELETE FROM pgquota.rate_state WHERE quota_name = $1`, cfg, func([]int64) string { return hotMember })

@@ -16,6 +16,7 @@ import (
 
 	"github.com/pgquota/pgquota/internal/scratch"
 	"github.com/pgquota/pgquota/quota"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // Latency holds latency percentiles in milliseconds.
@@ -105,9 +106,9 @@ func openPool(ctx context.Context, db *scratch.Database, n int, tracer *recorder
 	return pool, nil
 }
 
-func newEnv(pool *pgxpool.Pool) (Env, error) {
-	client, err := quota.New(pool, &quota.Config{MeterProvider: meterProvider})
-	return Env{Pool: pool, Client: client}, err
+func newEnv(pool *pgxpool.Pool, mp metric.MeterProvider) (Env, error) {
+	client, err := quota.New(pool, &quota.Config{MeterProvider: mp})
+	return Env{Pool: pool, Client: client, MeterProvider: mp}, err
 }
 
 // Capture runs one operation of s twice through a traced connection and
@@ -119,7 +120,7 @@ func Capture(ctx context.Context, db *scratch.Database, s Strategy) (*Script, er
 		return nil, err
 	}
 	defer pool.Close()
-	env, err := newEnv(pool)
+	env, err := newEnv(pool, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -148,14 +149,15 @@ func Capture(ctx context.Context, db *scratch.Database, s Strategy) (*Script, er
 // RunLibrary measures s through the library: clients goroutines on a pool
 // of exactly clients connections, each calling the operation back to back
 // for d. tick, when not nil, is called about every 100ms with the time
-// elapsed.
-func RunLibrary(ctx context.Context, db *scratch.Database, s Strategy, clients int, d time.Duration, tick func(time.Duration)) (LibraryResult, error) {
+// elapsed. mp, when not nil, is the MeterProvider of the clients the run
+// creates.
+func RunLibrary(ctx context.Context, db *scratch.Database, s Strategy, clients int, d time.Duration, tick func(time.Duration), mp metric.MeterProvider) (LibraryResult, error) {
 	pool, err := openPool(ctx, db, clients, nil)
 	if err != nil {
 		return LibraryResult{}, err
 	}
 	defer pool.Close()
-	env, err := newEnv(pool)
+	env, err := newEnv(pool, mp)
 	if err != nil {
 		return LibraryResult{}, err
 	}

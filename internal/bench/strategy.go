@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgquota/pgquota/quota"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // Strategy is one way of doing an operation that the bench measures.
@@ -43,6 +44,9 @@ type Env struct {
 	Pool *pgxpool.Pool
 	// Client is pgquota's client on Pool.
 	Client *quota.Client
+	// MeterProvider is Client's Config.MeterProvider (nil: none), for the
+	// strategies that create a client of their own.
+	MeterProvider metric.MeterProvider
 }
 
 // Var is an input that changes from one operation to the next. The runner

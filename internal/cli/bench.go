@@ -98,7 +98,7 @@ needs CREATEDB) and drops afterwards. Strategies:
 				return err
 			}
 			defer ms.stop()
-			bench.SetMeterProvider(a.meterProvider)
+			cfg.MeterProvider = a.meterProvider
 			admin, err := a.connect(ctx)
 			if err != nil {
 				return err

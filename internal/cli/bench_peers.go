@@ -57,7 +57,7 @@ func (a *app) benchPeers(ctx context.Context, _ *cobra.Command, p *peersFlags, c
 		fmt.Fprintf(a.stdout, "peers: %d cases x %d client counts x %d sides x %s = about %s\n",
 			ncases, len(cfg.Clients), len(bench.PeerSides), cfg.Duration, (time.Duration(runs) * cfg.Duration).Round(time.Second))
 	}
-	pc := bench.PeersConfig{Clients: cfg.Clients, Duration: cfg.Duration, PgbenchPath: cfg.PgbenchPath, Cases: cases}
+	pc := bench.PeersConfig{Clients: cfg.Clients, Duration: cfg.Duration, PgbenchPath: cfg.PgbenchPath, Cases: cases, MeterProvider: a.meterProvider}
 	if w := a.progressWriter(noProgress); w != nil {
 		pc.Progress = func(label string) { fmt.Fprintf(w, "\r\033[K%s", label) }
 		defer fmt.Fprint(w, "\r\033[K")

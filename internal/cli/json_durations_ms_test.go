@@ -58,10 +58,12 @@ func noOldKeys(t *testing.T, m map[string]any) {
 // Every duration --json prints is whole milliseconds under a key ending in
 // _ms: a rate of 5/m (one unit every 12 s) denied after its burst of 5
 // waits 12000 ms at most (not 1.2e10 ns, not 12 s), its period is 60000;
-// -1 means no wait helps.
+// -1 means no wait helps. The database's clock is pinned (pinClock), so the
+// waits are exact whatever the load between two commands.
 func TestJSONGrantWaitsInMilliseconds(t *testing.T) {
 	t.Parallel()
 	dbURL := migratedURL(t)
+	pinClock(t, dbURL, "2026-03-02T10:00:00Z")
 	ok(t, dbURL, "quota", "define", "--name", "r", "--rate", "5/m")
 	for range 5 {
 		ok(t, dbURL, "grant", "--quota", "r", "--member", "m")
@@ -69,9 +71,9 @@ func TestJSONGrantWaitsInMilliseconds(t *testing.T) {
 	m := runJSONNumbers(t, dbURL, cli.ExitDenied, "grant", "--quota", "r", "--member", "m")
 	noOldKeys(t, m)
 	retry := msOf(t, m, "retry_after_ms")
-	require.True(t, retry > 11000 && retry <= 12000, "retry_after_ms %d: the next unit within 12 s", retry)
+	require.Equal(t, int64(12000), retry, "retry_after_ms: the next unit in 12 s on a pinned clock")
 	reset := msOf(t, m, "reset_after_ms")
-	require.True(t, reset > 59000 && reset <= 60000, "reset_after_ms %d: 5 units of 12 s", reset)
+	require.Equal(t, int64(60000), reset, "reset_after_ms: 5 units of 12 s on a pinned clock")
 	limits := m["limits"].([]any)
 	require.Len(t, limits, 1)
 	l := limits[0].(map[string]any)
@@ -89,10 +91,12 @@ func TestJSONGrantWaitsInMilliseconds(t *testing.T) {
 
 // pgquota usage --json on a rate, a fixed window and a rolling window:
 // period_ms, and waits in whole milliseconds rounded up from the database
-// clock's instant (db_now).
+// clock's instant (db_now). That clock is pinned (pinClock), so the waits
+// are exact whatever the load between two commands.
 func TestJSONUsageWaitsInMilliseconds(t *testing.T) {
 	t.Parallel()
 	dbURL := migratedURL(t)
+	pinClock(t, dbURL, "2026-03-02T10:00:00.25Z")
 	ok(t, dbURL, "quota", "define", "--name", "r", "--rate", "5/m")
 	ok(t, dbURL, "quota", "define", "--name", "f", "--window", "90s", "--limit", "5")
 	ok(t, dbURL, "quota", "define", "--name", "w", "--rolling", "1h", "--limit", "5")
@@ -106,9 +110,9 @@ func TestJSONUsageWaitsInMilliseconds(t *testing.T) {
 	require.Equal(t, int64(60000), msOf(t, r, "period_ms"))
 	require.Equal(t, int64(3), msOf(t, r, "remaining"))
 	refill := msOf(t, r, "refill_after_ms")
-	require.True(t, refill > 11000 && refill <= 12000, "refill_after_ms %d: one unit every 12 s", refill)
+	require.Equal(t, int64(12000), refill, "refill_after_ms: one unit every 12 s on a pinned clock")
 	reset := msOf(t, r, "reset_after_ms")
-	require.True(t, reset > 23000 && reset <= 24000, "reset_after_ms %d: 2 units of 12 s", reset)
+	require.Equal(t, int64(24000), reset, "reset_after_ms: 2 units of 12 s on a pinned clock")
 
 	f := runJSONNumbers(t, dbURL, cli.ExitOK, "usage", "--quota", "f", "--member", "m")
 	require.Equal(t, int64(90000), msOf(t, f, "period_ms"))
@@ -122,15 +126,15 @@ func TestJSONUsageWaitsInMilliseconds(t *testing.T) {
 	require.Equal(t, int64(3600000), msOf(t, w, "period_ms"))
 	require.Equal(t, int64(2), msOf(t, w, "used"))
 	reset = msOf(t, w, "reset_after_ms")
-	require.True(t, reset > 3590000 && reset <= 3600000, "reset_after_ms %d: the grant leaves in 1 h", reset)
+	require.Equal(t, int64(3600000), reset, "reset_after_ms: the grant leaves in 1 h on a pinned clock")
 	require.Equal(t, reset, msOf(t, w, "refill_after_ms"), "one grant: the oldest is the newest")
 	require.Nil(t, w["window_start"])
 
 	text := ok(t, dbURL, "usage", "--quota", "r", "--member", "m")
 	require.Regexp(t, `(?m)^kind\s+rate$`, text)
 	require.Regexp(t, `(?m)^remaining\s+3$`, text)
-	require.Regexp(t, `(?m)^refill after\s+1[12](\.\d+)?s$`, text)
-	require.Regexp(t, `(?m)^reset after\s+2[34](\.\d+)?s$`, text)
+	require.Regexp(t, `(?m)^refill after\s+12s$`, text)
+	require.Regexp(t, `(?m)^reset after\s+24s$`, text)
 }
 
 // quota define and quota list print a shape's length as period_ms.

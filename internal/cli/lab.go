@@ -69,7 +69,7 @@ run, 1 otherwise.`,
 				return err
 			}
 			defer ms.stop()
-			lab.SetMeterProvider(a.meterProvider)
+			cfg.MeterProvider = a.meterProvider
 			admin, err := a.connect(ctx)
 			if err != nil {
 				return err

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -27,8 +28,40 @@ import (
 // their own scratch databases) and returns its stdout, stderr and exit code.
 func runOut(t *testing.T, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
+	pgtest.ReserveAtLeast(t, labBenchConns(args), "pgquota "+args[0]+"'s connections")
 	r := runDB(t, pgtest.BaseURL(t), args...)
 	return r.stdout, r.stderr, r.code
+}
+
+// labBenchConns is how many connections `pgquota lab` or `pgquota bench`
+// with args opens at most: the CLI's pool (4), and the lab's requests
+// (--requests, default 20) with its pool of 2, or the bench's largest
+// --clients (default 64) with its capture and setup connections.
+func labBenchConns(args []string) int {
+	flag := func(name, def string) string {
+		for i, a := range args {
+			if a == name && i+1 < len(args) {
+				return args[i+1]
+			}
+			if v, ok := strings.CutPrefix(a, name+"="); ok {
+				return v
+			}
+		}
+		return def
+	}
+	switch args[0] {
+	case "lab":
+		n, _ := strconv.Atoi(flag("--requests", "20"))
+		return 4 + 2 + max(n, 0)
+	case "bench":
+		most := 0
+		for _, c := range strings.Split(flag("--clients", "64"), ",") {
+			n, _ := strconv.Atoi(c)
+			most = max(most, n)
+		}
+		return 4 + 2 + most
+	}
+	return 4
 }
 
 func TestLabJSON(t *testing.T) {
@@ -83,7 +116,9 @@ func TestLabUsageErrors(t *testing.T) {
 		{"lab", "--strategy", "nope"},
 		{"lab", "--think", "soon"},
 	} {
-		_, errs, code := runOut(t, args...)
+		// A usage error: the command connects to nothing.
+		r := runDB(t, pgtest.BaseURL(t), args...)
+		errs, code := r.stderr, r.code
 		require.Equal(t, cli.ExitUsage, code, "%v: %s", args, errs)
 		require.Equal(t, 1, strings.Count(errs, "\n"), errs)
 	}
@@ -175,7 +210,9 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"bench", "--pgbench", "--duration", "1500ms"},
 		{"bench", "--rounds", "0"},
 	} {
-		_, errs, code := runOut(t, args...)
+		// A usage error: the command connects to nothing.
+		r := runDB(t, pgtest.BaseURL(t), args...)
+		errs, code := r.stderr, r.code
 		require.Equal(t, cli.ExitUsage, code, "%v: %s", args, errs)
 		require.Equal(t, 1, strings.Count(errs, "\n"), errs)
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/pgquota/pgquota/internal/scratch"
 	"github.com/pgquota/pgquota/quota"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // Config says how to run the lab. Start from DefaultConfig.
@@ -58,6 +59,11 @@ type Config struct {
 	Strategies []string
 	// Keep keeps the scratch database instead of dropping it.
 	Keep bool
+	// MeterProvider, when not nil, is the Config.MeterProvider of every
+	// pgquota client the run creates (`pgquota lab --metrics-addr`); nil
+	// records nothing. Each Run carries its own, so concurrent runs never
+	// share one.
+	MeterProvider metric.MeterProvider
 }
 
 // DefaultConfig returns the lab's defaults: 20 requests against a limit
@@ -377,10 +383,10 @@ func Run(ctx context.Context, admin *pgxpool.Pool, cfg Config) (_ *Report, err e
 		return nil, err
 	}
 	defer env.DB.Close()
-	if env.Quota, err = quota.New(env.DB, &quota.Config{MeterProvider: meterProvider}); err != nil {
+	if env.Quota, err = quota.New(env.DB, &quota.Config{MeterProvider: cfg.MeterProvider}); err != nil {
 		return nil, err
 	}
-	clients, err := openClients(ctx, db, cfg.Requests)
+	clients, err := openClients(ctx, db, cfg.Requests, cfg.MeterProvider)
 	if err != nil {
 		return nil, err
 	}
@@ -428,7 +434,7 @@ var sessionParams = map[string]string{
 }
 
 // openClients opens n pools of one connection each, all connected.
-func openClients(ctx context.Context, db *scratch.Database, n int) ([]*Client, error) {
+func openClients(ctx context.Context, db *scratch.Database, n int, mp metric.MeterProvider) ([]*Client, error) {
 	clients := make([]*Client, 0, n)
 	for i := range n {
 		cfg := db.Config(1)
@@ -446,7 +452,7 @@ func openClients(ctx context.Context, db *scratch.Database, n int) ([]*Client, e
 			}
 			return nil, fmt.Errorf("open connection %d of %d: %w", i+1, n, err)
 		}
-		qc, _ := quota.New(pool, &quota.Config{MeterProvider: meterProvider})
+		qc, _ := quota.New(pool, &quota.Config{MeterProvider: mp})
 		clients = append(clients, &Client{ID: i + 1, Pool: pool, Quota: qc})
 	}
 	return clients, nil

@@ -23,6 +23,7 @@ func TestLabRedisNaiveLeaksLikeTheArticle(t *testing.T) {
 	cfg := lab.DefaultConfig()
 	cfg.Runs = 2
 	cfg.Strategies = []string{"redis-naive", "conditional"}
+	pgtest.Reserve(t, cfg.Requests+2, "the lab's requests and its pool")
 	rep, err := lab.Run(context.Background(), admin, cfg)
 	require.NoError(t, err)
 	require.Empty(t, rep.Violations)
@@ -64,6 +65,7 @@ func TestLabRedisServerThatCannotStartIsUnavailable(t *testing.T) {
 		cfg.Pause = 0
 		cfg.RedisServer = bin
 		cfg.Strategies = []string{"redis-naive", "redlock", "conditional", "redlock-fenced"}
+		pgtest.Reserve(t, cfg.Requests+2, "the lab's requests and its pool")
 		rep, err := lab.Run(context.Background(), admin, cfg)
 		require.NoError(t, err, bin)
 		for _, name := range []string{"redis-naive", "redlock", "redlock-fenced"} {

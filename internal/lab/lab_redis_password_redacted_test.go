@@ -28,6 +28,7 @@ func TestBreakLabRedisPasswordNotInReport(t *testing.T) {
 		cfg.RedisURL = u
 		cfg.Strategies = []string{"redis-lock"}
 		cfg.Pause = 0
+		pgtest.Reserve(t, cfg.Requests+2, "the lab's requests and its pool")
 		rep, err := lab.Run(ctx, admin, cfg)
 		if err != nil {
 			require.NotContains(t, err.Error(), "hunter2", u)

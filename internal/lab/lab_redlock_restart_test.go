@@ -26,12 +26,13 @@ func newTestEnv(t *testing.T, cfg Config) (*Env, []*Client) {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, db.Drop(ctx)) })
 	env := &Env{Config: cfg, Database: db.Name}
+	pgtest.Reserve(t, cfg.Requests+2, "the lab's requests and its pool")
 	env.DB, err = db.Pool(ctx, 2)
 	require.NoError(t, err)
 	t.Cleanup(env.DB.Close)
 	env.Quota, err = quota.New(env.DB, nil)
 	require.NoError(t, err)
-	clients, err := openClients(ctx, db, cfg.Requests)
+	clients, err := openClients(ctx, db, cfg.Requests, nil)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		for _, c := range clients {

@@ -148,6 +148,9 @@ func (s *zookeeperLock) Prepare(ctx context.Context, env *Env) error {
 		srv.Stop()
 		return err
 	}
+	if err := zkSession(ctx, s.admin); err != nil {
+		return fmt.Errorf("%w: %s", ErrUnavailable, oneLine(err))
+	}
 	s.lockPath = "/pgquota-lab/" + s.Name()
 	s.resource = "lab-" + s.Name()
 	for _, p := range []string{"/pgquota-lab", s.lockPath, "/pgquota-lab/warm-up"} {
@@ -156,6 +159,23 @@ func (s *zookeeperLock) Prepare(ctx context.Context, env *Env) error {
 		}
 	}
 	return s.warmUp(env.Config.Requests)
+}
+
+// zkSession waits until conn holds a session: zk.Connect connects in the
+// background, and a request sent before its first attempt succeeds fails
+// with zk.ErrNoServer when that attempt fails (a busy machine), though the
+// client goes on trying.
+func zkSession(ctx context.Context, conn *zk.Conn) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	for conn.State() != zk.StateHasSession {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("zookeeper %s: no session after a minute (state %s)", conn.Server(), conn.State())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+	return nil
 }
 
 // warmUp runs the lock recipe once through n sessions at once on a lock of
@@ -171,6 +191,10 @@ func (s *zookeeperLock) warmUp(n int) error {
 				return
 			}
 			defer conn.Close()
+			if err := zkSession(context.Background(), conn); err != nil {
+				errs <- err
+				return
+			}
 			l := zk.NewLock(conn, "/pgquota-lab/warm-up", zk.WorldACL(zk.PermAll))
 			if err = l.Lock(); err == nil {
 				err = l.Unlock()

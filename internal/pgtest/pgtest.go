@@ -7,6 +7,11 @@
 // engine answers. Without either, the test fails with a message saying how
 // to provide one: it never skips.
 //
+// Connections count against the suite's budget (Budget, Reserve):
+// PGQUOTA_TEST_MAX_CONNS (default 60) over PGQUOTA_TEST_BINARIES test
+// binaries run at once (default 2, make test's -p), so that the suite
+// never holds more than that on the server whatever its parallelism.
+//
 // Databases are cloned from a template migrated once per set of migrations
 // (github.com/peterldowns/pgtestdb), so tests can run in parallel, each on
 // its own schema. A failed test's database is kept for inspection; its URL
@@ -163,6 +168,7 @@ func NewURL(tb testing.TB) string {
 	if err := ensureRoles(BaseURL(tb)); err != nil {
 		tb.Fatal(err)
 	}
+	reserveDatabases(tb)
 	return pgtestdb.Custom(tb, config(tb), migrator{}).URL()
 }
 
@@ -173,6 +179,7 @@ func NewEmptyURL(tb testing.TB) string {
 	if err := ensureRoles(BaseURL(tb)); err != nil {
 		tb.Fatal(err)
 	}
+	reserveDatabases(tb)
 	return pgtestdb.Custom(tb, config(tb), pgtestdb.NoopMigrator{}).URL()
 }
 
@@ -207,6 +214,7 @@ func connect(tb testing.TB, dbURL string, maxConns int32) *pgxpool.Pool {
 		maxConns = 8
 	}
 	cfg.MaxConns = maxConns
+	Reserve(tb, int(maxConns), fmt.Sprintf("a pool of %d", maxConns))
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		tb.Fatalf("pgtest: connect: %v", err)

@@ -80,7 +80,7 @@ func StartRedis(ctx context.Context, opts RedisOptions) (*Redis, error) {
 			Args:         args,
 			Dir:          opts.Dir,
 			Ready:        RedisReady(addr),
-			ReadyTimeout: 15 * time.Second,
+			ReadyTimeout: time.Minute, // a busy machine: waited for, not raced
 		})
 		if err == nil {
 			return &Redis{Proc: p, Addr: addr, Durable: opts.Durable}, nil

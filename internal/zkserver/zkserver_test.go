@@ -19,6 +19,9 @@ func TestStartServesAndStopsByPid(t *testing.T) {
 	c, _, err := zk.Connect([]string{s.Addr}, 2*time.Second, zk.WithLogInfo(false))
 	require.NoError(t, err)
 	defer c.Close()
+	// The server answers; the client makes its session in the background.
+	require.Eventually(t, func() bool { return c.State() == zk.StateHasSession }, time.Minute, 10*time.Millisecond,
+		"no session with %s", s.Addr)
 	_, err = c.Create("/pgquota-zkserver-test", []byte("x"), 0, zk.WorldACL(zk.PermAll))
 	require.NoError(t, err)
 	b, _, err := c.Get("/pgquota-zkserver-test")
