@@ -12,21 +12,7 @@ import (
 )
 
 const quotaDefine = `-- name: QuotaDefine :one
-INSERT INTO pgquota.quota (name, window_unit, time_zone, default_limit)
-SELECT $1::text, $2::text, tz.name, $3::bigint
-FROM (
-    SELECT z.name FROM pg_catalog.pg_timezone_names z
-    WHERE lower(z.name) = lower($4::text)
-    ORDER BY z.name = $4::text DESC, z.name
-    LIMIT 1
-) tz
-WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
-ON CONFLICT (name) DO UPDATE
-SET window_unit   = excluded.window_unit,
-    time_zone     = excluded.time_zone,
-    default_limit = excluded.default_limit,
-    updated_at    = pgquota.clock()
-RETURNING name, window_unit, time_zone, default_limit, created_at, updated_at
+SELECT name, window_unit, time_zone, default_limit, created_at, updated_at FROM pgquota.quota_define($1::text, $2::text, $3::bigint, $4::text)
 `
 
 type QuotaDefineParams struct {
@@ -40,6 +26,8 @@ type QuotaDefineParams struct {
 // PostgreSQL knows (pg_timezone_names, matched without regard to case); its
 // canonical spelling is stored. No row comes back, and nothing is written,
 // when the zone is unknown.
+// The statement is pgquota.quota_define (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) QuotaDefine(ctx context.Context, db DBTX, arg QuotaDefineParams) (QuotaRow, error) {
 	row := db.QueryRow(ctx, quotaDefine,
 		arg.Name,

@@ -122,29 +122,7 @@ func (q *Queries) QuotaKindGet(ctx context.Context, db DBTX, name string) (strin
 
 const quotaShapeDefine = `-- name: QuotaShapeDefine :one
 
-WITH q AS (
-    INSERT INTO pgquota.quota (name, window_unit, time_zone, default_limit)
-    SELECT $1::text, $2::text, 'UTC', $3::bigint
-    WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
-    ON CONFLICT (name) DO UPDATE
-    SET window_unit   = excluded.window_unit,
-        time_zone     = excluded.time_zone,
-        default_limit = excluded.default_limit,
-        updated_at    = pgquota.clock()
-    RETURNING name, window_unit, time_zone, default_limit, created_at, updated_at
-), s AS (
-    INSERT INTO pgquota.quota_shape (quota_name, period_us, burst, origin)
-    SELECT q.name, $4::bigint, $5::bigint, $6::timestamptz FROM q
-    ON CONFLICT (quota_name) DO UPDATE
-    SET period_us  = excluded.period_us,
-        burst      = excluded.burst,
-        origin     = excluded.origin,
-        updated_at = pgquota.clock()
-    RETURNING quota_name, period_us, burst, origin
-)
-SELECT q.name, q.window_unit, q.time_zone, q.default_limit, q.created_at, q.updated_at,
-       s.period_us, s.burst, s.origin
-FROM q JOIN s ON s.quota_name = q.name
+SELECT name, window_unit, time_zone, default_limit, created_at, updated_at, period_us, burst, origin FROM pgquota.quota_shape_define($1::text, $2::text, $3::bigint, $4::bigint, $5::bigint, $6::timestamptz)
 `
 
 type QuotaShapeDefineParams struct {
@@ -156,22 +134,12 @@ type QuotaShapeDefineParams struct {
 	Origin       pgtype.Timestamptz
 }
 
-type QuotaShapeDefineRow struct {
-	Name         string
-	WindowUnit   string
-	TimeZone     string
-	DefaultLimit pgtype.Int8
-	CreatedAt    pgtype.Timestamptz
-	UpdatedAt    pgtype.Timestamptz
-	PeriodUs     int64
-	Burst        pgtype.Int8
-	Origin       pgtype.Timestamptz
-}
-
 // Quotas of the kinds rate, fixed and rolling (migrations/00011), and
 // grants against several quotas at once.
 // Creates or redefines a quota of kind rate, fixed or rolling with its
 // shape, in one statement (both rows or neither).
+// The statement is pgquota.quota_shape_define (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) QuotaShapeDefine(ctx context.Context, db DBTX, arg QuotaShapeDefineParams) (QuotaShapeDefineRow, error) {
 	row := db.QueryRow(ctx, quotaShapeDefine,
 		arg.Name,

@@ -555,11 +555,9 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTable
 			` FOR EACH STATEMENT EXECUTE FUNCTION pgquota.fence_guard_presented(`+args+`)`)
 	}
 	if err == nil {
-		_, err = tx.Exec(ctx, `
-			INSERT INTO pgquota.fence_guard_resource AS g (resource, external, attached_at)
-			VALUES ($1, $2, pgquota.clock())
-			ON CONFLICT (resource) DO UPDATE SET external = excluded.external, attached_at = excluded.attached_at`,
-			resource, req.External)
+		// pgquota.fence_guard_register (migrations/00022): the operator's
+		// SECURITY DEFINER function, the caller holds no table privilege.
+		_, err = tx.Exec(ctx, `SELECT pgquota.fence_guard_register($1::text, $2::boolean)`, resource, req.External)
 	}
 	if err != nil {
 		return GuardedTable{}, dbError("attach fence guard", err)
