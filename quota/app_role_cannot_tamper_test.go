@@ -214,7 +214,10 @@ func TestOperatorRoleDefinesAndAppRoleIsToldWhichRole(t *testing.T) {
 			_, err := c.BumpLeaseEpoch(ctx, 0)
 			return err
 		}},
-		{"reap leases", func(c *quota.Client) error { _, err := c.ReapLeases(ctx, quota.ReapLeasesRequest{OlderThan: time.Hour}); return err }},
+		{"reap leases", func(c *quota.Client) error {
+			_, err := c.ReapLeases(ctx, quota.ReapLeasesRequest{OlderThan: time.Hour})
+			return err
+		}},
 		{"reap the ledger", func(c *quota.Client) error { _, err := c.ReapLedger(ctx, time.Hour); return err }},
 	}
 	for _, tc := range calls {
