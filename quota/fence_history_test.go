@@ -832,7 +832,11 @@ type historyResult struct {
 // historySetup is a migrated database, a pool on it and child worker
 // processes connected to it.
 type historySetup struct {
-	pool    *pgxpool.Pool
+	pool *pgxpool.Pool
+	// owner is a pool as the database's owner, for the faulty paths'
+	// statements, which write pgquota's tables by hand (no pgquota role
+	// may).
+	owner   *pgxpool.Pool
 	workers chan *historyWorker
 	races   chan struct{}
 }
@@ -844,6 +848,7 @@ func newHistorySetup(t *testing.T, maxConns int32, workers int) *historySetup {
 	url := pgtest.NewURL(t)
 	s := &historySetup{
 		pool:    pgtest.Connect(t, url, maxConns),
+		owner:   pgtest.ConnectOwner(t, url, maxConns),
 		workers: make(chan *historyWorker, workers),
 		// A race holds three connections: the successor's transaction,
 		// the racer's, and the harness's lock-wait query.

@@ -181,7 +181,7 @@ func TestLeaseTokensStrictlyIncrease(t *testing.T) {
 		require.NoError(t, err)
 	}
 	// A deleted lease row does not reset the token.
-	_, err := b.pool.Exec(b.ctx, `DELETE FROM pgquota.lease`)
+	_, err := b.owner.Exec(b.ctx, `DELETE FROM pgquota.lease`)
 	require.NoError(t, err)
 	l := b.acquire(t, "cycle", "h", time.Minute)
 	require.Greater(t, l.Token, last)

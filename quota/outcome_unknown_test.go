@@ -158,7 +158,7 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 				l := b.acquire(t, "old", "a", time.Minute)
 				_, err := b.client.Release(b.ctx, "old", l.Token)
 				require.NoError(t, err)
-				_, err = b.pool.Exec(b.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() - interval '2 hours' WHERE name = 'old'`)
+				_, err = b.owner.Exec(b.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() - interval '2 hours' WHERE name = 'old'`)
 				require.NoError(t, err)
 				return nil
 			},
