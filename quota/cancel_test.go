@@ -89,8 +89,9 @@ func TestGrantCancelledMidStatement(t *testing.T) {
 			_, err = b.client.Grant(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1})
 			require.NoError(t, err)
 
-			// Another session locks the counter row.
-			blocker := pgtest.Connect(t, dbURL, 1)
+			// Another session locks the counter row (as the owner: FOR
+			// UPDATE needs UPDATE on the table).
+			blocker := pgtest.ConnectOwner(t, dbURL, 1)
 			btx, err := blocker.Begin(b.ctx)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = btx.Rollback(context.Background()) })

@@ -224,8 +224,9 @@ func TestReapLeasesSkipsWhatIsLocked(t *testing.T) {
 	s := newReapScene(t)
 
 	// A fenced writer holds r-lease's fence row; a transaction holds the
-	// advisory lock acquirers take on public.reports.
-	tx, err := s.pool.Begin(s.ctx)
+	// advisory lock acquirers take on public.reports (as the owner: FOR
+	// UPDATE needs UPDATE on the table).
+	tx, err := s.owner.Begin(s.ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(s.ctx)
 	_, err = tx.Exec(s.ctx, `SELECT 1 FROM pgquota.fence WHERE resource = 'r-lease' FOR UPDATE`)
