@@ -209,7 +209,7 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			direct := pgtest.Connect(t, dbURL, 4)
 			client, err := quota.New(direct, nil)
 			require.NoError(t, err)
-			b := &testBundle{ctx: context.Background(), pool: direct, client: client}
+			b := &testBundle{ctx: context.Background(), pool: direct, client: client, owner: pgtest.ConnectOwner(t, dbURL, 1)}
 			var prepared any
 			if tc.prepare != nil {
 				prepared = tc.prepare(t, b)
