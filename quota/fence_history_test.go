@@ -846,8 +846,11 @@ type historySetup struct {
 func newHistorySetup(t *testing.T, maxConns int32, workers int) *historySetup {
 	t.Helper()
 	url := pgtest.NewURL(t)
+	// As the owner in every mode (also PGQUOTA_TEST_APP_ROLE=1): the
+	// faulty paths these tests must catch are hand-made statements on
+	// pgquota's tables, which no pgquota role may write.
 	s := &historySetup{
-		pool:    pgtest.Connect(t, url, maxConns),
+		pool:    pgtest.ConnectOwner(t, url, maxConns),
 		owner:   pgtest.ConnectOwner(t, url, maxConns),
 		workers: make(chan *historyWorker, workers),
 		// A race holds three connections: the successor's transaction,
