@@ -42,16 +42,35 @@
 -- +goose Up
 
 -- Row types of the functions whose rows have nullable columns (sqlc reads
--- a view's columns with their nullability). They hold no rows.
-CREATE VIEW pgquota.outbox_claimed AS
-SELECT o.id, o.topic, o.payload, o.grant_id, o.idempotency_scope, o.idempotency_key, o.fencing_token,
-       o.attempts, o.created_at, NULL::timestamptz AS db_now
-FROM pgquota.outbox o WHERE false;
+-- a table's columns with their nullability; a composite type it does not).
+-- They hold no rows (CHECK (false)) and depend on no other table, so that
+-- a later ALTER of pgquota.outbox or pgquota.quota is not refused.
+CREATE TABLE pgquota.outbox_claimed (
+    id                bigint      NOT NULL,
+    topic             text        NOT NULL,
+    payload           bytea       NOT NULL,
+    grant_id          bigint,
+    idempotency_scope text,
+    idempotency_key   text,
+    fencing_token     bigint,
+    attempts          integer     NOT NULL,
+    created_at        timestamptz NOT NULL,
+    db_now            timestamptz,
+    CONSTRAINT outbox_claimed_row_type_only CHECK (false)
+);
 
-CREATE VIEW pgquota.quota_shape_defined AS
-SELECT q.name, q.window_unit, q.time_zone, q.default_limit, q.created_at, q.updated_at,
-       s.period_us, s.burst, s.origin
-FROM pgquota.quota q JOIN pgquota.quota_shape s ON s.quota_name = q.name WHERE false;
+CREATE TABLE pgquota.quota_shape_defined (
+    name          text        NOT NULL,
+    window_unit   text        NOT NULL,
+    time_zone     text        NOT NULL,
+    default_limit bigint,
+    created_at    timestamptz NOT NULL,
+    updated_at    timestamptz NOT NULL,
+    period_us     bigint      NOT NULL,
+    burst         bigint,
+    origin        timestamptz,
+    CONSTRAINT quota_shape_defined_row_type_only CHECK (false)
+);
 
 -- LeaseAcquire (queries/lease.sql) as pgquota_app.
 -- +goose StatementBegin
@@ -326,7 +345,7 @@ RETURNS SETOF pgquota.outbox_claimed
 BEGIN
     RETURN QUERY
     SELECT o.id, o.topic, o.payload, o.grant_id, o.idempotency_scope, o.idempotency_key, o.fencing_token,
-           o.attempts, o.created_at, pgquota.clock()::timestamptz AS db_now
+           o.attempts::integer AS attempts, o.created_at, pgquota.clock()::timestamptz AS db_now
     FROM pgquota.outbox o
     WHERE o.state = 'pending'
       AND o.next_attempt_at <= (SELECT pgquota.clock())
@@ -902,8 +921,8 @@ DROP FUNCTION pgquota.quota_override_delete(text, text);
 DROP FUNCTION pgquota.voucher_pool_create(text, text, bigint);
 DROP FUNCTION pgquota.voucher_pool_add_codes(bigint, text);
 DROP FUNCTION pgquota.voucher_shard_create(text, integer[], bigint[], bigint[]);
-DROP VIEW pgquota.outbox_claimed;
-DROP VIEW pgquota.quota_shape_defined;
+DROP TABLE pgquota.outbox_claimed;
+DROP TABLE pgquota.quota_shape_defined;
 -- grant_app as 00010 defined it, and what it granted.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION pgquota.grant_app(p_role name DEFAULT 'pgquota_app') RETURNS void
