@@ -187,7 +187,8 @@ func (c *Client) whileCodesLocked(ctx context.Context, campaign string, attempt 
 }
 
 // ImportCodes adds codes to a code campaign, creating the campaign when it
-// does not exist. The codes are streamed with COPY into a temporary table
+// does not exist. The codes are sent as one array to
+// pgquota.voucher_import_codes (an operator's function, migration 00022)
 // and merged in one transaction, so thousands of codes take one round trip
 // each way; codes already in the campaign, or repeated in codes, are
 // skipped and counted. Every code is validated first: one bad code rejects
@@ -195,6 +196,7 @@ func (c *Client) whileCodesLocked(ctx context.Context, campaign string, attempt 
 //
 // Errors: *InputError for a bad campaign or code (naming its index), or an
 // empty list; ErrCampaignExists when the campaign is a counted pool;
+// ErrPermissionDenied when the role is not a member of pgquota_operator;
 // ErrSchemaMissing; database errors.
 //
 // ErrOutcomeUnknown: the request (its statement, or its transaction's
