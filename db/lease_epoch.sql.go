@@ -9,6 +9,19 @@ import (
 	"context"
 )
 
+const currentWALLSN = `-- name: CurrentWALLSN :one
+SELECT pg_current_wal_lsn()::text AS lsn
+`
+
+// The primary's WAL write position, at least the end of every commit that
+// returned before it.
+func (q *Queries) CurrentWALLSN(ctx context.Context, db DBTX) (string, error) {
+	row := db.QueryRow(ctx, currentWALLSN)
+	var lsn string
+	err := row.Scan(&lsn)
+	return lsn, err
+}
+
 const leaseEpochBump = `-- name: LeaseEpochBump :one
 SELECT pgquota.lease_epoch_bump($1::bigint)::bigint AS epoch
 `
@@ -27,7 +40,8 @@ SELECT pgquota.lease_epoch_now()::bigint AS epoch,
        coalesce(pgquota.wal_timeline(), 0)::bigint AS timeline,
        e.timeline_offset,
        e.epoch AS recorded_epoch,
-       pgquota.lease_token_ceiling()::bigint AS ceiling
+       pgquota.lease_token_ceiling()::bigint AS ceiling,
+       coalesce(e.pending_epoch, 0)::bigint AS pending_epoch
 FROM pgquota.lease_epoch e
 `
 
@@ -37,6 +51,7 @@ type LeaseEpochGetRow struct {
 	TimelineOffset int64
 	RecordedEpoch  int64
 	Ceiling        int64
+	PendingEpoch   int64
 }
 
 // The epoch the next lease token is issued in (token >> 40), the WAL
@@ -51,6 +66,72 @@ func (q *Queries) LeaseEpochGet(ctx context.Context, db DBTX) (LeaseEpochGetRow,
 		&i.TimelineOffset,
 		&i.RecordedEpoch,
 		&i.Ceiling,
+		&i.PendingEpoch,
 	)
 	return i, err
+}
+
+const leaseEpochPrepare = `-- name: LeaseEpochPrepare :one
+SELECT pgquota.lease_epoch_prepare($1::bigint)::bigint AS epoch
+`
+
+// Records the epoch a bump raises to (at least min_epoch, at least one
+// above the current one) as pending; tokens keep their epoch until
+// LeaseEpochRaise (migrations/00019_epoch_floor.sql).
+func (q *Queries) LeaseEpochPrepare(ctx context.Context, db DBTX, minEpoch int64) (int64, error) {
+	row := db.QueryRow(ctx, leaseEpochPrepare, minEpoch)
+	var epoch int64
+	err := row.Scan(&epoch)
+	return epoch, err
+}
+
+const leaseEpochRaise = `-- name: LeaseEpochRaise :one
+SELECT pgquota.lease_epoch_raise($1::bigint)::bigint AS epoch
+`
+
+// Makes the prepared epoch the epoch of the next tokens; returns it.
+func (q *Queries) LeaseEpochRaise(ctx context.Context, db DBTX, epoch int64) (int64, error) {
+	row := db.QueryRow(ctx, leaseEpochRaise, epoch)
+	var epoch_2 int64
+	err := row.Scan(&epoch_2)
+	return epoch_2, err
+}
+
+const leaseEpochStandbys = `-- name: LeaseEpochStandbys :many
+SELECT s.name::text AS name, coalesce(s.state, '')::text AS state,
+       coalesce(s.flushed_lsn::text, '')::text AS flushed_lsn, s.confirmed::boolean AS confirmed
+FROM pgquota.lease_epoch_standbys(CAST($1::text AS pg_lsn)) s
+`
+
+type LeaseEpochStandbysRow struct {
+	Name       string
+	State      string
+	FlushedLsn string
+	Confirmed  bool
+}
+
+// The standbys the primary knows and whether each flushed WAL up to lsn.
+func (q *Queries) LeaseEpochStandbys(ctx context.Context, db DBTX, lsn string) ([]LeaseEpochStandbysRow, error) {
+	rows, err := db.Query(ctx, leaseEpochStandbys, lsn)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []LeaseEpochStandbysRow
+	for rows.Next() {
+		var i LeaseEpochStandbysRow
+		if err := rows.Scan(
+			&i.Name,
+			&i.State,
+			&i.FlushedLsn,
+			&i.Confirmed,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

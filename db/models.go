@@ -21,6 +21,11 @@ type OutboxClaimRow struct {
 	DbNow            pgtype.Timestamptz
 }
 
+type PgquotaCounterLock struct {
+	QuotaName string
+	Member    string
+}
+
 type PgquotaFence struct {
 	Resource  string
 	MaxToken  int64
@@ -64,6 +69,8 @@ type PgquotaLeaseEpoch struct {
 	TimelineOffset   int64
 	Epoch            int64
 	UpdatedAt        pgtype.Timestamptz
+	PendingEpoch     pgtype.Int8
+	PendingTimeline  pgtype.Int8
 }
 
 type PgquotaLeaseWaiter struct {

@@ -211,7 +211,7 @@ func TestOperatorRoleDefinesAndAppRoleIsToldWhichRole(t *testing.T) {
 		{"create a sharded campaign", func(c *quota.Client) error { _, err := c.CreateShardedCampaign(ctx, "sharded", 4, 2); return err }},
 		{"import codes", func(c *quota.Client) error { _, err := c.ImportCodes(ctx, "codes", []string{"a", "b"}); return err }},
 		{"bump the lease epoch", func(c *quota.Client) error {
-			_, err := c.BumpLeaseEpoch(ctx, 0)
+			_, err := c.BumpLeaseEpoch(ctx, quota.BumpLeaseEpochRequest{NoStandbys: true, Timeout: time.Minute})
 			return err
 		}},
 		{"reap leases", func(c *quota.Client) error {

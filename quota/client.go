@@ -350,6 +350,8 @@ var roleOfFunction = map[string]string{
 	"voucher_shard_create": migrations.OperatorRole, "voucher_import_codes": migrations.OperatorRole,
 	"ledger_reap": migrations.OperatorRole, "lease_reap": migrations.OperatorRole,
 	"lease_epoch_bump": migrations.OperatorRole, "fence_guard_register": migrations.OperatorRole,
+	"lease_epoch_prepare": migrations.OperatorRole, "lease_epoch_raise": migrations.OperatorRole,
+	"lease_epoch_standbys":  migrations.OperatorRole,
 	"fence_guard_presented": migrations.OperatorRole, "fence_guard": migrations.OperatorRole,
 	"outbox_claim": migrations.RelayRole, "outbox_mark_delivered": migrations.RelayRole,
 	"outbox_mark_failed": migrations.RelayRole, "outbox_reap": migrations.RelayRole,

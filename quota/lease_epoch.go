@@ -2,6 +2,10 @@ package quota
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
 )
 
 // Lease tokens are (epoch << LeaseTokenEpochShift) + n: n comes from one
@@ -37,6 +41,34 @@ type LeaseEpoch struct {
 	// primary in an earlier epoch that this server never received: a
 	// token above it was never issued (pgquota.lease_token_ceiling()).
 	Ceiling int64 `json:"ceiling"`
+	// Pending is the epoch of a bump prepared but not raised (0 for none):
+	// the primary that prepared it keeps its epoch, and a standby promoted
+	// after receiving it issues tokens above it.
+	Pending int64 `json:"pending_epoch"`
+	// Standbys lists, after BumpLeaseEpoch, the standbys the primary knew
+	// and whether each confirmed the bump; empty otherwise.
+	Standbys []LeaseEpochStandby `json:"standbys,omitempty"`
+}
+
+// LeaseEpochStandby is one standby the primary knows, as BumpLeaseEpoch
+// saw it: a walsender of pg_stat_replication (a streaming standby) or an
+// inactive physical replication slot (a standby configured with a slot and
+// disconnected now).
+type LeaseEpochStandby struct {
+	// Name is the standby's application_name and address, "pid N" when it
+	// has no name, or "slot NAME" for a disconnected slot.
+	Name string `json:"name"`
+	// State is pg_stat_replication's state (streaming, catchup, startup,
+	// stopping) or "disconnected".
+	State string `json:"state"`
+	// FlushedLSN is the WAL position the standby has flushed (a slot's
+	// restart_lsn); empty when the role may not read it (PostgreSQL shows
+	// it to superusers and members of pg_read_all_stats only).
+	FlushedLSN string `json:"flushed_lsn"`
+	// Confirmed reports whether it has flushed the bump's WAL: a promotion
+	// replays all flushed WAL, so once promoted it issues tokens above the
+	// new epoch.
+	Confirmed bool `json:"confirmed"`
 }
 
 // LeaseEpoch returns the epoch lease tokens are issued in now.
@@ -47,32 +79,213 @@ func (c *Client) LeaseEpoch(ctx context.Context) (LeaseEpoch, error) {
 	if err != nil {
 		return LeaseEpoch{}, dbError("read lease epoch", err)
 	}
-	return LeaseEpoch{Epoch: r.Epoch, Timeline: r.Timeline, Offset: r.TimelineOffset, Recorded: r.RecordedEpoch, Ceiling: r.Ceiling}, nil
+	return LeaseEpoch{Epoch: r.Epoch, Timeline: r.Timeline, Offset: r.TimelineOffset, Recorded: r.RecordedEpoch,
+		Ceiling: r.Ceiling, Pending: r.PendingEpoch}, nil
+}
+
+// DefaultBumpTimeout is how long BumpLeaseEpoch waits for the standbys
+// when BumpLeaseEpochRequest.Timeout is 0.
+const DefaultBumpTimeout = 30 * time.Second
+
+// BumpLeaseEpochRequest is the argument of BumpLeaseEpoch.
+type BumpLeaseEpochRequest struct {
+	// MinEpoch is the least epoch to raise to (0 for none): the epoch
+	// becomes max(MinEpoch, current epoch + 1). At most MaxLeaseEpoch.
+	MinEpoch int64
+	// Timeout bounds the wait for the standbys to confirm the bump; 0 for
+	// DefaultBumpTimeout. Not negative.
+	Timeout time.Duration
+	// Standbys is the least number of standbys that must confirm (every
+	// standby the primary sees must confirm in any case). The primary sees
+	// the standbys connected to it and those with a physical replication
+	// slot; a standby that is disconnected and has no slot is invisible to
+	// it (so is a cascading standby, fed by another standby), so name here
+	// how many standbys the deployment runs. 0: the standbys the primary
+	// sees, and at least one unless NoStandbys. Not negative.
+	Standbys int
+	// NoStandbys states that the deployment runs no standby: a primary that
+	// sees none raises the epoch at once. Without it (and with Standbys 0)
+	// a primary that sees no standby refuses, since it cannot tell a
+	// deployment without standbys from one whose standby is cut off.
+	NoStandbys bool
+	// Unconfirmed raises the epoch even when a standby has not confirmed
+	// it within Timeout (or fewer than Standbys did). The risk: a standby
+	// that missed the bump and is promoted issues tokens in timeline + its
+	// own offset, which can be at or below the bumped epoch, so its tokens
+	// can be below tokens the old primary issued after the bump, and a
+	// deposed holder's writes can land. Use it only for a standby that will
+	// never be promoted, or one rebuilt from the primary afterwards.
+	Unconfirmed bool
+}
+
+// ErrLeaseEpochUnconfirmed is returned by BumpLeaseEpoch, wrapped in a
+// *LeaseEpochUnconfirmedError, when a standby the primary knows has not
+// confirmed the bump within the timeout (or fewer standbys than required
+// did). The epoch of the tokens is then unchanged.
+var ErrLeaseEpochUnconfirmed = errors.New("pgquota: lease epoch bump not confirmed by every standby")
+
+// LeaseEpochUnconfirmedError says which standbys did not confirm a bump.
+// It wraps ErrLeaseEpochUnconfirmed.
+type LeaseEpochUnconfirmedError struct {
+	// Epoch is the epoch the bump prepared; tokens are still issued in the
+	// old one.
+	Epoch int64
+	// LSN is the WAL position a standby must flush to confirm it.
+	LSN string
+	// Standbys lists every standby the primary knew at the end of the wait.
+	Standbys []LeaseEpochStandby
+	// Required is the least number of standbys that had to confirm:
+	// BumpLeaseEpochRequest.Standbys, or 1 when it was 0 without
+	// NoStandbys.
+	Required int
+	// Timeout is how long it waited.
+	Timeout time.Duration
+}
+
+func (e *LeaseEpochUnconfirmedError) Error() string {
+	var missing []string
+	confirmed, unreadable := 0, false
+	for _, s := range e.Standbys {
+		if s.Confirmed {
+			confirmed++
+			continue
+		}
+		unreadable = unreadable || s.FlushedLSN == ""
+		missing = append(missing, fmt.Sprintf("%s (%s, flushed %s)", s.Name, s.State, orNone(s.FlushedLSN)))
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "pgquota: lease epoch not raised to %d: after %s ", e.Epoch, e.Timeout)
+	if len(missing) > 0 {
+		fmt.Fprintf(&b, "standby %s has not flushed WAL up to %s", strings.Join(missing, ", "), e.LSN)
+	} else if len(e.Standbys) == 0 {
+		b.WriteString("the primary sees no standby (a standby that is disconnected and has no replication slot is invisible to it); " +
+			"state that none runs with --no-standbys (BumpLeaseEpochRequest.NoStandbys), or how many run with --standbys N")
+	} else {
+		fmt.Fprintf(&b, "%d of the %d standbys required confirmed", confirmed, e.Required)
+	}
+	b.WriteString("; a standby promoted without the bump would issue tokens below the primary's")
+	if unreadable {
+		b.WriteString(" (a standby's position is unreadable: grant pg_read_all_stats to the role)")
+	}
+	b.WriteString("; wait for it and retry, or raise it anyway with --unconfirmed (BumpLeaseEpochRequest.Unconfirmed)")
+	return b.String()
+}
+
+// Unwrap returns ErrLeaseEpochUnconfirmed.
+func (e *LeaseEpochUnconfirmedError) Unwrap() error { return ErrLeaseEpochUnconfirmed }
+
+func orNone(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	return s
 }
 
 // BumpLeaseEpoch raises the epoch of the tokens issued from now on to at
-// least minEpoch (0 for no minimum) and at least one above the current
-// epoch, and returns the epoch after the call. Tokens issued before stay
-// valid; every later token is larger than every earlier one, also than
-// tokens a source cluster issued after the dump or snapshot this database
-// was restored from, once the epoch exceeds theirs. pgquota raises the
-// epoch by itself on promotion and when a database moves to another
-// cluster (a new system identifier: pg_dump/pg_restore, pg_upgrade); bump
-// it by hand when the source kept issuing tokens in later epochs after the
-// dump, or after restoring a file-system snapshot of the same cluster
-// without a new timeline. Run it on the primary and let it reach the
-// standbys before a failover: a standby promoted without it issues tokens
-// in its own, lower epoch.
+// least req.MinEpoch and at least one above the current epoch, once every
+// standby has it, and returns the epoch after the call with the standbys
+// it saw. Tokens issued before stay valid; every later token is larger
+// than every earlier one, also than tokens a source cluster issued after
+// the dump or snapshot this database was restored from, once the epoch
+// exceeds theirs.
 //
-// Errors: *InputError when minEpoch is negative or above MaxLeaseEpoch;
-// ErrSchemaMissing; database errors (SQLSTATE 25006 on a standby, 22003
-// when the epoch would pass MaxLeaseEpoch).
-func (c *Client) BumpLeaseEpoch(ctx context.Context, minEpoch int64) (LeaseEpoch, error) {
-	if minEpoch < 0 || minEpoch > MaxLeaseEpoch {
-		return LeaseEpoch{}, inputError("minimum epoch", "must be between 0 and %d, got %d", int64(MaxLeaseEpoch), minEpoch)
+// It runs in three steps (migrations/00019_epoch_floor.sql): it records
+// the new epoch as pending and commits (tokens keep their epoch); it waits
+// until every standby the primary knows (pg_stat_replication's walsenders,
+// inactive physical replication slots), and at least req.Standbys of
+// them, has flushed that commit (a promoted standby replays all it has
+// flushed, and issues tokens above a pending epoch); then it raises the
+// epoch. When a standby does not confirm within req.Timeout, or fewer
+// than req.Standbys did, or the primary sees no standby and
+// req.NoStandbys is not set, it raises nothing and returns
+// *LeaseEpochUnconfirmedError, unless req.Unconfirmed. Reading the standbys' positions needs a superuser or a
+// member of pg_read_all_stats; a standby whose position the role cannot
+// read never confirms.
+//
+// pgquota raises the epoch by itself on promotion and when a database
+// moves to another cluster (a new system identifier: pg_dump/pg_restore,
+// pg_upgrade); bump it by hand with MinEpoch above the source's epoch
+// (the source's `pgquota lease epoch`) when a restored copy (a base backup
+// or file-system snapshot started as its own cluster, a dump whose source
+// went on bumping) must issue tokens above the source's.
+//
+// Errors: *InputError when MinEpoch is negative or above MaxLeaseEpoch, or
+// Timeout or Standbys is negative; *LeaseEpochUnconfirmedError
+// (ErrLeaseEpochUnconfirmed); ErrSchemaMissing; database errors (SQLSTATE
+// 25006 on a standby, 22003 when the epoch would pass MaxLeaseEpoch);
+// ctx's error when it ends during the wait (nothing raised).
+func (c *Client) BumpLeaseEpoch(ctx context.Context, req BumpLeaseEpochRequest) (LeaseEpoch, error) {
+	if req.MinEpoch < 0 || req.MinEpoch > MaxLeaseEpoch {
+		return LeaseEpoch{}, inputError("minimum epoch", "must be between 0 and %d, got %d", int64(MaxLeaseEpoch), req.MinEpoch)
 	}
-	if _, err := c.queries.LeaseEpochBump(ctx, c.db, minEpoch); err != nil {
+	if req.Timeout < 0 {
+		return LeaseEpoch{}, inputError("timeout", "must not be negative, got %s", req.Timeout)
+	}
+	if req.Standbys < 0 {
+		return LeaseEpoch{}, inputError("standbys", "must not be negative, got %d", req.Standbys)
+	}
+	timeout := req.Timeout
+	if timeout == 0 {
+		timeout = DefaultBumpTimeout
+	}
+	epoch, err := c.queries.LeaseEpochPrepare(ctx, c.db, req.MinEpoch)
+	if err != nil {
 		return LeaseEpoch{}, dbError("bump lease epoch", err)
 	}
-	return c.LeaseEpoch(ctx)
+	lsn, err := c.queries.CurrentWALLSN(ctx, c.db.reads())
+	if err != nil {
+		return LeaseEpoch{}, dbError("bump lease epoch: read WAL position", err)
+	}
+	required := req.Standbys
+	if required == 0 && !req.NoStandbys {
+		required = 1
+	}
+	standbys, err := c.awaitStandbys(ctx, lsn, required, timeout)
+	if err != nil {
+		return LeaseEpoch{}, err
+	}
+	if !standbysConfirmed(standbys, required) && !req.Unconfirmed {
+		return LeaseEpoch{}, &LeaseEpochUnconfirmedError{Epoch: epoch, LSN: lsn, Standbys: standbys, Required: required, Timeout: timeout}
+	}
+	if _, err := c.queries.LeaseEpochRaise(ctx, c.db, epoch); err != nil {
+		return LeaseEpoch{}, dbError("bump lease epoch", err)
+	}
+	e, err := c.LeaseEpoch(ctx)
+	e.Standbys = standbys
+	return e, err
+}
+
+// awaitStandbys polls the standbys until every one has flushed lsn and at
+// least required did, or timeout passes; it returns the last listing.
+func (c *Client) awaitStandbys(ctx context.Context, lsn string, required int, timeout time.Duration) ([]LeaseEpochStandby, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		rows, err := c.queries.LeaseEpochStandbys(ctx, c.db.reads(), lsn)
+		if err != nil {
+			return nil, dbError("bump lease epoch: read standbys", err)
+		}
+		standbys := make([]LeaseEpochStandby, len(rows))
+		for i, r := range rows {
+			standbys[i] = LeaseEpochStandby{Name: r.Name, State: r.State, FlushedLSN: r.FlushedLsn, Confirmed: r.Confirmed}
+		}
+		if standbysConfirmed(standbys, required) || !time.Now().Before(deadline) {
+			return standbys, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("pgquota: bump lease epoch: waiting for standbys: %w", ctx.Err())
+		case <-time.After(min(50*time.Millisecond, time.Until(deadline))):
+		}
+	}
+}
+
+func standbysConfirmed(standbys []LeaseEpochStandby, required int) bool {
+	n := 0
+	for _, s := range standbys {
+		if !s.Confirmed {
+			return false
+		}
+		n++
+	}
+	return n >= required
 }

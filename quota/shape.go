@@ -22,13 +22,19 @@ const (
 	// the ATM Forum's, equivalent to a token bucket; the form of
 	// go-redis/redis_rate): with emission interval T = Period/limit, a grant
 	// of n units at instant t fits iff max(TAT, t) + n*T - Burst*T <= t, and
-	// then the theoretical arrival time TAT becomes max(TAT, t) + n*T. TAT is
-	// kept exactly (numeric microseconds), so 1/3 s intervals do not drift.
+	// then the theoretical arrival time TAT becomes max(TAT, t) + n*T. It is
+	// computed exactly, in units of 1/limit microsecond (where T is the
+	// period, a whole number), so 1/3 s intervals do not drift and at an
+	// exact refill instant (6/s: the 6 units taken at t0 are back at
+	// exactly t0 + 1 s) the decision, Remaining and the waits agree
+	// (migrations/00020_decision_instant.sql).
 	WindowRate Window = "rate"
 	// WindowFixed is a fixed window of any length: a counter per window
 	// [Origin + k*Period, Origin + (k+1)*Period), like the calendar windows
 	// (and with their edge: a member can spend its limit at the end of one
-	// window and again at the start of the next).
+	// window and again at the start of the next). Every grant is decided at
+	// an instant its window holds (WindowStart <= DecidedAt < WindowEnd) and
+	// counted in that window, also when a boundary passes during the call.
 	WindowFixed Window = "fixed"
 	// WindowRolling is "at most DefaultLimit units in any period of length
 	// Period", exactly: for every half-open interval [s, s+Period), the

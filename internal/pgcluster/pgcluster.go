@@ -107,12 +107,38 @@ func New(tb testing.TB, name string, opts Options) *Cluster {
 // own. It waits until the standby has replayed everything c has written.
 func (c *Cluster) NewStandby(name string) *Cluster {
 	c.tb.Helper()
+	return c.newCopy(name, true, "-R")
+}
+
+// NewStandbyWithSlot is NewStandby with a physical replication slot: c
+// gets the permanent slot (pg_basebackup -C -S slot) and the standby
+// streams through it (primary_slot_name), so c knows the standby, and how
+// far it has flushed, also while it is disconnected (pg_replication_slots).
+func (c *Cluster) NewStandbyWithSlot(name, slot string) *Cluster {
+	c.tb.Helper()
+	return c.newCopy(name, true, "-R", "-C", "-S", slot)
+}
+
+// NewCopy makes a base backup of c (pg_basebackup, without -R) and starts
+// it as a cluster of its own: it recovers to the end of the backup and
+// goes on as a primary on c's timeline with c's system identifier, as a
+// restored base backup or file-system snapshot started without a
+// recovery.signal does.
+func (c *Cluster) NewCopy(name string) *Cluster {
+	c.tb.Helper()
+	return c.newCopy(name, false)
+}
+
+func (c *Cluster) newCopy(name string, standby bool, args ...string) *Cluster {
+	c.tb.Helper()
 	s := newCluster(c.tb, name)
-	c.run("pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(c.Port), "-U", "postgres",
-		"-D", s.DataDir, "-R", "-X", "stream", "-c", "fast", "--no-sync")
+	c.run("pg_basebackup", append([]string{"-h", "127.0.0.1", "-p", strconv.Itoa(c.Port), "-U", "postgres",
+		"-D", s.DataDir, "-X", "stream", "-c", "fast", "--no-sync"}, args...)...)
 	s.appendConf(Options{"port": strconv.Itoa(s.Port)})
 	s.Start()
-	c.WaitReplayed(s)
+	if standby {
+		c.WaitReplayed(s)
+	}
 	return s
 }
 
