@@ -69,15 +69,7 @@ func (q *Queries) FencedRowList(ctx context.Context, db DBTX, resource string) (
 }
 
 const fencedRowWrite = `-- name: FencedRowWrite :one
-INSERT INTO pgquota.fenced_row AS r (resource, key, value, fence_token, updated_at)
-SELECT $1::text, $2::text, $3::text, $4::bigint, pgquota.clock()
-WHERE pgquota.fence_admit($1::text, $4::bigint, $5::text)
-ON CONFLICT (resource, key) DO UPDATE
-SET value       = excluded.value,
-    fence_token = excluded.fence_token,
-    updated_at  = excluded.updated_at
-WHERE r.fence_token <= excluded.fence_token
-RETURNING r.resource, r.key, r.value, r.fence_token, r.updated_at
+SELECT resource, key, value, fence_token, updated_at FROM pgquota.fenced_row_write($1::text, $2::text, $3::text, $4::bigint, $5::text)
 `
 
 type FencedRowWriteParams struct {
@@ -95,6 +87,8 @@ type FencedRowWriteParams struct {
 // row locked until commit, so the upsert below cannot interleave with
 // another fenced writer of the resource. The row's own fence_token guard
 // is a backstop.
+// The statement is pgquota.fenced_row_write (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) FencedRowWrite(ctx context.Context, db DBTX, arg FencedRowWriteParams) (PgquotaFencedRow, error) {
 	row := db.QueryRow(ctx, fencedRowWrite,
 		arg.Resource,

@@ -80,16 +80,16 @@ func (q *Queries) LeaseList(ctx context.Context, db DBTX, arg LeaseListParams) (
 }
 
 const leasePayloadSet = `-- name: LeasePayloadSet :one
-UPDATE pgquota.lease l
-SET payload = $1::text,
-    payload_token = l.token
-FROM (SELECT pgquota.clock() AS at) c
-WHERE l.name = $2::text
-  AND l.token = $3::bigint
-  AND (NOT $4::boolean OR l.expires_at > pgquota.clock())
-  AND pgquota.durable_commit()
-RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, c.at AS db_now,
-          coalesce(l.payload, '')::text AS payload
+SELECT r.name::text AS name,
+       r.holder::text AS holder,
+       r.attempt::text AS attempt,
+       r.token::bigint AS token,
+       r.acquired_at::timestamptz AS acquired_at,
+       r.renewed_at::timestamptz AS renewed_at,
+       r.expires_at::timestamptz AS expires_at,
+       r.db_now::timestamptz AS db_now,
+       r.payload::text AS payload
+FROM pgquota.lease_payload_set($1::text, $2::text, $3::bigint, $4::boolean) r
 `
 
 type LeasePayloadSetParams struct {
@@ -118,6 +118,8 @@ type LeasePayloadSetRow struct {
 // holder can never overwrite its successor's payload. Acquire calls it
 // with @require_held false in the transaction that took the lease, whose
 // row lock nobody else can have passed.
+// The statement is pgquota.lease_payload_set (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) LeasePayloadSet(ctx context.Context, db DBTX, arg LeasePayloadSetParams) (LeasePayloadSetRow, error) {
 	row := db.QueryRow(ctx, leasePayloadSet,
 		arg.Payload,
@@ -179,42 +181,11 @@ func (q *Queries) LeaseRead(ctx context.Context, db DBTX, name string) (LeaseRea
 }
 
 const leaseReap = `-- name: LeaseReap :many
-WITH c AS (
-    SELECT pgquota.clock() - $1::bigint * interval '1 microsecond' AS cutoff
-), cand AS MATERIALIZED (
-    SELECT l.name, l.token
-    FROM pgquota.lease l, c
-    WHERE l.expires_at < c.cutoff
-    LIMIT $2::int
-    FOR UPDATE OF l SKIP LOCKED
-), locked AS MATERIALIZED (
-    SELECT cand.name, cand.token
-    FROM cand
-    WHERE pg_try_advisory_xact_lock(hashtextextended('pgquota.lease:' || cand.name, 0))
-), fences AS MATERIALIZED (
-    SELECT f.resource
-    FROM pgquota.fence f, locked k, c
-    WHERE $3::boolean
-      AND f.resource = k.name
-      AND f.max_token <= k.token
-      AND f.updated_at < c.cutoff
-      AND NOT pgquota.fence_guarded(f.resource)
-    FOR UPDATE OF f SKIP LOCKED
-), fence_gone AS (
-    DELETE FROM pgquota.fence f
-    USING fences x
-    WHERE f.resource = x.resource
-    RETURNING f.resource
-), lease_gone AS (
-    DELETE FROM pgquota.lease l
-    USING locked k
-    WHERE l.name = k.name
-    RETURNING l.name, l.token, l.expires_at
-)
-SELECT g.name, g.token, g.expires_at,
-       EXISTS (SELECT 1 FROM fence_gone x WHERE x.resource = g.name) AS fence_deleted
-FROM lease_gone g
-ORDER BY g.name
+SELECT r.name::text AS name,
+       r.token::bigint AS token,
+       r.expires_at::timestamptz AS expires_at,
+       r.fence_deleted::boolean AS fence_deleted
+FROM pgquota.lease_reap($1::bigint, $2::int, $3::boolean) r
 `
 
 type LeaseReapParams struct {
@@ -258,6 +229,9 @@ type LeaseReapRow struct {
 //     token source wrote there), when it was not written within the same
 //     period, when no pgquota trigger (a guarded application table) names
 //     the resource, and when no fenced writer holds it (SKIP LOCKED).
+//
+// The statement is pgquota.lease_reap (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) LeaseReap(ctx context.Context, db DBTX, arg LeaseReapParams) ([]LeaseReapRow, error) {
 	rows, err := db.Query(ctx, leaseReap, arg.OlderThanUs, arg.BatchSize, arg.Fences)
 	if err != nil {

@@ -33,7 +33,7 @@ func (q *Queries) LeaseWaitRegister(ctx context.Context, db DBTX, arg LeaseWaitR
 }
 
 const leaseWaitUnregister = `-- name: LeaseWaitUnregister :exec
-DELETE FROM pgquota.lease_waiter WHERE name = $1::text AND waiter = $2::text
+SELECT pgquota.lease_wait_unregister($1::text, $2::text)
 `
 
 type LeaseWaitUnregisterParams struct {
@@ -42,6 +42,8 @@ type LeaseWaitUnregisterParams struct {
 }
 
 // Removes waiter @waiter's registration for lease @name.
+// The statement is pgquota.lease_wait_unregister (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) LeaseWaitUnregister(ctx context.Context, db DBTX, arg LeaseWaitUnregisterParams) error {
 	_, err := db.Exec(ctx, leaseWaitUnregister, arg.Name, arg.Waiter)
 	return err

@@ -290,15 +290,8 @@ func (q *Queries) LedgerGrant(ctx context.Context, db DBTX, arg LedgerGrantParam
 	return i, err
 }
 
-const ledgerReap = `-- name: LedgerReap :execrows
-DELETE FROM pgquota.ledger
-WHERE grant_id IN (
-    SELECT l.grant_id
-    FROM pgquota.ledger l
-    WHERE l.created_at < pgquota.clock() - $1::bigint * interval '1 microsecond'
-    ORDER BY l.created_at
-    LIMIT $2::int
-)
+const ledgerReap = `-- name: LedgerReap :one
+SELECT pgquota.ledger_reap($1::bigint, $2::int)::bigint AS rows
 `
 
 type LedgerReapParams struct {
@@ -310,12 +303,13 @@ type LedgerReapParams struct {
 // than @older_than_us microseconds before the database clock's now. The
 // caller repeats it until fewer rows come back, so no single statement
 // holds many row locks.
+// The statement is pgquota.ledger_reap (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) LedgerReap(ctx context.Context, db DBTX, arg LedgerReapParams) (int64, error) {
-	result, err := db.Exec(ctx, ledgerReap, arg.OlderThanUs, arg.BatchSize)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	row := db.QueryRow(ctx, ledgerReap, arg.OlderThanUs, arg.BatchSize)
+	var rows int64
+	err := row.Scan(&rows)
+	return rows, err
 }
 
 const ledgerRevoke = `-- name: LedgerRevoke :one

@@ -73,24 +73,10 @@ func (q *Queries) LedgerBatchEntries(ctx context.Context, db DBTX, arg LedgerBat
 
 const ledgerBatchInsert = `-- name: LedgerBatchInsert :many
 
-WITH req AS (
-    SELECT unnest($1::text[]) AS scope,
-           unnest($2::text[]) AS idempotency_key,
-           unnest($3::text[]) AS quota_name,
-           unnest($4::text[]) AS member,
-           unnest($5::bigint[]) AS amount,
-           nullif(unnest($6::bigint[]), -1) AS limit_value
-)
-INSERT INTO pgquota.ledger (scope, idempotency_key, operation, target, member, amount, request_limit, created_at)
-SELECT r.scope, r.idempotency_key, 'grant', q.name, r.member, r.amount, r.limit_value, pgquota.clock()
-FROM req r
-JOIN pgquota.quota q ON q.name = r.quota_name
-LEFT JOIN pgquota.quota_override o ON o.quota_name = r.quota_name AND o.member = r.member
-WHERE coalesce(r.limit_value, o.limit_value, q.default_limit) IS NOT NULL
-  AND (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
-ORDER BY r.scope, r.idempotency_key
-ON CONFLICT (scope, idempotency_key) DO NOTHING
-RETURNING scope, idempotency_key, grant_id
+SELECT r.scope::text AS scope,
+       r.idempotency_key::text AS idempotency_key,
+       r.grant_id::bigint AS grant_id
+FROM pgquota.ledger_batch_insert($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[]) r
 `
 
 type LedgerBatchInsertParams struct {
@@ -133,6 +119,8 @@ type LedgerBatchInsertRow struct {
 // a limit applies to it. Keys must be distinct. Returns the keys recorded
 // now, with their grant ids; a key already in the ledger (committed, or
 // committed while this statement waited for it) returns nothing.
+// The statement is pgquota.ledger_batch_insert (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) LedgerBatchInsert(ctx context.Context, db DBTX, arg LedgerBatchInsertParams) ([]LedgerBatchInsertRow, error) {
 	rows, err := db.Query(ctx, ledgerBatchInsert,
 		arg.Scopes,
@@ -161,14 +149,7 @@ func (q *Queries) LedgerBatchInsert(ctx context.Context, db DBTX, arg LedgerBatc
 }
 
 const ledgerBatchOutcomes = `-- name: LedgerBatchOutcomes :exec
-INSERT INTO pgquota.ledger_outcome (grant_id, granted, used, limit_value, window_start, window_end, decided_at)
-SELECT unnest($1::bigint[]),
-       unnest($2::boolean[]),
-       unnest($3::bigint[]),
-       unnest($4::bigint[]),
-       unnest($5::timestamptz[]),
-       unnest($6::timestamptz[]),
-       pgquota.clock()
+SELECT pgquota.ledger_batch_outcomes($1::bigint[], $2::boolean[], $3::bigint[], $4::bigint[], $5::timestamptz[], $6::timestamptz[])
 `
 
 type LedgerBatchOutcomesParams struct {
@@ -184,6 +165,8 @@ type LedgerBatchOutcomesParams struct {
 // @grant_ids[i] was granted (@granted[i]) or denied against limit
 // @limit_values[i], leaving the counter of window [@window_starts[i],
 // @window_ends[i]) at @used[i].
+// The statement is pgquota.ledger_batch_outcomes (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) LedgerBatchOutcomes(ctx context.Context, db DBTX, arg LedgerBatchOutcomesParams) error {
 	_, err := db.Exec(ctx, ledgerBatchOutcomes,
 		arg.GrantIds,

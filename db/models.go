@@ -8,6 +8,19 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+type OutboxClaimRow struct {
+	ID               int64
+	Topic            string
+	Payload          []byte
+	GrantID          pgtype.Int8
+	IdempotencyScope pgtype.Text
+	IdempotencyKey   pgtype.Text
+	FencingToken     pgtype.Int8
+	Attempts         int32
+	CreatedAt        pgtype.Timestamptz
+	DbNow            pgtype.Timestamptz
+}
+
 type PgquotaCounterLock struct {
 	QuotaName string
 	Member    string
@@ -38,6 +51,11 @@ type PgquotaFencedRow struct {
 	Value      string
 	FenceToken int64
 	UpdatedAt  pgtype.Timestamptz
+}
+
+type PgquotaFunctionGrant struct {
+	Function string
+	Role     string
 }
 
 type PgquotaLease struct {
@@ -226,4 +244,16 @@ type QuotaRow struct {
 	DefaultLimit pgtype.Int8
 	CreatedAt    pgtype.Timestamptz
 	UpdatedAt    pgtype.Timestamptz
+}
+
+type QuotaShapeDefineRow struct {
+	Name         string
+	WindowUnit   string
+	TimeZone     string
+	DefaultLimit pgtype.Int8
+	CreatedAt    pgtype.Timestamptz
+	UpdatedAt    pgtype.Timestamptz
+	PeriodUs     int64
+	Burst        pgtype.Int8
+	Origin       pgtype.Timestamptz
 }

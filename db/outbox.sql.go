@@ -12,33 +12,12 @@ import (
 )
 
 const outboxClaim = `-- name: OutboxClaim :many
-SELECT o.id, o.topic, o.payload, o.grant_id, o.idempotency_scope, o.idempotency_key, o.fencing_token,
-       o.attempts, o.created_at, pgquota.clock()::timestamptz AS db_now
-FROM pgquota.outbox o
-WHERE o.state = 'pending'
-  AND o.next_attempt_at <= (SELECT pgquota.clock())
-  AND (cardinality($1::text[]) = 0 OR o.topic = ANY ($1::text[]))
-ORDER BY o.id
-LIMIT $2::int
-FOR UPDATE OF o SKIP LOCKED
+SELECT id, topic, payload, grant_id, idempotency_scope, idempotency_key, fencing_token, attempts, created_at, db_now FROM pgquota.outbox_claim($1::text[], $2::int)
 `
 
 type OutboxClaimParams struct {
 	Topics    []string
 	BatchSize int32
-}
-
-type OutboxClaimRow struct {
-	ID               int64
-	Topic            string
-	Payload          []byte
-	GrantID          pgtype.Int8
-	IdempotencyScope pgtype.Text
-	IdempotencyKey   pgtype.Text
-	FencingToken     pgtype.Int8
-	Attempts         int32
-	CreatedAt        pgtype.Timestamptz
-	DbNow            pgtype.Timestamptz
 }
 
 // Claims up to @batch_size pending events that are due, oldest id first,
@@ -52,6 +31,8 @@ type OutboxClaimRow struct {
 // is claimed by the next call that finds it. db_now, the database clock as
 // each row is returned, gives the event's age at the claim (the delivery
 // latency metric).
+// The statement is pgquota.outbox_claim (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) OutboxClaim(ctx context.Context, db DBTX, arg OutboxClaimParams) ([]OutboxClaimRow, error) {
 	rows, err := db.Query(ctx, outboxClaim, arg.Topics, arg.BatchSize)
 	if err != nil {
@@ -84,13 +65,9 @@ func (q *Queries) OutboxClaim(ctx context.Context, db DBTX, arg OutboxClaimParam
 }
 
 const outboxEnqueue = `-- name: OutboxEnqueue :one
-INSERT INTO pgquota.outbox (topic, payload, grant_id, idempotency_scope, idempotency_key, fencing_token,
-                            next_attempt_at, created_at)
-SELECT $1::text, $2::bytea, $3::bigint, $4::text,
-       $5::text, $6::bigint, c.at, c.at
-FROM (SELECT pgquota.clock() AS at) c
-WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
-RETURNING id, created_at
+SELECT r.id::bigint AS id,
+       r.created_at::timestamptz AS created_at
+FROM pgquota.outbox_enqueue($1::text, $2::bytea, $3::bigint, $4::text, $5::text, $6::bigint) r
 `
 
 type OutboxEnqueueParams struct {
@@ -110,6 +87,8 @@ type OutboxEnqueueRow struct {
 // Writes one event, in the caller's transaction when there is one: it
 // becomes visible to relays when that transaction commits, and never if it
 // rolls back.
+// The statement is pgquota.outbox_enqueue (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) OutboxEnqueue(ctx context.Context, db DBTX, arg OutboxEnqueueParams) (OutboxEnqueueRow, error) {
 	row := db.QueryRow(ctx, outboxEnqueue,
 		arg.Topic,
@@ -152,41 +131,23 @@ func (q *Queries) OutboxGet(ctx context.Context, db DBTX, id int64) (PgquotaOutb
 	return i, err
 }
 
-const outboxMarkDelivered = `-- name: OutboxMarkDelivered :execrows
-UPDATE pgquota.outbox
-SET state = 'delivered',
-    attempts = attempts + 1,
-    last_error = NULL,
-    finished_at = pgquota.clock()
-WHERE id = ANY ($1::bigint[])
-  AND state = 'pending'
+const outboxMarkDelivered = `-- name: OutboxMarkDelivered :one
+SELECT pgquota.outbox_mark_delivered($1::bigint[])::bigint AS rows
 `
 
 // Marks events the relay's handler accepted. Runs in the transaction that
 // claimed (and still locks) them.
+// The statement is pgquota.outbox_mark_delivered (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) OutboxMarkDelivered(ctx context.Context, db DBTX, ids []int64) (int64, error) {
-	result, err := db.Exec(ctx, outboxMarkDelivered, ids)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	row := db.QueryRow(ctx, outboxMarkDelivered, ids)
+	var rows int64
+	err := row.Scan(&rows)
+	return rows, err
 }
 
-const outboxMarkFailed = `-- name: OutboxMarkFailed :execrows
-UPDATE pgquota.outbox o
-SET attempts = o.attempts + 1,
-    last_error = f.error,
-    state = CASE WHEN o.attempts + 1 >= $1::int THEN 'dead' ELSE 'pending' END,
-    finished_at = CASE WHEN o.attempts + 1 >= $1::int THEN c.at END,
-    next_attempt_at = c.at + f.delay_us * interval '1 microsecond'
-FROM (
-         SELECT unnest($2::bigint[]) AS id,
-                unnest($3::text[]) AS error,
-                unnest($4::bigint[]) AS delay_us
-     ) f,
-     (SELECT pgquota.clock() AS at) c
-WHERE o.id = f.id
-  AND o.state = 'pending'
+const outboxMarkFailed = `-- name: OutboxMarkFailed :one
+SELECT pgquota.outbox_mark_failed($1::int, $2::bigint[], $3::text[], $4::bigint[])::bigint AS rows
 `
 
 type OutboxMarkFailedParams struct {
@@ -200,29 +161,22 @@ type OutboxMarkFailedParams struct {
 // attempt @delays_us microseconds after the database clock's now; an event
 // whose attempts reach @max_attempts becomes dead (the dead-letter state)
 // and is not claimed again.
+// The statement is pgquota.outbox_mark_failed (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) OutboxMarkFailed(ctx context.Context, db DBTX, arg OutboxMarkFailedParams) (int64, error) {
-	result, err := db.Exec(ctx, outboxMarkFailed,
+	row := db.QueryRow(ctx, outboxMarkFailed,
 		arg.MaxAttempts,
 		arg.Ids,
 		arg.Errors,
 		arg.DelaysUs,
 	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	var rows int64
+	err := row.Scan(&rows)
+	return rows, err
 }
 
-const outboxReap = `-- name: OutboxReap :execrows
-DELETE FROM pgquota.outbox
-WHERE id IN (
-    SELECT o.id
-    FROM pgquota.outbox o
-    WHERE o.state <> 'pending'
-      AND o.finished_at < pgquota.clock() - $1::bigint * interval '1 microsecond'
-    ORDER BY o.finished_at
-    LIMIT $2::int
-)
+const outboxReap = `-- name: OutboxReap :one
+SELECT pgquota.outbox_reap($1::bigint, $2::int)::bigint AS rows
 `
 
 type OutboxReapParams struct {
@@ -232,12 +186,13 @@ type OutboxReapParams struct {
 
 // Deletes up to @batch_size finished (delivered or dead) events that
 // finished more than @older_than_us microseconds ago.
+// The statement is pgquota.outbox_reap (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) OutboxReap(ctx context.Context, db DBTX, arg OutboxReapParams) (int64, error) {
-	result, err := db.Exec(ctx, outboxReap, arg.OlderThanUs, arg.BatchSize)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	row := db.QueryRow(ctx, outboxReap, arg.OlderThanUs, arg.BatchSize)
+	var rows int64
+	err := row.Scan(&rows)
+	return rows, err
 }
 
 const outboxStatus = `-- name: OutboxStatus :one

@@ -12,29 +12,7 @@ import (
 )
 
 const quotaDefine = `-- name: QuotaDefine :one
-WITH prev AS (
-    SELECT p.window_unit FROM pgquota.quota p WHERE p.name = $1::text
-), replaced AS (
-    SELECT $5::boolean AND EXISTS (SELECT 1 FROM prev WHERE prev.window_unit <> $2::text) AS yes
-), gone_usage AS (
-    DELETE FROM pgquota.usage u WHERE u.quota_name = $1::text AND (SELECT r.yes FROM replaced r) RETURNING 1
-)
-INSERT INTO pgquota.quota (name, window_unit, time_zone, default_limit)
-SELECT $1::text, $2::text, tz.name, $3::bigint
-FROM (
-    SELECT z.name FROM pg_catalog.pg_timezone_names z
-    WHERE lower(z.name) = lower($4::text)
-    ORDER BY z.name = $4::text DESC, z.name
-    LIMIT 1
-) tz
-WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
-ON CONFLICT (name) DO UPDATE
-SET window_unit   = excluded.window_unit,
-    time_zone     = excluded.time_zone,
-    default_limit = excluded.default_limit,
-    updated_at    = pgquota.clock()
-WHERE pgquota.quota.window_unit = excluded.window_unit OR $5::boolean
-RETURNING name, window_unit, time_zone, default_limit, created_at, updated_at
+SELECT name, window_unit, time_zone, default_limit, created_at, updated_at FROM pgquota.quota_define($1::text, $2::text, $3::bigint, $4::text, $5::boolean)
 `
 
 type QuotaDefineParams struct {
@@ -51,13 +29,9 @@ type QuotaDefineParams struct {
 // when the zone is unknown, or when the quota exists with another kind
 // (window_unit) and replace_kind is false. With replace_kind, a change of
 // kind deletes the quota's counters (usage) in the same statement, so that
-// none comes back when the quota is switched back; member limits stay. (A
-// rate's or rolling window's state, which only QuotaShapeDefine's kinds
-// read, is deleted by QuotaShapeDefine when the quota becomes one again;
-// this statement names only migration 00001's tables, so it runs on any
-// schema.) prev reads the row
-// as the statement's snapshot saw it (no FOR UPDATE: the upsert below may
-// run first, and a row it updated is invisible to a locking read).
+// none comes back when the quota is switched back; member limits stay.
+// The statement is pgquota.quota_define (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) QuotaDefine(ctx context.Context, db DBTX, arg QuotaDefineParams) (QuotaRow, error) {
 	row := db.QueryRow(ctx, quotaDefine,
 		arg.Name,

@@ -9,10 +9,8 @@ import (
 	"context"
 )
 
-const quotaOverrideDelete = `-- name: QuotaOverrideDelete :execrows
-DELETE FROM pgquota.quota_override
-WHERE quota_name = $1::text AND member = $2::text
-  AND (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
+const quotaOverrideDelete = `-- name: QuotaOverrideDelete :one
+SELECT pgquota.quota_override_delete($1::text, $2::text)::bigint AS rows
 `
 
 type QuotaOverrideDeleteParams struct {
@@ -20,12 +18,13 @@ type QuotaOverrideDeleteParams struct {
 	Member    string
 }
 
+// The statement is pgquota.quota_override_delete (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) QuotaOverrideDelete(ctx context.Context, db DBTX, arg QuotaOverrideDeleteParams) (int64, error) {
-	result, err := db.Exec(ctx, quotaOverrideDelete, arg.QuotaName, arg.Member)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	row := db.QueryRow(ctx, quotaOverrideDelete, arg.QuotaName, arg.Member)
+	var rows int64
+	err := row.Scan(&rows)
+	return rows, err
 }
 
 const quotaOverrideList = `-- name: QuotaOverrideList :many
@@ -61,15 +60,7 @@ func (q *Queries) QuotaOverrideList(ctx context.Context, db DBTX, quotaName stri
 }
 
 const quotaOverrideSet = `-- name: QuotaOverrideSet :one
-INSERT INTO pgquota.quota_override (quota_name, member, limit_value)
-SELECT q.name, $1::text, $2::bigint
-FROM pgquota.quota q
-WHERE q.name = $3::text
-  AND (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
-ON CONFLICT (quota_name, member) DO UPDATE
-SET limit_value = excluded.limit_value,
-    updated_at  = pgquota.clock()
-RETURNING quota_name, member, limit_value, updated_at
+SELECT quota_name, member, limit_value, updated_at FROM pgquota.quota_override_set($1::text, $2::bigint, $3::text)
 `
 
 type QuotaOverrideSetParams struct {
@@ -81,6 +72,8 @@ type QuotaOverrideSetParams struct {
 // Sets a member's own limit. No row comes back, and nothing is written, when
 // the quota does not exist: the caller learns it without a foreign key
 // violation, which would abort the caller's transaction in SetMemberLimitTx.
+// The statement is pgquota.quota_override_set (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) QuotaOverrideSet(ctx context.Context, db DBTX, arg QuotaOverrideSetParams) (PgquotaQuotaOverride, error) {
 	row := db.QueryRow(ctx, quotaOverrideSet, arg.Member, arg.LimitValue, arg.QuotaName)
 	var i PgquotaQuotaOverride

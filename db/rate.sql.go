@@ -122,62 +122,17 @@ func (q *Queries) QuotaKindGet(ctx context.Context, db DBTX, name string) (strin
 
 const quotaShapeDefine = `-- name: QuotaShapeDefine :one
 
-WITH prev AS (
-    SELECT p.window_unit FROM pgquota.quota p WHERE p.name = $1::text
-), replaced AS (
-    SELECT $2::boolean AND EXISTS (SELECT 1 FROM prev WHERE prev.window_unit <> $3::text) AS yes
-), gone_usage AS (
-    DELETE FROM pgquota.usage u WHERE u.quota_name = $1::text AND (SELECT r.yes FROM replaced r) RETURNING 1
-), gone_rate AS (
-    DELETE FROM pgquota.rate_state rs WHERE rs.quota_name = $1::text AND (SELECT r.yes FROM replaced r) RETURNING 1
-), gone_rolling AS (
-    DELETE FROM pgquota.rolling_usage ru WHERE ru.quota_name = $1::text AND (SELECT r.yes FROM replaced r) RETURNING 1
-), q AS (
-    INSERT INTO pgquota.quota (name, window_unit, time_zone, default_limit)
-    SELECT $1::text, $3::text, 'UTC', $4::bigint
-    WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
-    ON CONFLICT (name) DO UPDATE
-    SET window_unit   = excluded.window_unit,
-        time_zone     = excluded.time_zone,
-        default_limit = excluded.default_limit,
-        updated_at    = pgquota.clock()
-    WHERE pgquota.quota.window_unit = excluded.window_unit OR $2::boolean
-    RETURNING name, window_unit, time_zone, default_limit, created_at, updated_at
-), s AS (
-    INSERT INTO pgquota.quota_shape (quota_name, period_us, burst, origin)
-    SELECT q.name, $5::bigint, $6::bigint, $7::timestamptz FROM q
-    ON CONFLICT (quota_name) DO UPDATE
-    SET period_us  = excluded.period_us,
-        burst      = excluded.burst,
-        origin     = excluded.origin,
-        updated_at = pgquota.clock()
-    RETURNING quota_name, period_us, burst, origin
-)
-SELECT q.name, q.window_unit, q.time_zone, q.default_limit, q.created_at, q.updated_at,
-       s.period_us, s.burst, s.origin
-FROM q JOIN s ON s.quota_name = q.name
+SELECT name, window_unit, time_zone, default_limit, created_at, updated_at, period_us, burst, origin FROM pgquota.quota_shape_define($1::text, $2::text, $3::bigint, $4::bigint, $5::bigint, $6::timestamptz, $7::boolean)
 `
 
 type QuotaShapeDefineParams struct {
 	Name         string
+	WindowUnit   string
+	DefaultLimit pgtype.Int8
+	PeriodUs     int64
+	Burst        pgtype.Int8
+	Origin       pgtype.Timestamptz
 	ReplaceKind  bool
-	WindowUnit   string
-	DefaultLimit pgtype.Int8
-	PeriodUs     int64
-	Burst        pgtype.Int8
-	Origin       pgtype.Timestamptz
-}
-
-type QuotaShapeDefineRow struct {
-	Name         string
-	WindowUnit   string
-	TimeZone     string
-	DefaultLimit pgtype.Int8
-	CreatedAt    pgtype.Timestamptz
-	UpdatedAt    pgtype.Timestamptz
-	PeriodUs     int64
-	Burst        pgtype.Int8
-	Origin       pgtype.Timestamptz
 }
 
 // Quotas of the kinds rate, fixed and rolling (migrations/00011), and
@@ -186,15 +141,17 @@ type QuotaShapeDefineRow struct {
 // shape, in one statement (both rows or neither). As QuotaDefine, no row
 // comes back when the quota exists with another kind and replace_kind is
 // false; with replace_kind a change of kind deletes its counters.
+// The statement is pgquota.quota_shape_define (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) QuotaShapeDefine(ctx context.Context, db DBTX, arg QuotaShapeDefineParams) (QuotaShapeDefineRow, error) {
 	row := db.QueryRow(ctx, quotaShapeDefine,
 		arg.Name,
-		arg.ReplaceKind,
 		arg.WindowUnit,
 		arg.DefaultLimit,
 		arg.PeriodUs,
 		arg.Burst,
 		arg.Origin,
+		arg.ReplaceKind,
 	)
 	var i QuotaShapeDefineRow
 	err := row.Scan(

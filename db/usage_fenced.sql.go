@@ -72,14 +72,8 @@ func (q *Queries) UsageFencedRead(ctx context.Context, db DBTX, arg UsageFencedR
 }
 
 const usageFencedWrite = `-- name: UsageFencedWrite :one
-INSERT INTO pgquota.usage AS u (quota_name, member, window_start, window_end, used, updated_at)
-SELECT $1::text, $2::text, $3::timestamptz, $4::timestamptz, $5::bigint, pgquota.clock()
-WHERE pgquota.fence_admit($6::text, $7::bigint, $6::text)
-ON CONFLICT (quota_name, member, window_start, window_end) DO UPDATE
-SET used = excluded.used,
-    updated_at = excluded.updated_at
-WHERE u.used = $8::bigint
-RETURNING u.used
+SELECT r.used::bigint AS used
+FROM pgquota.usage_fenced_write($1::text, $2::text, $3::timestamptz, $4::timestamptz, $5::bigint, $6::text, $7::bigint, $8::bigint) r
 `
 
 type UsageFencedWriteParams struct {
@@ -103,6 +97,8 @@ type UsageFencedWriteParams struct {
 // lease, and one that changed the counter since the read must not be
 // undone. No row comes back when it did; nothing was written to the
 // counter, and the caller starts over.
+// The statement is pgquota.usage_fenced_write (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) UsageFencedWrite(ctx context.Context, db DBTX, arg UsageFencedWriteParams) (int64, error) {
 	row := db.QueryRow(ctx, usageFencedWrite,
 		arg.QuotaName,

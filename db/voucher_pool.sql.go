@@ -12,9 +12,7 @@ import (
 )
 
 const voucherPoolAddCodes = `-- name: VoucherPoolAddCodes :exec
-UPDATE pgquota.voucher_pool
-SET total = total + $1::bigint
-WHERE campaign = $2::text
+SELECT pgquota.voucher_pool_add_codes($1::bigint, $2::text)
 `
 
 type VoucherPoolAddCodesParams struct {
@@ -22,16 +20,15 @@ type VoucherPoolAddCodesParams struct {
 	Campaign string
 }
 
+// The statement is pgquota.voucher_pool_add_codes (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) VoucherPoolAddCodes(ctx context.Context, db DBTX, arg VoucherPoolAddCodesParams) error {
 	_, err := db.Exec(ctx, voucherPoolAddCodes, arg.Added, arg.Campaign)
 	return err
 }
 
 const voucherPoolCreate = `-- name: VoucherPoolCreate :one
-INSERT INTO pgquota.voucher_pool (campaign, kind, total)
-VALUES ($1::text, $2::text, $3::bigint)
-ON CONFLICT (campaign) DO NOTHING
-RETURNING campaign, kind, total, claimed, created_at
+SELECT campaign, kind, total, claimed, created_at FROM pgquota.voucher_pool_create($1::text, $2::text, $3::bigint)
 `
 
 type VoucherPoolCreateParams struct {
@@ -41,6 +38,8 @@ type VoucherPoolCreateParams struct {
 }
 
 // Creates a campaign. No row comes back when it already exists.
+// The statement is pgquota.voucher_pool_create (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) VoucherPoolCreate(ctx context.Context, db DBTX, arg VoucherPoolCreateParams) (PgquotaVoucherPool, error) {
 	row := db.QueryRow(ctx, voucherPoolCreate, arg.Campaign, arg.Kind, arg.Total)
 	var i PgquotaVoucherPool

@@ -10,11 +10,7 @@ import (
 )
 
 const voucherShardCreate = `-- name: VoucherShardCreate :exec
-INSERT INTO pgquota.voucher_shard (campaign, shard, base, total)
-SELECT $1::text,
-       unnest($2::integer[]),
-       unnest($3::bigint[]),
-       unnest($4::bigint[])
+SELECT pgquota.voucher_shard_create($1::text, $2::integer[], $3::bigint[], $4::bigint[])
 `
 
 type VoucherShardCreateParams struct {
@@ -27,6 +23,8 @@ type VoucherShardCreateParams struct {
 // Creates the shards of a sharded pool: shard @shards[i] holds @totals[i]
 // units numbered @bases[i] + 1 .. @bases[i] + @totals[i] (quota/shard.go
 // computes the split).
+// The statement is pgquota.voucher_shard_create (migrations/00022_app_role_lockdown.sql),
+// SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
 func (q *Queries) VoucherShardCreate(ctx context.Context, db DBTX, arg VoucherShardCreateParams) error {
 	_, err := db.Exec(ctx, voucherShardCreate,
 		arg.Campaign,

@@ -71,6 +71,14 @@ const (
 	// when it is missing and grants it on every pgquota object, now and
 	// (by default privileges) in later migrations. See GrantAppSQL.
 	AppRole = "pgquota_app"
+	// RelayRole is the NOLOGIN group role of the outbox relay: claim, mark
+	// delivered or failed, reap (migration 00022).
+	RelayRole = "pgquota_relay"
+	// OperatorRole is the NOLOGIN group role that defines quotas and
+	// campaigns, sets limits, imports codes, bumps lease epochs, registers
+	// fence guards and reaps; a member of AppRole and RelayRole (migration
+	// 00022).
+	OperatorRole = "pgquota_operator"
 )
 
 // lockKey is the key of the migration lock: pg_advisory_lock(lockKey).

@@ -6,15 +6,9 @@
 -- row locked until commit, so the upsert below cannot interleave with
 -- another fenced writer of the resource. The row's own fence_token guard
 -- is a backstop.
-INSERT INTO pgquota.fenced_row AS r (resource, key, value, fence_token, updated_at)
-SELECT @resource::text, @key::text, @value::text, @token::bigint, pgquota.clock()
-WHERE pgquota.fence_admit(@resource::text, @token::bigint, sqlc.narg('lease')::text)
-ON CONFLICT (resource, key) DO UPDATE
-SET value       = excluded.value,
-    fence_token = excluded.fence_token,
-    updated_at  = excluded.updated_at
-WHERE r.fence_token <= excluded.fence_token
-RETURNING r.resource, r.key, r.value, r.fence_token, r.updated_at;
+-- The statement is pgquota.fenced_row_write (migrations/00022_app_role_lockdown.sql),
+-- SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
+SELECT * FROM pgquota.fenced_row_write(@resource::text, @key::text, @value::text, @token::bigint, sqlc.narg('lease')::text);
 
 -- name: FencedRowGet :one
 SELECT resource, key, value, fence_token, updated_at

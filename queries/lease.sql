@@ -57,55 +57,18 @@
 -- taken, a second form of the answer comes back: taken = false and the
 -- current row read with a fresh snapshot (none when the row vanished
 -- meanwhile: try again).
-WITH c AS (
-    SELECT pgquota.clock() AS at, @ttl::interval AS ttl, pgquota.durable_commit() AS durable
-), inserted_at AS (
-    SELECT pgquota.clock() AS at
-), taken_at AS (
-    SELECT pgquota.clock() AS at
-), acq AS (
-    INSERT INTO pgquota.lease AS l (name, holder, attempt, token, acquired_at, renewed_at, expires_at)
-    SELECT @name::text, @holder::text, @attempt::text,
-           (SELECT pgquota.next_lease_token()
-            FROM pg_advisory_xact_lock(hashtextextended('pgquota.lease:' || @name::text, 0))),
-           (SELECT at FROM inserted_at), (SELECT at FROM inserted_at), (SELECT at FROM inserted_at) + c.ttl
-    FROM c
-    WHERE NOT EXISTS (
-        SELECT 1 FROM pgquota.lease x
-        WHERE x.name = @name::text AND x.expires_at > c.at AND x.attempt <> @attempt::text
-    )
-    ON CONFLICT (name) DO UPDATE
-    SET holder      = excluded.holder,
-        attempt     = excluded.attempt,
-        token       = CASE WHEN l.expires_at > (SELECT at FROM taken_at) THEN l.token ELSE pgquota.next_lease_token() END,
-        acquired_at = CASE WHEN l.expires_at > (SELECT at FROM taken_at) THEN l.acquired_at ELSE (SELECT at FROM taken_at) END,
-        renewed_at  = CASE WHEN l.expires_at > (SELECT at FROM taken_at) THEN l.renewed_at ELSE (SELECT at FROM taken_at) END,
-        expires_at  = CASE WHEN l.expires_at > (SELECT at FROM taken_at) THEN l.expires_at ELSE (SELECT at FROM taken_at) + @ttl::interval END
-    WHERE l.expires_at <= (SELECT at FROM taken_at) OR l.attempt = excluded.attempt
-    RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, pgquota.clock() AS db_now
-), raised AS (
-    INSERT INTO pgquota.fence AS f (resource, max_token, updated_at)
-    SELECT acq.name, acq.token, c.at
-    FROM acq, c
-    -- Not the resource of a guarded table bound to another source of tokens
-    -- (another lease, a semaphore, external tokens: 00018_guard_binding.sql):
-    -- this lease's token is refused there, and raising the mark would lock
-    -- the table's real holders out.
-    WHERE NOT EXISTS (
-        SELECT 1 FROM pgquota.fence_guard_resource g
-        WHERE g.resource = acq.name AND (g.external OR g.semaphore IS NOT NULL OR g.lease <> acq.name)
-    )
-    ON CONFLICT (resource) DO UPDATE
-    SET max_token  = excluded.max_token,
-        updated_at = excluded.updated_at
-    WHERE f.max_token < excluded.max_token
-)
-SELECT true AS taken, acq.name, acq.holder, acq.attempt, acq.token, acq.acquired_at, acq.renewed_at, acq.expires_at, acq.db_now
-FROM acq
-UNION ALL
-SELECT false AS taken, f.name, f.holder, f.attempt, f.token, f.acquired_at, f.renewed_at, f.expires_at, pgquota.clock() AS db_now
-FROM pgquota.lease_fresh(@name::text) f
-WHERE NOT EXISTS (SELECT 1 FROM acq);
+-- The statement is pgquota.lease_acquire (migrations/00022_app_role_lockdown.sql),
+-- SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
+SELECT r.taken::boolean AS taken,
+       r.name::text AS name,
+       r.holder::text AS holder,
+       r.attempt::text AS attempt,
+       r.token::bigint AS token,
+       r.acquired_at::timestamptz AS acquired_at,
+       r.renewed_at::timestamptz AS renewed_at,
+       r.expires_at::timestamptz AS expires_at,
+       r.db_now::timestamptz AS db_now
+FROM pgquota.lease_acquire(@ttl::interval, @name::text, @holder::text, @attempt::text) r;
 
 -- name: LeaseRenew :one
 -- Extends the lease to @ttl from the database clock, only
@@ -125,23 +88,18 @@ WHERE NOT EXISTS (SELECT 1 FROM acq);
 -- found once it held the lock (the newest row version, as FOR NO KEY UPDATE
 -- returns it after a wait): prev_expires_at - db_now is the time the lease
 -- had left when the renewal landed (the keepalive margin metric).
-WITH locked AS (
-    SELECT x.name, x.expires_at FROM pgquota.lease x
-    WHERE x.name = @name::text AND x.token = @token::bigint
-    FOR NO KEY UPDATE
-), c AS (
-    SELECT pgquota.clock() AS at, @ttl::interval AS ttl, locked.expires_at AS prev_expires_at FROM locked
-)
-UPDATE pgquota.lease l
-SET renewed_at = c.at,
-    expires_at = c.at + c.ttl
-FROM c
-WHERE l.name = @name::text
-  AND l.token = @token::bigint
-  AND l.expires_at > c.at
-  AND pgquota.durable_commit()
-RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, c.at AS db_now,
-          c.prev_expires_at;
+-- The statement is pgquota.lease_renew (migrations/00022_app_role_lockdown.sql),
+-- SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
+SELECT r.name::text AS name,
+       r.holder::text AS holder,
+       r.attempt::text AS attempt,
+       r.token::bigint AS token,
+       r.acquired_at::timestamptz AS acquired_at,
+       r.renewed_at::timestamptz AS renewed_at,
+       r.expires_at::timestamptz AS expires_at,
+       r.db_now::timestamptz AS db_now,
+       r.prev_expires_at::timestamptz AS prev_expires_at
+FROM pgquota.lease_renew(@name::text, @token::bigint, @ttl::interval) r;
 
 -- name: LeaseRelease :one
 -- Ends the lease held with @token now, conditioned on the token so that a
@@ -153,14 +111,18 @@ RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.e
 -- takes a database-wide lock at commit, which serialised every release
 -- behind the WAL flush of the one before (migrations/00013_lease_waiter.sql
 -- says why no wake-up is lost).
-UPDATE pgquota.lease l
-SET expires_at = least(l.expires_at, c.at)
-FROM (SELECT pgquota.clock() AS at) c
-WHERE l.name = @name::text
-  AND l.token = @token::bigint
-  AND pgquota.durable_commit()
-RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, c.at AS db_now,
-          pgquota.lease_notify_waiters(l.name) AS notified;
+-- The statement is pgquota.lease_release (migrations/00022_app_role_lockdown.sql),
+-- SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
+SELECT r.name::text AS name,
+       r.holder::text AS holder,
+       r.attempt::text AS attempt,
+       r.token::bigint AS token,
+       r.acquired_at::timestamptz AS acquired_at,
+       r.renewed_at::timestamptz AS renewed_at,
+       r.expires_at::timestamptz AS expires_at,
+       r.db_now::timestamptz AS db_now,
+       r.notified::boolean AS notified
+FROM pgquota.lease_release(@name::text, @token::bigint) r;
 
 -- name: LeaseGet :one
 SELECT l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, c.at AS db_now

@@ -27,16 +27,18 @@ LIMIT @max_rows::int;
 -- holder can never overwrite its successor's payload. Acquire calls it
 -- with @require_held false in the transaction that took the lease, whose
 -- row lock nobody else can have passed.
-UPDATE pgquota.lease l
-SET payload = sqlc.narg('payload')::text,
-    payload_token = l.token
-FROM (SELECT pgquota.clock() AS at) c
-WHERE l.name = @name::text
-  AND l.token = @token::bigint
-  AND (NOT @require_held::boolean OR l.expires_at > pgquota.clock())
-  AND pgquota.durable_commit()
-RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, c.at AS db_now,
-          coalesce(l.payload, '')::text AS payload;
+-- The statement is pgquota.lease_payload_set (migrations/00022_app_role_lockdown.sql),
+-- SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
+SELECT r.name::text AS name,
+       r.holder::text AS holder,
+       r.attempt::text AS attempt,
+       r.token::bigint AS token,
+       r.acquired_at::timestamptz AS acquired_at,
+       r.renewed_at::timestamptz AS renewed_at,
+       r.expires_at::timestamptz AS expires_at,
+       r.db_now::timestamptz AS db_now,
+       r.payload::text AS payload
+FROM pgquota.lease_payload_set(sqlc.narg('payload')::text, @name::text, @token::bigint, @require_held::boolean) r;
 
 -- name: LeaseReap :many
 -- Deletes up to @batch_size lease rows that expired more than
@@ -67,39 +69,10 @@ RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.e
 --     token source wrote there), when it was not written within the same
 --     period, when no pgquota trigger (a guarded application table) names
 --     the resource, and when no fenced writer holds it (SKIP LOCKED).
-WITH c AS (
-    SELECT pgquota.clock() - sqlc.arg('older_than_us')::bigint * interval '1 microsecond' AS cutoff
-), cand AS MATERIALIZED (
-    SELECT l.name, l.token
-    FROM pgquota.lease l, c
-    WHERE l.expires_at < c.cutoff
-    LIMIT @batch_size::int
-    FOR UPDATE OF l SKIP LOCKED
-), locked AS MATERIALIZED (
-    SELECT cand.name, cand.token
-    FROM cand
-    WHERE pg_try_advisory_xact_lock(hashtextextended('pgquota.lease:' || cand.name, 0))
-), fences AS MATERIALIZED (
-    SELECT f.resource
-    FROM pgquota.fence f, locked k, c
-    WHERE @fences::boolean
-      AND f.resource = k.name
-      AND f.max_token <= k.token
-      AND f.updated_at < c.cutoff
-      AND NOT pgquota.fence_guarded(f.resource)
-    FOR UPDATE OF f SKIP LOCKED
-), fence_gone AS (
-    DELETE FROM pgquota.fence f
-    USING fences x
-    WHERE f.resource = x.resource
-    RETURNING f.resource
-), lease_gone AS (
-    DELETE FROM pgquota.lease l
-    USING locked k
-    WHERE l.name = k.name
-    RETURNING l.name, l.token, l.expires_at
-)
-SELECT g.name, g.token, g.expires_at,
-       EXISTS (SELECT 1 FROM fence_gone x WHERE x.resource = g.name) AS fence_deleted
-FROM lease_gone g
-ORDER BY g.name;
+-- The statement is pgquota.lease_reap (migrations/00022_app_role_lockdown.sql),
+-- SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
+SELECT r.name::text AS name,
+       r.token::bigint AS token,
+       r.expires_at::timestamptz AS expires_at,
+       r.fence_deleted::boolean AS fence_deleted
+FROM pgquota.lease_reap(@older_than_us::bigint, @batch_size::int, @fences::boolean) r;

@@ -7,4 +7,6 @@ SELECT pgquota.lease_wait_register(@name::text, @waiter::text, @lifetime::interv
 
 -- name: LeaseWaitUnregister :exec
 -- Removes waiter @waiter's registration for lease @name.
-DELETE FROM pgquota.lease_waiter WHERE name = @name::text AND waiter = @waiter::text;
+-- The statement is pgquota.lease_wait_unregister (migrations/00022_app_role_lockdown.sql),
+-- SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
+SELECT pgquota.lease_wait_unregister(@name::text, @waiter::text);

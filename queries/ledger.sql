@@ -147,16 +147,11 @@ SELECT grant_id, scope, idempotency_key, operation, target, member, amount, requ
 FROM pgquota.ledger_entry
 WHERE scope = @scope::text AND idempotency_key = @idempotency_key::text;
 
--- name: LedgerReap :execrows
+-- name: LedgerReap :one
 -- Deletes up to @batch_size ledger rows (and their outcomes) created more
 -- than @older_than_us microseconds before the database clock's now. The
 -- caller repeats it until fewer rows come back, so no single statement
 -- holds many row locks.
-DELETE FROM pgquota.ledger
-WHERE grant_id IN (
-    SELECT l.grant_id
-    FROM pgquota.ledger l
-    WHERE l.created_at < pgquota.clock() - sqlc.arg('older_than_us')::bigint * interval '1 microsecond'
-    ORDER BY l.created_at
-    LIMIT @batch_size::int
-);
+-- The statement is pgquota.ledger_reap (migrations/00022_app_role_lockdown.sql),
+-- SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
+SELECT pgquota.ledger_reap(@older_than_us::bigint, @batch_size::int)::bigint AS rows;

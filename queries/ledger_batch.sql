@@ -25,24 +25,12 @@
 -- a limit applies to it. Keys must be distinct. Returns the keys recorded
 -- now, with their grant ids; a key already in the ledger (committed, or
 -- committed while this statement waited for it) returns nothing.
-WITH req AS (
-    SELECT unnest(@scopes::text[]) AS scope,
-           unnest(@keys::text[]) AS idempotency_key,
-           unnest(@quota_names::text[]) AS quota_name,
-           unnest(@members::text[]) AS member,
-           unnest(@amounts::bigint[]) AS amount,
-           nullif(unnest(@limit_values::bigint[]), -1) AS limit_value
-)
-INSERT INTO pgquota.ledger (scope, idempotency_key, operation, target, member, amount, request_limit, created_at)
-SELECT r.scope, r.idempotency_key, 'grant', q.name, r.member, r.amount, r.limit_value, pgquota.clock()
-FROM req r
-JOIN pgquota.quota q ON q.name = r.quota_name
-LEFT JOIN pgquota.quota_override o ON o.quota_name = r.quota_name AND o.member = r.member
-WHERE coalesce(r.limit_value, o.limit_value, q.default_limit) IS NOT NULL
-  AND (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
-ORDER BY r.scope, r.idempotency_key
-ON CONFLICT (scope, idempotency_key) DO NOTHING
-RETURNING scope, idempotency_key, grant_id;
+-- The statement is pgquota.ledger_batch_insert (migrations/00022_app_role_lockdown.sql),
+-- SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
+SELECT r.scope::text AS scope,
+       r.idempotency_key::text AS idempotency_key,
+       r.grant_id::bigint AS grant_id
+FROM pgquota.ledger_batch_insert(@scopes::text[], @keys::text[], @quota_names::text[], @members::text[], @amounts::bigint[], @limit_values::bigint[]) r;
 
 -- name: LedgerBatchEntries :many
 -- The ledger entries of keys @keys[i] in scopes @scopes[i] that exist.
@@ -59,11 +47,6 @@ WHERE (e.scope, e.idempotency_key) IN (
 -- @grant_ids[i] was granted (@granted[i]) or denied against limit
 -- @limit_values[i], leaving the counter of window [@window_starts[i],
 -- @window_ends[i]) at @used[i].
-INSERT INTO pgquota.ledger_outcome (grant_id, granted, used, limit_value, window_start, window_end, decided_at)
-SELECT unnest(@grant_ids::bigint[]),
-       unnest(@granted::boolean[]),
-       unnest(@used::bigint[]),
-       unnest(@limit_values::bigint[]),
-       unnest(@window_starts::timestamptz[]),
-       unnest(@window_ends::timestamptz[]),
-       pgquota.clock();
+-- The statement is pgquota.ledger_batch_outcomes (migrations/00022_app_role_lockdown.sql),
+-- SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
+SELECT pgquota.ledger_batch_outcomes(@grant_ids::bigint[], @granted::boolean[], @used::bigint[], @limit_values::bigint[], @window_starts::timestamptz[], @window_ends::timestamptz[]);

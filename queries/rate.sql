@@ -6,40 +6,9 @@
 -- shape, in one statement (both rows or neither). As QuotaDefine, no row
 -- comes back when the quota exists with another kind and replace_kind is
 -- false; with replace_kind a change of kind deletes its counters.
-WITH prev AS (
-    SELECT p.window_unit FROM pgquota.quota p WHERE p.name = @name::text
-), replaced AS (
-    SELECT @replace_kind::boolean AND EXISTS (SELECT 1 FROM prev WHERE prev.window_unit <> @window_unit::text) AS yes
-), gone_usage AS (
-    DELETE FROM pgquota.usage u WHERE u.quota_name = @name::text AND (SELECT r.yes FROM replaced r) RETURNING 1
-), gone_rate AS (
-    DELETE FROM pgquota.rate_state rs WHERE rs.quota_name = @name::text AND (SELECT r.yes FROM replaced r) RETURNING 1
-), gone_rolling AS (
-    DELETE FROM pgquota.rolling_usage ru WHERE ru.quota_name = @name::text AND (SELECT r.yes FROM replaced r) RETURNING 1
-), q AS (
-    INSERT INTO pgquota.quota (name, window_unit, time_zone, default_limit)
-    SELECT @name::text, @window_unit::text, 'UTC', sqlc.narg('default_limit')::bigint
-    WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
-    ON CONFLICT (name) DO UPDATE
-    SET window_unit   = excluded.window_unit,
-        time_zone     = excluded.time_zone,
-        default_limit = excluded.default_limit,
-        updated_at    = pgquota.clock()
-    WHERE pgquota.quota.window_unit = excluded.window_unit OR @replace_kind::boolean
-    RETURNING name, window_unit, time_zone, default_limit, created_at, updated_at
-), s AS (
-    INSERT INTO pgquota.quota_shape (quota_name, period_us, burst, origin)
-    SELECT q.name, @period_us::bigint, sqlc.narg('burst')::bigint, @origin::timestamptz FROM q
-    ON CONFLICT (quota_name) DO UPDATE
-    SET period_us  = excluded.period_us,
-        burst      = excluded.burst,
-        origin     = excluded.origin,
-        updated_at = pgquota.clock()
-    RETURNING quota_name, period_us, burst, origin
-)
-SELECT q.name, q.window_unit, q.time_zone, q.default_limit, q.created_at, q.updated_at,
-       s.period_us, s.burst, s.origin
-FROM q JOIN s ON s.quota_name = q.name;
+-- The statement is pgquota.quota_shape_define (migrations/00022_app_role_lockdown.sql),
+-- SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
+SELECT * FROM pgquota.quota_shape_define(@name::text, @window_unit::text, sqlc.narg('default_limit')::bigint, @period_us::bigint, sqlc.narg('burst')::bigint, @origin::timestamptz, @replace_kind::boolean);
 
 -- name: QuotaShapeGet :one
 SELECT quota_name, period_us, burst, origin, updated_at

@@ -41,11 +41,7 @@ FROM def;
 -- lease, and one that changed the counter since the read must not be
 -- undone. No row comes back when it did; nothing was written to the
 -- counter, and the caller starts over.
-INSERT INTO pgquota.usage AS u (quota_name, member, window_start, window_end, used, updated_at)
-SELECT @quota_name::text, @member::text, @window_start::timestamptz, @window_end::timestamptz, @used::bigint, pgquota.clock()
-WHERE pgquota.fence_admit(@lease::text, @token::bigint, @lease::text)
-ON CONFLICT (quota_name, member, window_start, window_end) DO UPDATE
-SET used = excluded.used,
-    updated_at = excluded.updated_at
-WHERE u.used = @read_used::bigint
-RETURNING u.used;
+-- The statement is pgquota.usage_fenced_write (migrations/00022_app_role_lockdown.sql),
+-- SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
+SELECT r.used::bigint AS used
+FROM pgquota.usage_fenced_write(@quota_name::text, @member::text, @window_start::timestamptz, @window_end::timestamptz, @used::bigint, @lease::text, @token::bigint, @read_used::bigint) r;

@@ -1,9 +1,8 @@
 -- name: VoucherPoolCreate :one
 -- Creates a campaign. No row comes back when it already exists.
-INSERT INTO pgquota.voucher_pool (campaign, kind, total)
-VALUES (@campaign::text, @kind::text, @total::bigint)
-ON CONFLICT (campaign) DO NOTHING
-RETURNING campaign, kind, total, claimed, created_at;
+-- The statement is pgquota.voucher_pool_create (migrations/00022_app_role_lockdown.sql),
+-- SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
+SELECT * FROM pgquota.voucher_pool_create(@campaign::text, @kind::text, @total::bigint);
 
 -- name: VoucherPoolGet :one
 SELECT campaign, kind, total, claimed, created_at
@@ -26,6 +25,6 @@ FROM pgquota.voucher_pool p
 WHERE p.campaign = @campaign::text;
 
 -- name: VoucherPoolAddCodes :exec
-UPDATE pgquota.voucher_pool
-SET total = total + @added::bigint
-WHERE campaign = @campaign::text;
+-- The statement is pgquota.voucher_pool_add_codes (migrations/00022_app_role_lockdown.sql),
+-- SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
+SELECT pgquota.voucher_pool_add_codes(@added::bigint, @campaign::text);

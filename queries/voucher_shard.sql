@@ -2,8 +2,6 @@
 -- Creates the shards of a sharded pool: shard @shards[i] holds @totals[i]
 -- units numbered @bases[i] + 1 .. @bases[i] + @totals[i] (quota/shard.go
 -- computes the split).
-INSERT INTO pgquota.voucher_shard (campaign, shard, base, total)
-SELECT @campaign::text,
-       unnest(@shards::integer[]),
-       unnest(@bases::bigint[]),
-       unnest(@totals::bigint[]);
+-- The statement is pgquota.voucher_shard_create (migrations/00022_app_role_lockdown.sql),
+-- SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
+SELECT pgquota.voucher_shard_create(@campaign::text, @shards::integer[], @bases::bigint[], @totals::bigint[]);

@@ -76,7 +76,7 @@ func benchDB(b *testing.B) (string, []string) {
 	}
 	// The spread counters exist before the clock starts: the case measures
 	// the update path, not first grants.
-	if _, err := setupPool.Exec(ctx, `
+	if _, err := pgtest.ConnectOwner(b, url, 1).Exec(ctx, `
 		INSERT INTO pgquota.usage (quota_name, member, window_start, window_end, used)
 		SELECT 'bench', m, pgquota.window_start('day', 'UTC', pgquota.clock()),
 		       pgquota.window_end('day', 'UTC', pgquota.clock()), 0

@@ -84,13 +84,14 @@ func TestGrantCancelledMidStatement(t *testing.T) {
 			t.Cleanup(pool.Close)
 			client, err := quota.New(pool, nil)
 			require.NoError(t, err)
-			b := &testBundle{ctx: context.Background(), pool: pool, client: client}
+			b := &testBundle{ctx: context.Background(), pool: pool, client: client, owner: pgtest.ConnectOwner(t, dbURL, 1)}
 			b.define(t, quota.Definition{Name: "q", Window: quota.WindowNone, DefaultLimit: ptr[int64](100)})
 			_, err = b.client.Grant(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1})
 			require.NoError(t, err)
 
-			// Another session locks the counter row.
-			blocker := pgtest.Connect(t, dbURL, 1)
+			// Another session locks the counter row (as the owner: FOR
+			// UPDATE needs UPDATE on the table).
+			blocker := pgtest.ConnectOwner(t, dbURL, 1)
 			btx, err := blocker.Begin(b.ctx)
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = btx.Rollback(context.Background()) })
@@ -322,7 +323,7 @@ func TestGrantKeyedRetryAfterLostReply(t *testing.T) {
 	direct := pgtest.Connect(t, dbURL, 4)
 	client, err := quota.New(direct, nil)
 	require.NoError(t, err)
-	b := &testBundle{ctx: context.Background(), pool: direct, client: client}
+	b := &testBundle{ctx: context.Background(), pool: direct, client: client, owner: pgtest.ConnectOwner(t, dbURL, 1)}
 	b.define(t, quota.Definition{Name: "q", Window: quota.WindowDay, DefaultLimit: ptr[int64](1)})
 
 	u, err := url.Parse(dbURL)

@@ -41,7 +41,7 @@ func TestClaimFunctionPgbenchRaceOneVoucher(t *testing.T) {
 	t.Parallel()
 	pgbench := lookPgbench(t)
 	dbURL := pgtest.NewURL(t)
-	b := &testBundle{ctx: context.Background(), pool: pgtest.Connect(t, dbURL, 4)}
+	b := &testBundle{ctx: context.Background(), pool: pgtest.Connect(t, dbURL, 4), owner: pgtest.ConnectOwner(t, dbURL, 1)}
 	var err error
 	b.client, err = quota.New(b.pool, nil)
 	require.NoError(t, err)

@@ -316,15 +316,16 @@ func dbError(op string, err error) error {
 }
 
 // permissionAdvice says, for a permission error (42501), which privileges
-// pgquota needs on the object PostgreSQL names and how to grant them.
+// pgquota needs on the object PostgreSQL names, which of pgquota's roles
+// holds them and how to grant that role (the one place a 42501 becomes
+// advice: the CLI prints it as it is).
 func permissionAdvice(err error) string {
 	var pgErr *pgconn.PgError
 	errors.As(err, &pgErr)
 	kind, name, _ := strings.Cut(strings.TrimPrefix(pgErr.Message, "permission denied for "), " ")
 	need := map[string]string{
-		"table":    "SELECT, INSERT, UPDATE and DELETE",
+		"table":    "SELECT",
 		"view":     "SELECT",
-		"sequence": "USAGE and SELECT",
 		"schema":   "USAGE",
 		"function": "EXECUTE",
 	}[kind]
@@ -336,9 +337,36 @@ func permissionAdvice(err error) string {
 	if kind != "schema" && !strings.Contains(name, ".") {
 		obj = migrations.Schema + "." + name
 	}
+	role, command := migrations.AppRole, "grant-app"
+	if kind == "function" {
+		switch roleOfFunction[strings.TrimPrefix(name, migrations.Schema+".")] {
+		case migrations.OperatorRole:
+			return fmt.Sprintf("%s is an operator command: it needs role %s (EXECUTE on function %s); "+
+				"as the owner of schema %s run pgquota migrate grant-operator --role ROLE, or run it as a member of %s",
+				name, migrations.OperatorRole, obj, migrations.Schema, migrations.OperatorRole)
+		case migrations.RelayRole:
+			role, command = migrations.RelayRole, "grant-relay"
+		}
+	}
 	return fmt.Sprintf("the role lacks %s on %s %s, which pgquota's calls need; as the owner of schema %s run "+
-		"pgquota migrate grant-app --role ROLE (membership in %s holds every privilege pgquota needs)",
-		need, kind, obj, migrations.Schema, migrations.AppRole)
+		"pgquota migrate %s --role ROLE (membership in %s)",
+		need, kind, obj, migrations.Schema, command, role)
+}
+
+// roleOfFunction names the role of each function (migrations/00022's
+// pgquota.function_grant) that is not the application's.
+var roleOfFunction = map[string]string{
+	"quota_define": migrations.OperatorRole, "quota_shape_define": migrations.OperatorRole,
+	"quota_override_set": migrations.OperatorRole, "quota_override_delete": migrations.OperatorRole,
+	"voucher_pool_create": migrations.OperatorRole, "voucher_pool_add_codes": migrations.OperatorRole,
+	"voucher_shard_create": migrations.OperatorRole, "voucher_import_codes": migrations.OperatorRole,
+	"ledger_reap": migrations.OperatorRole, "lease_reap": migrations.OperatorRole,
+	"lease_epoch_bump": migrations.OperatorRole, "fence_guard_register": migrations.OperatorRole,
+	"lease_epoch_prepare": migrations.OperatorRole, "lease_epoch_raise": migrations.OperatorRole,
+	"lease_epoch_standbys":  migrations.OperatorRole,
+	"fence_guard_presented": migrations.OperatorRole, "fence_guard": migrations.OperatorRole,
+	"outbox_claim": migrations.RelayRole, "outbox_mark_delivered": migrations.RelayRole,
+	"outbox_mark_failed": migrations.RelayRole, "outbox_reap": migrations.RelayRole,
 }
 
 // isNoRows reports whether err is pgx's "no rows in result set".

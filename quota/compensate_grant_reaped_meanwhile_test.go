@@ -20,8 +20,9 @@ func TestRevokeGrantReapedMeanwhile(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, g.Granted)
 
-	// The reaper's delete, not committed yet.
-	tx, err := b.pool.Begin(b.ctx)
+	// The reaper's delete, not committed yet (as the owner: no pgquota role
+	// deletes ledger rows by hand).
+	tx, err := b.owner.Begin(b.ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
 	_, err = tx.Exec(b.ctx, `DELETE FROM pgquota.ledger WHERE grant_id = $1`, g.GrantID)

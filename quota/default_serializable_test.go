@@ -29,7 +29,7 @@ func serializableSetup(t *testing.T, maxConns int32) *testBundle {
 	t.Cleanup(pool.Close)
 	client, err := quota.New(pool, nil)
 	require.NoError(t, err)
-	return &testBundle{ctx: t.Context(), pool: pool, client: client}
+	return &testBundle{ctx: t.Context(), pool: pool, client: client, owner: pool}
 }
 
 // errList collects errors from goroutines.

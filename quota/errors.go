@@ -82,7 +82,14 @@ var (
 	// retried. The message names the object, the privileges pgquota needs
 	// on it and the fix: make the application's role a member of
 	// migrations.AppRole (pgquota_app), with `pgquota migrate grant-app
-	// --role ROLE` run as the schema's owner. Nothing was written.
+	// --role ROLE` run as the schema's owner. The operator's calls
+	// (DefineQuota and DefineQuotaTx of every kind, SetMemberLimit,
+	// ClearMemberLimit, CreateCampaign, CreateShardedCampaign, ImportCodes,
+	// BumpLeaseEpoch, GuardTable, ReapLeases, ReapLedger) need
+	// migrations.OperatorRole (`pgquota migrate grant-operator`), the
+	// relay's (Relay.Run, Relay.RunOnce, ReapOutbox) migrations.RelayRole (`grant-relay`); the
+	// message then names that role and command (docs/trust-model.md).
+	// Nothing was written.
 	ErrPermissionDenied = errors.New("pgquota: permission denied")
 
 	// ErrIdempotencyKeyReused is returned by Grant, GrantTx, Revoke,

@@ -645,11 +645,9 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTable
 			` FOR EACH STATEMENT EXECUTE FUNCTION pgquota.fence_guard_presented(`+args+`)`)
 	}
 	if err == nil {
-		_, err = tx.Exec(ctx, `
-			INSERT INTO pgquota.fence_guard_resource AS g (resource, external, lease, semaphore, attached_at)
-			VALUES ($1, $2, $3, $4, pgquota.clock())
-			ON CONFLICT (resource) DO UPDATE SET external = excluded.external, lease = excluded.lease,
-			    semaphore = excluded.semaphore, attached_at = excluded.attached_at`,
+		// pgquota.fence_guard_register (migrations/00022): the operator's
+		// SECURITY DEFINER function, the caller holds no table privilege.
+		_, err = tx.Exec(ctx, `SELECT pgquota.fence_guard_register($1::text, $2::boolean, $3::text, $4::text)`,
 			resource, req.External, bindLease, bindSemaphore)
 	}
 	if err != nil {

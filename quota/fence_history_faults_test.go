@@ -385,7 +385,9 @@ func TestFenceHistoryReportsFaultyPaths(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			store, err := historyStoreFor(f.name, base)
+			// The faulty statements write pgquota's tables by hand: as the
+			// owner (the client's calls stay on the suite's pool).
+			store, err := historyStoreFor(f.name, clientStore{pool: s.owner, client: client})
 			if err != nil {
 				panic(err)
 			}

@@ -107,7 +107,7 @@ type historyWorker struct {
 func startHistoryWorker(t *testing.T, url string) *historyWorker {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestFenceHistoryStoppedProcessWriteIsRefused$", "-test.count=1")
-	cmd.Env = append(os.Environ(), historyWorkerEnv+"="+url)
+	cmd.Env = append(os.Environ(), historyWorkerEnv+"="+url, pgtest.EnvAppRole+"=0") // as the owner, as the setup's pool
 	w := &historyWorker{cmd: cmd, replies: make(chan historyWorkerReply), exited: make(chan struct{}), done: make(chan struct{}), stderr: &lockedBuffer{}}
 	cmd.Stderr = w.stderr
 	stdin, err := cmd.StdinPipe()

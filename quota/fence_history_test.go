@@ -832,7 +832,11 @@ type historyResult struct {
 // historySetup is a migrated database, a pool on it and child worker
 // processes connected to it.
 type historySetup struct {
-	pool    *pgxpool.Pool
+	pool *pgxpool.Pool
+	// owner is a pool as the database's owner, for the faulty paths'
+	// statements, which write pgquota's tables by hand (no pgquota role
+	// may).
+	owner   *pgxpool.Pool
 	workers chan *historyWorker
 	races   chan struct{}
 }
@@ -842,8 +846,12 @@ type historySetup struct {
 func newHistorySetup(t *testing.T, maxConns int32, workers int) *historySetup {
 	t.Helper()
 	url := pgtest.NewURL(t)
+	// As the owner in every mode (also PGQUOTA_TEST_APP_ROLE=1): the
+	// faulty paths these tests must catch are hand-made statements on
+	// pgquota's tables, which no pgquota role may write.
 	s := &historySetup{
-		pool:    pgtest.Connect(t, url, maxConns),
+		pool:    pgtest.ConnectOwner(t, url, maxConns),
+		owner:   pgtest.ConnectOwner(t, url, maxConns),
 		workers: make(chan *historyWorker, workers),
 		// A race holds three connections: the successor's transaction,
 		// the racer's, and the harness's lock-wait query.

@@ -22,7 +22,7 @@ func TestGrantFencedReleaseFailsAfterCommit(t *testing.T) {
 	pool := pgtest.Connect(t, dbURL, 1) // one connection: the release must use the terminated one
 	client, err := quota.New(pool, nil)
 	require.NoError(t, err)
-	b := &testBundle{ctx: context.Background(), pool: admin, client: client}
+	b := &testBundle{ctx: context.Background(), pool: admin, client: client, owner: pgtest.ConnectOwner(t, dbURL, 1)}
 	b.define(t, quota.Definition{Name: "q", Window: quota.WindowNone, DefaultLimit: ptr[int64](10)})
 
 	var terminated []int32

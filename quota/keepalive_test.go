@@ -153,7 +153,7 @@ func TestKeepaliveCancelsBeforeExpiry(t *testing.T) {
 		k, err := b.client.Keepalive(b.ctx, l, nil)
 		require.NoError(t, err)
 		// An operator ends the lease and another holder takes it.
-		_, err = b.pool.Exec(b.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() WHERE name = 'stolen'`)
+		_, err = b.owner.Exec(b.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() WHERE name = 'stolen'`)
 		require.NoError(t, err)
 		b.acquire(t, "stolen", "thief", time.Minute)
 		select {

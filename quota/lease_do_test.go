@@ -215,7 +215,7 @@ func TestDoReturnsFnResultWhateverTheRelease(t *testing.T) {
 			token = l.Token
 			// An operator ends the lease and another holder takes it, so
 			// the release after fn fails.
-			if _, err := b.pool.Exec(b.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() WHERE name = 'taken'`); err != nil {
+			if _, err := b.owner.Exec(b.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() WHERE name = 'taken'`); err != nil {
 				return err
 			}
 			_, err := b.client.Acquire(b.ctx, quota.AcquireRequest{Name: "taken", Holder: "thief", TTL: time.Minute})

@@ -37,9 +37,7 @@ func TestLeaseTokensIncreaseAcrossFailoverToLaggingStandby(t *testing.T) {
 	primary := pgcluster.New(t, "primary", nil)
 	primary.CreateDatabase("app")
 	primary.Exec("app", `CREATE ROLE app LOGIN;
-		GRANT USAGE ON SCHEMA pgquota TO app;
-		GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA pgquota TO app;
-		GRANT USAGE, SELECT, UPDATE ON ALL SEQUENCES IN SCHEMA pgquota TO app;
+		GRANT pgquota_app TO app;
 		CREATE TABLE public.reports (id int PRIMARY KEY, val text NOT NULL, tok bigint);
 		GRANT SELECT, INSERT, UPDATE, DELETE ON public.reports TO app`)
 	admin, err := quota.New(pgcluster.Pool(t, primary.URL("app")), nil)

@@ -98,7 +98,7 @@ func TestLeasePayloadBelongsToOneAcquisition(t *testing.T) {
 
 	// Taken over: the new holder starts without the old payload, and the
 	// deposed holder cannot write one.
-	_, err = b.pool.Exec(b.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() WHERE name = 'primary'`)
+	_, err = b.owner.Exec(b.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() WHERE name = 'primary'`)
 	require.NoError(t, err)
 	second := b.acquire(t, "primary", "b", time.Minute)
 	require.Empty(t, second.Payload)
@@ -110,7 +110,7 @@ func TestLeasePayloadBelongsToOneAcquisition(t *testing.T) {
 	require.Empty(t, got.Payload, "neither the old payload nor the stale write shows")
 
 	// An expired lease's payload cannot be changed, even by its holder.
-	_, err = b.pool.Exec(b.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() WHERE name = 'primary'`)
+	_, err = b.owner.Exec(b.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() WHERE name = 'primary'`)
 	require.NoError(t, err)
 	_, err = b.client.SetLeasePayload(b.ctx, "primary", second.Token, "late")
 	require.ErrorIs(t, err, quota.ErrLeaseLost)

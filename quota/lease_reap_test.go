@@ -30,12 +30,12 @@ type reapScene struct {
 // passed since.
 func (b *testBundle) age(t *testing.T, name string, d time.Duration) {
 	t.Helper()
-	_, err := b.pool.Exec(b.ctx, `
+	_, err := b.owner.Exec(b.ctx, `
 		UPDATE pgquota.lease SET acquired_at = acquired_at - $2::interval, renewed_at = renewed_at - $2::interval,
 		                         expires_at = expires_at - $2::interval WHERE name = $1;
 		`, name, d)
 	require.NoError(t, err)
-	_, err = b.pool.Exec(b.ctx, `UPDATE pgquota.fence SET updated_at = updated_at - $2::interval WHERE resource = $1`, name, d)
+	_, err = b.owner.Exec(b.ctx, `UPDATE pgquota.fence SET updated_at = updated_at - $2::interval WHERE resource = $1`, name, d)
 	require.NoError(t, err)
 }
 
@@ -44,7 +44,7 @@ func (b *testBundle) age(t *testing.T, name string, d time.Duration) {
 func (b *testBundle) depose(t *testing.T, name string) (stale, last int64) {
 	t.Helper()
 	a := b.acquire(t, name, "deposed", time.Minute)
-	_, err := b.pool.Exec(b.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() WHERE name = $1`, name)
+	_, err := b.owner.Exec(b.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() WHERE name = $1`, name)
 	require.NoError(t, err)
 	l := b.acquire(t, name, "last", time.Minute)
 	_, err = b.client.Release(b.ctx, name, l.Token)
@@ -76,7 +76,7 @@ func newReapScene(t *testing.T) *reapScene {
 	}
 	// held is still held: its expiry was a minute ahead, moved back two
 	// hours it is expired; renew-by-SQL keeps it held for the test.
-	_, err = s.pool.Exec(s.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() + interval '1 minute' WHERE name = 'held'`)
+	_, err = s.owner.Exec(s.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() + interval '1 minute' WHERE name = 'held'`)
 	require.NoError(t, err)
 	return s
 }
@@ -225,8 +225,9 @@ func TestReapLeasesSkipsWhatIsLocked(t *testing.T) {
 	s := newReapScene(t)
 
 	// A fenced writer holds r-lease's fence row; a transaction holds the
-	// advisory lock acquirers take on public.reports.
-	tx, err := s.pool.Begin(s.ctx)
+	// advisory lock acquirers take on public.reports (as the owner: FOR
+	// UPDATE needs UPDATE on the table).
+	tx, err := s.owner.Begin(s.ctx)
 	require.NoError(t, err)
 	defer tx.Rollback(s.ctx)
 	_, err = tx.Exec(s.ctx, `SELECT 1 FROM pgquota.fence WHERE resource = 'r-lease' FOR UPDATE`)

@@ -40,7 +40,7 @@ func setupNotify(t *testing.T) *notifyBundle {
 	b.owner = pgtest.ConnectOwner(t, dbURL, 4)
 	direct := dbURL
 	if pgtest.AppRoleMode() {
-		direct = pgtest.AppURL(t, dbURL)
+		direct = pgtest.SuiteURL(t, dbURL)
 	}
 	b.listen, err = pgx.Connect(b.ctx, direct)
 	require.NoError(t, err)

@@ -181,7 +181,7 @@ func TestLeaseTokensStrictlyIncrease(t *testing.T) {
 		require.NoError(t, err)
 	}
 	// A deleted lease row does not reset the token.
-	_, err := b.pool.Exec(b.ctx, `DELETE FROM pgquota.lease`)
+	_, err := b.owner.Exec(b.ctx, `DELETE FROM pgquota.lease`)
 	require.NoError(t, err)
 	l := b.acquire(t, "cycle", "h", time.Minute)
 	require.Greater(t, l.Token, last)
@@ -304,7 +304,9 @@ func TestLeaseNoSessionState(t *testing.T) {
 // returned function is called, so that statements on it hang.
 func (b *testBundle) lockLeaseRow(t *testing.T, name string) (unlock func()) {
 	t.Helper()
-	tx, err := b.pool.Begin(b.ctx)
+	// As the owner: FOR UPDATE needs UPDATE on the table, which no pgquota
+	// role holds.
+	tx, err := b.owner.Begin(b.ctx)
 	require.NoError(t, err)
 	_, err = tx.Exec(b.ctx, `SELECT 1 FROM pgquota.lease WHERE name = $1 FOR UPDATE`, name)
 	require.NoError(t, err)

@@ -65,7 +65,7 @@ func TestBreakLeaseTokenGoesBackAfterRowDeletion(t *testing.T) {
 		l, err := b.client.Acquire(b.ctx, quota.AcquireRequest{Name: "r", Holder: "fast", TTL: time.Minute})
 		if err == nil {
 			if _, err = b.client.Release(b.ctx, "r", l.Token); err == nil {
-				_, err = b.pool.Exec(b.ctx, `DELETE FROM pgquota.lease WHERE expires_at <= clock_timestamp()`)
+				_, err = b.owner.Exec(b.ctx, `DELETE FROM pgquota.lease WHERE expires_at <= clock_timestamp()`)
 			}
 		}
 		fastc <- out{l, err}

@@ -158,7 +158,7 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 				l := b.acquire(t, "old", "a", time.Minute)
 				_, err := b.client.Release(b.ctx, "old", l.Token)
 				require.NoError(t, err)
-				_, err = b.pool.Exec(b.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() - interval '2 hours' WHERE name = 'old'`)
+				_, err = b.owner.Exec(b.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() - interval '2 hours' WHERE name = 'old'`)
 				require.NoError(t, err)
 				return nil
 			},
@@ -209,7 +209,7 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			direct := pgtest.Connect(t, dbURL, 4)
 			client, err := quota.New(direct, nil)
 			require.NoError(t, err)
-			b := &testBundle{ctx: context.Background(), pool: direct, client: client}
+			b := &testBundle{ctx: context.Background(), pool: direct, client: client, owner: pgtest.ConnectOwner(t, dbURL, 1)}
 			var prepared any
 			if tc.prepare != nil {
 				prepared = tc.prepare(t, b)

@@ -19,7 +19,7 @@ func pooledClient(t *testing.T, b *pgbouncer.Bouncer, cfg *quota.Config, maxConn
 	t.Helper()
 	dbURL := pgtest.NewURL(t)
 	if pgtest.AppRoleMode() {
-		dbURL = pgtest.AppURL(t, dbURL) // the role the pool connects as
+		dbURL = pgtest.SuiteURL(t, dbURL) // the role the pool connects as
 	}
 	u, err := b.URL(dbURL + "&default_query_exec_mode=exec")
 	require.NoError(t, err)

@@ -58,7 +58,7 @@ func claimsInFlight(t *testing.T, b *testBundle, client *quota.Client, campaign,
 // would.
 func (b *testBundle) recreateDrop(t *testing.T, campaign string) {
 	t.Helper()
-	_, err := b.pool.Exec(b.ctx, `DELETE FROM pgquota.voucher_pool WHERE campaign = $1`, campaign)
+	_, err := b.owner.Exec(b.ctx, `DELETE FROM pgquota.voucher_pool WHERE campaign = $1`, campaign)
 	require.NoError(t, err)
 }
 

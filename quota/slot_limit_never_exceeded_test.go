@@ -148,13 +148,9 @@ FROM pgquota.slot_acquire('%s', %d, 'psql-%d', 'psql-attempt-%d', '%d millisecon
 		taken[h.slot] = true
 		w.signal(t, syscall.SIGSTOP)
 		lease := quota.SlotLeaseName(sem, h.slot)
-		// What WriteFencedRow sends (queries/fenced_row.sql), checked against
-		// the slot's lease.
-		w.send(t, fmt.Sprintf(`INSERT INTO pgquota.fenced_row AS r (resource, key, value, fence_token, updated_at)
-SELECT '%[1]s', 'out', 'stale psql-%[2]d', %[3]d, clock_timestamp()
-WHERE pgquota.fence_admit('%[1]s', %[3]d, '%[1]s')
-ON CONFLICT (resource, key) DO UPDATE SET value = excluded.value, fence_token = excluded.fence_token
-WHERE r.fence_token <= excluded.fence_token;
+		// What WriteFencedRow sends (queries/fenced_row.sql: the function of
+		// migrations/00022), checked against the slot's lease.
+		w.send(t, fmt.Sprintf(`SELECT * FROM pgquota.fenced_row_write('%[1]s', 'out', 'stale psql-%[2]d', %[3]d, '%[1]s');
 `, lease, i, h.token))
 		paused = append(paused, h)
 	}

@@ -227,7 +227,7 @@ func TestSlotBadInputNamesTheFieldAndWritesNothing(t *testing.T) {
 	}
 	var sems, leases int
 	var lastToken int64
-	require.NoError(t, b.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM pgquota.semaphore), (SELECT count(*) FROM pgquota.lease),
+	require.NoError(t, b.owner.QueryRow(ctx, `SELECT (SELECT count(*) FROM pgquota.semaphore), (SELECT count(*) FROM pgquota.lease),
 		(SELECT last_value FROM pgquota.lease_token)`).Scan(&sems, &leases, &lastToken))
 	require.Zero(t, sems, "no semaphore row")
 	require.Zero(t, leases, "no lease row")

@@ -187,7 +187,8 @@ func (c *Client) whileCodesLocked(ctx context.Context, campaign string, attempt 
 }
 
 // ImportCodes adds codes to a code campaign, creating the campaign when it
-// does not exist. The codes are streamed with COPY into a temporary table
+// does not exist. The codes are sent as one array to
+// pgquota.voucher_import_codes (an operator's function, migration 00022)
 // and merged in one transaction, so thousands of codes take one round trip
 // each way; codes already in the campaign, or repeated in codes, are
 // skipped and counted. Every code is validated first: one bad code rejects
@@ -195,6 +196,7 @@ func (c *Client) whileCodesLocked(ctx context.Context, campaign string, attempt 
 //
 // Errors: *InputError for a bad campaign or code (naming its index), or an
 // empty list; ErrCampaignExists when the campaign is a counted pool;
+// ErrPermissionDenied when the role is not a member of pgquota_operator;
 // ErrSchemaMissing; database errors.
 //
 // ErrOutcomeUnknown: the request (its statement, or its transaction's
@@ -248,37 +250,15 @@ func (c *Client) importCodes(ctx context.Context, tx pgx.Tx, campaign string, co
 	if CampaignKind(pool.Kind) != KindCodes {
 		return ImportResult{}, errorf("%w: %q is a %s pool, it cannot hold codes", ErrCampaignExists, campaign, pool.Kind)
 	}
-	// The staging table lives in this transaction only, so the import keeps
-	// no session state (and works behind a transaction-mode pooler).
-	if _, err := tx.Exec(ctx, `CREATE TEMP TABLE pgquota_code_import (code text NOT NULL) ON COMMIT DROP`); err != nil {
-		return ImportResult{}, dbError("import codes", err)
-	}
-	_, err = tx.CopyFrom(ctx, pgx.Identifier{"pgquota_code_import"}, []string{"code"},
-		pgx.CopyFromSlice(len(codes), func(i int) ([]any, error) { return []any{codes[i]}, nil }))
-	if err != nil {
-		return ImportResult{}, dbError("import codes", err)
-	}
-	// The codes are inserted in order: concurrent imports with overlapping
+	// pgquota.voucher_import_codes (migrations/00022, SECURITY DEFINER)
+	// inserts the codes in code order: concurrent imports with overlapping
 	// codes then wait for each other's rows in the same order and cannot
 	// deadlock (unordered, a hash aggregate's order differs with the size
 	// of the input, and they did).
 	var imported, total int64
-	err = tx.QueryRow(ctx, `
-		WITH ins AS (
-			INSERT INTO pgquota.voucher_code (campaign, code)
-			SELECT DISTINCT $1::text, code FROM pgquota_code_import
-			ORDER BY code
-			ON CONFLICT (campaign, code) DO NOTHING
-			RETURNING 1
-		)
-		UPDATE pgquota.voucher_pool
-		SET total = total + (SELECT count(*) FROM ins)
-		WHERE campaign = $1::text
-		RETURNING (SELECT count(*) FROM ins), total`, campaign).Scan(&imported, &total)
+	err = tx.QueryRow(ctx, `SELECT r.imported, r.total FROM pgquota.voucher_import_codes($1::text, $2::text[]) r`,
+		campaign, codes).Scan(&imported, &total)
 	if err != nil {
-		return ImportResult{}, dbError("import codes", err)
-	}
-	if _, err := tx.Exec(ctx, `DROP TABLE pgquota_code_import`); err != nil {
 		return ImportResult{}, dbError("import codes", err)
 	}
 	return ImportResult{

@@ -206,7 +206,7 @@ func TestEtcdFenceCommandWrites(t *testing.T) {
 	srv := etcdserver.Shared(t)
 	pool, _, dbURL := setup(t, true)
 	if pgtest.AppRoleMode() {
-		dbURL = pgtest.AppURL(t, dbURL)
+		dbURL = pgtest.SuiteURL(t, dbURL)
 	}
 	var out bytes.Buffer
 	err := run(context.Background(), []string{"--etcd", srv.Endpoint, "--database-url", pgtest.PoolURL(t, dbURL),

@@ -150,7 +150,7 @@ func TestZooKeeperFenceCommandWrites(t *testing.T) {
 	srv := zkserver.Shared(t)
 	_, qc, dbURL := setup(t)
 	if pgtest.AppRoleMode() {
-		dbURL = pgtest.AppURL(t, dbURL)
+		dbURL = pgtest.SuiteURL(t, dbURL)
 	}
 	var out bytes.Buffer
 	err := run(context.Background(), []string{"--zookeeper", srv.Addr, "--database-url", pgtest.PoolURL(t, dbURL),

@@ -22,18 +22,34 @@ import (
 // start with prefix so that calls on one database do not collide.
 func Exercise(t *testing.T, client *quota.Client, prefix string) {
 	t.Helper()
+	ExerciseRoles(t, Clients{App: client, Relay: client, Operator: client}, prefix)
+}
+
+// Clients are the clients ExerciseRoles makes each call with: App for the
+// API, Relay for the outbox relay and its reaping, Operator for defining
+// quotas and campaigns, limits, code imports and ledger reaping (the roles
+// of migrations.AppRole, RelayRole and OperatorRole).
+type Clients struct {
+	App, Relay, Operator *quota.Client
+}
+
+// ExerciseRoles is Exercise with each call made by the client of the role
+// that may make it.
+func ExerciseRoles(t *testing.T, cs Clients, prefix string) {
+	t.Helper()
+	client, op := cs.App, cs.Operator
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	q, pool, codes, sharded, lease := prefix+"q", prefix+"pool", prefix+"codes", prefix+"sharded", prefix+"lease"
 
 	require.NoError(t, client.CheckSchema(ctx))
-	_, err := client.DefineQuota(ctx, quota.Definition{Name: q, Window: quota.WindowDay, DefaultLimit: ptr(int64(10))})
+	_, err := op.DefineQuota(ctx, quota.Definition{Name: q, Window: quota.WindowDay, DefaultLimit: ptr(int64(10))})
 	require.NoError(t, err)
 	_, err = client.Quota(ctx, q)
 	require.NoError(t, err)
 	_, err = client.Quotas(ctx)
 	require.NoError(t, err)
-	_, err = client.SetMemberLimit(ctx, q, "m", 5)
+	_, err = op.SetMemberLimit(ctx, q, "m", 5)
 	require.NoError(t, err)
 	_, err = client.MemberLimits(ctx, q)
 	require.NoError(t, err)
@@ -54,28 +70,28 @@ func Exercise(t *testing.T, client *quota.Client, prefix string) {
 	u, err := client.Usage(ctx, q, "m")
 	require.NoError(t, err)
 	require.Zero(t, u.Used)
-	_, err = client.ClearMemberLimit(ctx, q, "m")
+	_, err = op.ClearMemberLimit(ctx, q, "m")
 	require.NoError(t, err)
 	_, err = client.LedgerEntry(ctx, keyed.GrantID)
 	require.NoError(t, err)
 	_, err = client.LedgerEntryByKey(ctx, quota.IdempotencyKey{Key: prefix + "k1", Scope: q})
 	require.NoError(t, err)
-	_, err = client.ReapLedger(ctx, time.Hour)
+	_, err = op.ReapLedger(ctx, time.Hour)
 	require.NoError(t, err)
 
-	_, err = client.CreateCampaign(ctx, pool, 2)
+	_, err = op.CreateCampaign(ctx, pool, 2)
 	require.NoError(t, err)
 	c, err := client.Claim(ctx, quota.ClaimRequest{Campaign: pool, Member: "m"})
 	require.NoError(t, err)
 	require.True(t, c.Claimed)
 	_, err = client.Claim(ctx, quota.ClaimRequest{Campaign: pool, Member: "n", Idempotency: quota.IdempotencyKey{Key: prefix + "k2"}})
 	require.NoError(t, err)
-	_, err = client.CreateShardedCampaign(ctx, sharded, 4, 2)
+	_, err = op.CreateShardedCampaign(ctx, sharded, 4, 2)
 	require.NoError(t, err)
 	c, err = client.Claim(ctx, quota.ClaimRequest{Campaign: sharded, Member: "m"})
 	require.NoError(t, err)
 	require.True(t, c.Claimed)
-	_, err = client.ImportCodes(ctx, codes, []string{"a", "b"})
+	_, err = op.ImportCodes(ctx, codes, []string{"a", "b"})
 	require.NoError(t, err)
 	c, err = client.Claim(ctx, quota.ClaimRequest{Campaign: codes, Member: "m"})
 	require.NoError(t, err)
@@ -109,12 +125,12 @@ func Exercise(t *testing.T, client *quota.Client, prefix string) {
 	require.NoError(t, err)
 	_, err = client.OutboxStatus(ctx)
 	require.NoError(t, err)
-	relay, err := client.NewRelay(func(context.Context, quota.Event) error { return nil }, quota.RelayConfig{Topics: []string{prefix + "topic"}})
+	relay, err := cs.Relay.NewRelay(func(context.Context, quota.Event) error { return nil }, quota.RelayConfig{Topics: []string{prefix + "topic"}})
 	require.NoError(t, err)
 	res, err := relay.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Delivered)
-	_, err = client.ReapOutbox(ctx, time.Hour)
+	_, err = cs.Relay.ReapOutbox(ctx, time.Hour)
 	require.NoError(t, err)
 }
 

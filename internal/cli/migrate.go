@@ -157,6 +157,8 @@ the one this build needs. It takes no lock and creates nothing.`,
 			},
 		},
 		a.grantAppCommand(),
+		a.grantRelayCommand(),
+		a.grantOperatorCommand(),
 	)
 	return cmd
 }

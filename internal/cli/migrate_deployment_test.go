@@ -200,8 +200,9 @@ func TestMigrateRefusesGapAndAllowMissingFillsIt(t *testing.T) {
 
 // `pgquota migrate grant-app --role R` is the documented way to set up an
 // application role: run by a role that may grant membership, R (a plain
-// LOGIN role) can then make calls and read the schema version, but not
-// migrate; run by the schema's owner without CREATEROLE, it fails at once
+// LOGIN role) can then make the API's calls and read the schema version,
+// but neither define (an operator command, refused naming pgquota_operator
+// until `migrate grant-operator --role R`) nor migrate; run by the schema's owner without CREATEROLE, it fails at once
 // saying who can grant the membership.
 func TestMigrateGrantAppSetsUpApplicationRole(t *testing.T) {
 	t.Parallel()
@@ -240,6 +241,12 @@ func TestMigrateGrantAppSetsUpApplicationRole(t *testing.T) {
 	require.Contains(t, out, "member")
 	ok(t, adminURL, "migrate", "grant-app", "--role", role) // idempotent
 
+	// An operator command run as the application's role fails at once,
+	// naming the operator role and the command that grants it.
+	requireError(t, runFor(30*time.Second, appURL, "quota", "define", "--name", "q", "--window", "day", "--limit", "2"), cli.ExitError,
+		"SQLSTATE 42501", "pgquota_operator", "pgquota migrate grant-operator --role")
+	out = ok(t, adminURL, "migrate", "grant-operator", "--role", role)
+	require.Contains(t, out, "member")
 	ok(t, appURL, "quota", "define", "--name", "q", "--window", "day", "--limit", "2")
 	ok(t, appURL, "grant", "--quota", "q", "--member", "m")
 	out = ok(t, appURL, "migrate", "status")

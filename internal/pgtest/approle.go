@@ -16,20 +16,32 @@ import (
 )
 
 // EnvAppRole names the environment variable that, set to 1, makes Connect
-// and NewPool connect as AppLogin, a LOGIN role whose only privileges come
-// from membership in migrations.AppRole, while databases are still created
-// and migrated as the server URL's role (through pgtestdb's owner). It
-// proves that the application role can make every call. Tests that run DDL
-// on purpose (migrating, attaching a fence guard, pinning pgquota.clock)
-// use ConnectOwner for it.
+// and NewPool connect as OperatorLogin, a LOGIN role whose only privileges
+// come from membership in migrations.OperatorRole (itself a member of
+// migrations.AppRole and migrations.RelayRole): no DML on any pgquota
+// table, no internal function, only the SECURITY DEFINER functions of the
+// three roles' allowlists and SELECT. Databases are still created and
+// migrated as the server URL's role (through pgtestdb's owner). It proves
+// that every call works through the functions alone; the split between
+// the three roles is proven by tests that connect as AppLogin (AppURL) and
+// RelayLogin (RelayURL). Tests that run DDL or DML on purpose (migrating,
+// attaching a fence guard, pinning pgquota.clock, rewinding a lease) use
+// ConnectOwner for it.
 const EnvAppRole = "PGQUOTA_TEST_APP_ROLE"
 
-// AppLogin is the LOGIN role of EnvAppRole mode, a member of
-// migrations.AppRole. Roles are cluster-wide: it is created once per server
-// and shared by every test database.
+// AppLogin is a LOGIN role that is a member of migrations.AppRole only.
+// Roles are cluster-wide: it is created once per server and shared by
+// every test database.
 const AppLogin = "pgquota_test_app"
 
-// appLoginPassword is AppLogin's password, for servers that do not trust
+// RelayLogin is a LOGIN role that is a member of migrations.RelayRole only.
+const RelayLogin = "pgquota_test_relay"
+
+// OperatorLogin is the LOGIN role of EnvAppRole mode, a member of
+// migrations.OperatorRole.
+const OperatorLogin = "pgquota_test_operator"
+
+// appLoginPassword is the test logins' password, for servers that do not trust
 // local connections.
 const appLoginPassword = "pgquota_test_app"
 
@@ -59,20 +71,28 @@ func ensureRoles(base string) error {
 		defer conn.Close(ctx)
 		stmt := fmt.Sprintf(`
 DO $$
+DECLARE
+    r text;
 BEGIN
-    BEGIN
-        CREATE ROLE %[1]s NOLOGIN;
-    EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-    END;
-    BEGIN
-        CREATE ROLE %[2]s LOGIN PASSWORD '%[3]s';
-    EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
-    END;
-    IF NOT pg_has_role('%[2]s', '%[1]s', 'MEMBER') THEN
-        GRANT %[1]s TO %[2]s;
-    END IF;
+    FOREACH r IN ARRAY ARRAY['%[1]s', '%[2]s', '%[3]s'] LOOP
+        BEGIN
+            EXECUTE format('CREATE ROLE %%I NOLOGIN', r);
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+        END;
+    END LOOP;
+    FOREACH r IN ARRAY ARRAY['%[4]s', '%[5]s', '%[6]s'] LOOP
+        BEGIN
+            EXECUTE format('CREATE ROLE %%I LOGIN PASSWORD %%L', r, '%[7]s');
+        EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL;
+        END;
+    END LOOP;
+    IF NOT pg_has_role('%[3]s', '%[1]s', 'MEMBER') THEN GRANT %[1]s TO %[3]s; END IF;
+    IF NOT pg_has_role('%[3]s', '%[2]s', 'MEMBER') THEN GRANT %[2]s TO %[3]s; END IF;
+    IF NOT pg_has_role('%[4]s', '%[1]s', 'MEMBER') THEN GRANT %[1]s TO %[4]s; END IF;
+    IF NOT pg_has_role('%[5]s', '%[2]s', 'MEMBER') THEN GRANT %[2]s TO %[5]s; END IF;
+    IF NOT pg_has_role('%[6]s', '%[3]s', 'MEMBER') THEN GRANT %[3]s TO %[6]s; END IF;
 END
-$$`, migrations.AppRole, AppLogin, appLoginPassword)
+$$`, migrations.AppRole, migrations.RelayRole, migrations.OperatorRole, AppLogin, RelayLogin, OperatorLogin, appLoginPassword)
 		for attempt := 0; ; attempt++ {
 			if _, err = conn.Exec(ctx, stmt); err == nil || attempt == 5 {
 				break
@@ -80,15 +100,51 @@ $$`, migrations.AppRole, AppLogin, appLoginPassword)
 			time.Sleep(50 * time.Millisecond)
 		}
 		if err != nil {
-			roles.err = fmt.Errorf("pgtest: create roles %s and %s as the server URL's role (it needs CREATEROLE): %w", migrations.AppRole, AppLogin, err)
+			roles.err = fmt.Errorf("pgtest: create roles %s, %s, %s and their test logins as the server URL's role (it needs CREATEROLE): %w", migrations.AppRole, migrations.RelayRole, migrations.OperatorRole, err)
 		}
 	})
 	return roles.err
 }
 
-// AppURL returns dbURL with AppLogin as its user, creating the roles when
-// needed.
+// AppURL returns dbURL with AppLogin (a member of migrations.AppRole
+// only) as its user, creating the roles when needed.
 func AppURL(tb testing.TB, dbURL string) string {
+	tb.Helper()
+	return loginURL(tb, dbURL, AppLogin)
+}
+
+// RelayURL returns dbURL with RelayLogin (a member of migrations.RelayRole
+// only) as its user.
+func RelayURL(tb testing.TB, dbURL string) string {
+	tb.Helper()
+	return loginURL(tb, dbURL, RelayLogin)
+}
+
+// OperatorURL returns dbURL with OperatorLogin (a member of
+// migrations.OperatorRole) as its user.
+func OperatorURL(tb testing.TB, dbURL string) string {
+	tb.Helper()
+	return loginURL(tb, dbURL, OperatorLogin)
+}
+
+// SuiteURL returns the URL Connect connects to for dbURL: OperatorURL in
+// EnvAppRole mode, dbURL otherwise, or when dbURL already names one of the
+// test logins.
+func SuiteURL(tb testing.TB, dbURL string) string {
+	tb.Helper()
+	if !AppRoleMode() {
+		return dbURL
+	}
+	if u, err := url.Parse(dbURL); err == nil && u.User != nil {
+		switch u.User.Username() {
+		case AppLogin, RelayLogin, OperatorLogin:
+			return dbURL
+		}
+	}
+	return OperatorURL(tb, dbURL)
+}
+
+func loginURL(tb testing.TB, dbURL, login string) string {
 	tb.Helper()
 	if err := ensureRoles(BaseURL(tb)); err != nil {
 		tb.Fatal(err)
@@ -97,7 +153,7 @@ func AppURL(tb testing.TB, dbURL string) string {
 	if err != nil {
 		tb.Fatalf("pgtest: parse %q: %v", dbURL, err)
 	}
-	u.User = url.UserPassword(AppLogin, appLoginPassword)
+	u.User = url.UserPassword(login, appLoginPassword)
 	return u.String()
 }
 

@@ -195,12 +195,11 @@ func NewPool(tb testing.TB, maxConns int32) *pgxpool.Pool {
 
 // Connect opens a pool on dbURL, closed when the test ends. It connects
 // where dbURL says, also under PGQUOTA_TEST_POOLER (see PoolURL); with
-// EnvAppRole=1 it connects as AppLogin instead (see ConnectOwner).
+// EnvAppRole=1 it connects as OperatorLogin instead (see SuiteURL,
+// ConnectOwner).
 func Connect(tb testing.TB, dbURL string, maxConns int32) *pgxpool.Pool {
 	tb.Helper()
-	if AppRoleMode() {
-		dbURL = AppURL(tb, dbURL)
-	}
+	dbURL = SuiteURL(tb, dbURL)
 	return connect(tb, dbURL, maxConns)
 }
 
