@@ -81,6 +81,16 @@ RETURNS TABLE (taken boolean, name text, holder text, attempt text, token bigint
     AS $fn$
 #variable_conflict use_column
 BEGIN
+    -- A semaphore slot's lease ('slot:' names) is taken by
+    -- pgquota.slot_acquire only, which counts the semaphore's holders. The
+    -- slot trigger's session setting (00012) can be set by any client, so
+    -- the refusal is here, before anything is written.
+    IF starts_with($2::text, 'slot:') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'PQ012',
+            MESSAGE = format('pgquota: lease %s is a semaphore slot: acquire it with AcquireSlot (pgquota slot acquire), not as a lease', left($2::text, 255)),
+            DETAIL  = json_build_object('lease', left($2::text, 255))::text;
+    END IF;
     RETURN QUERY
     WITH c AS (
         SELECT pgquota.clock() AS at, $1::interval AS ttl, pgquota.durable_commit() AS durable
@@ -757,9 +767,18 @@ $fn$;
 CREATE TABLE pgquota.function_grant (
     function text NOT NULL,
     role     name NOT NULL,
+    -- false for a function that runs as its caller on purpose: the guard
+    -- trigger, which handles the application table's row (a domain CHECK
+    -- or a cast of the application's own) and must never do so with the
+    -- owner's rights. It reaches pgquota's state through SECURITY DEFINER
+    -- helpers of its own (fence_proof_valid, fence_lease_held).
+    definer  boolean NOT NULL DEFAULT true,
     PRIMARY KEY (function, role),
     CONSTRAINT function_grant_role CHECK (role IN ('pgquota_app', 'pgquota_relay', 'pgquota_operator'))
 );
+
+INSERT INTO pgquota.function_grant (function, role, definer) VALUES
+    ('pgquota.fence_guard_presented()', 'pgquota_operator', false);
 
 INSERT INTO pgquota.function_grant (function, role) VALUES
     ('pgquota.clock()', 'pgquota_app'),
@@ -793,7 +812,9 @@ INSERT INTO pgquota.function_grant (function, role) VALUES
     ('pgquota.lease_epoch_standbys(pg_lsn)', 'pgquota_operator'),
     ('pgquota.system_identifier()', 'pgquota_app'),
     ('pgquota.fence_guard()', 'pgquota_operator'),
-    ('pgquota.fence_guard_presented()', 'pgquota_operator'),
+    ('pgquota.fence_proof_valid(text,bigint,text,text)', 'pgquota_app'),
+    ('pgquota.fence_lease_held(text,bigint,text,text)', 'pgquota_app'),
+    ('pgquota.fence_binding_error(text,bigint,text,text,text)', 'pgquota_app'),
     ('pgquota.lease_acquire(interval, text, text, text)', 'pgquota_app'),
     ('pgquota.lease_renew(text, bigint, interval)', 'pgquota_app'),
     ('pgquota.lease_release(text, bigint)', 'pgquota_app'),
@@ -853,13 +874,17 @@ BEGIN
         EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA pgquota REVOKE ALL ON SEQUENCES FROM %I', r);
         EXECUTE format('ALTER DEFAULT PRIVILEGES IN SCHEMA pgquota REVOKE ALL ON FUNCTIONS FROM %I', r);
     END LOOP;
-    FOR g IN SELECT f.function, f.role, to_regprocedure(f.function) AS fn
+    FOR g IN SELECT f.function, f.role, f.definer, to_regprocedure(f.function) AS fn
              FROM pgquota.function_grant f ORDER BY f.function, f.role LOOP
         IF g.fn IS NULL THEN
             RAISE EXCEPTION 'pgquota: function % of pgquota.function_grant does not exist', g.function
                 USING ERRCODE = '42883';
         END IF;
-        EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, pgquota, pg_temp', g.fn);
+        IF g.definer THEN
+            EXECUTE format('ALTER FUNCTION %s SECURITY DEFINER SET search_path = pg_catalog, pgquota, pg_temp', g.fn);
+        ELSE
+            EXECUTE format('ALTER FUNCTION %s SECURITY INVOKER SET search_path = pg_catalog, pgquota, pg_temp', g.fn);
+        END IF;
         IF to_regrole(g.role) IS NOT NULL THEN
             EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %I', g.fn, g.role);
         END IF;

@@ -34,7 +34,7 @@ func functionPrivilegeFaults(t *testing.T, pool *pgxpool.Pool) []string {
 			       coalesce(p.proacl, acldefault('f', p.proowner)) AS acl
 			FROM pg_catalog.pg_proc p WHERE p.pronamespace = 'pgquota'::regnamespace
 		), allowed AS (
-			SELECT g.function, g.role FROM pgquota.function_grant g
+			SELECT g.function, g.role, g.definer FROM pgquota.function_grant g
 		), roles AS (
 			SELECT unnest(ARRAY['pgquota_app', 'pgquota_relay', 'pgquota_operator'])::name AS role
 		)
@@ -54,7 +54,10 @@ func functionPrivilegeFaults(t *testing.T, pool *pgxpool.Pool) []string {
 		FROM allowed g WHERE to_regprocedure(g.function) IS NULL
 		UNION ALL
 		SELECT format('%s is on the allowlist but is not SECURITY DEFINER', fn.sig)
-		FROM fn WHERE NOT fn.prosecdef AND EXISTS (SELECT 1 FROM allowed g WHERE to_regprocedure(g.function) = fn.oid)
+		FROM fn WHERE NOT fn.prosecdef AND EXISTS (SELECT 1 FROM allowed g WHERE to_regprocedure(g.function) = fn.oid AND g.definer)
+		UNION ALL
+		SELECT format('%s is on the allowlist as running as its caller but is SECURITY DEFINER', fn.sig)
+		FROM fn WHERE fn.prosecdef AND EXISTS (SELECT 1 FROM allowed g WHERE to_regprocedure(g.function) = fn.oid AND NOT g.definer)
 		UNION ALL
 		SELECT format('%s is on the allowlist but its search_path is not pinned (%s)', fn.sig, fn.config)
 		FROM fn WHERE NOT ($1 = ANY (fn.config)) AND EXISTS (SELECT 1 FROM allowed g WHERE to_regprocedure(g.function) = fn.oid)
