@@ -72,6 +72,40 @@ CREATE TABLE pgquota.quota_shape_defined (
     CONSTRAINT quota_shape_defined_row_type_only CHECK (false)
 );
 
+-- pgquota.lease_args_check refuses what the Go library refuses before it
+-- sends a lease call (quota/lease.go: MinLeaseTTL, MaxLeaseTTL, names and
+-- holders of 1 to 255 bytes without control characters), for callers of
+-- the SQL functions: SQLSTATE 22023 naming the parameter, never echoing
+-- the value. Internal (no role executes it).
+-- +goose StatementBegin
+CREATE FUNCTION pgquota.lease_args_check(p_fn text, p_name text, p_ttl interval, p_holder text, p_attempt text, p_check_holder boolean)
+RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path = pg_catalog, pgquota, pg_temp
+    AS $fn$
+BEGIN
+    IF p_name IS NULL OR octet_length(p_name) NOT BETWEEN 1 AND 255 OR p_name ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('pgquota.%s: p_name must be 1 to 255 bytes without control characters', p_fn);
+    END IF;
+    IF p_ttl IS NULL OR p_ttl < interval '1 millisecond' OR p_ttl > interval '24 hours' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('pgquota.%s: p_ttl must be 1 ms to 24 h', p_fn);
+    END IF;
+    IF p_check_holder THEN
+        IF p_holder IS NULL OR octet_length(p_holder) NOT BETWEEN 1 AND 255 OR p_holder ~ '[[:cntrl:]]' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('pgquota.%s: p_holder must be 1 to 255 bytes without control characters', p_fn);
+        END IF;
+        IF p_attempt IS NULL OR octet_length(p_attempt) NOT BETWEEN 1 AND 255 OR p_attempt ~ '[[:cntrl:]]' THEN
+            RAISE EXCEPTION USING ERRCODE = '22023',
+                MESSAGE = format('pgquota.%s: p_attempt must be 1 to 255 bytes without control characters', p_fn);
+        END IF;
+    END IF;
+END
+$fn$;
+-- +goose StatementEnd
+
 -- LeaseAcquire (queries/lease.sql) as pgquota_app.
 -- +goose StatementBegin
 CREATE FUNCTION pgquota.lease_acquire(p_ttl interval, p_name text, p_holder text, p_attempt text)
@@ -81,6 +115,7 @@ RETURNS TABLE (taken boolean, name text, holder text, attempt text, token bigint
     AS $fn$
 #variable_conflict use_column
 BEGIN
+    PERFORM pgquota.lease_args_check('lease_acquire', $2::text, $1::interval, $3::text, $4::text, true);
     -- A semaphore slot's lease ('slot:' names) is taken by
     -- pgquota.slot_acquire only, which counts the semaphore's holders. The
     -- slot trigger's session setting (00012) can be set by any client, so
@@ -154,6 +189,7 @@ RETURNS TABLE (name text, holder text, attempt text, token bigint, acquired_at t
     AS $fn$
 #variable_conflict use_column
 BEGIN
+    PERFORM pgquota.lease_args_check('lease_renew', $1::text, $3::interval, NULL, NULL, false);
     RETURN QUERY
     WITH locked AS (
         SELECT x.name, x.expires_at FROM pgquota.lease x
@@ -973,6 +1009,7 @@ DROP TABLE pgquota.function_grant;
 DROP FUNCTION pgquota.fence_guard_register(text, boolean, text, text);
 DROP FUNCTION pgquota.voucher_import_codes(text, text[]);
 DROP FUNCTION pgquota.lease_acquire(interval, text, text, text);
+DROP FUNCTION pgquota.lease_args_check(text, text, interval, text, text, boolean);
 DROP FUNCTION pgquota.lease_renew(text, bigint, interval);
 DROP FUNCTION pgquota.lease_release(text, bigint);
 DROP FUNCTION pgquota.lease_payload_set(text, text, bigint, boolean);

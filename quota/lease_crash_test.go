@@ -55,7 +55,10 @@ func TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 		cl.Exec(database, `CREATE TABLE public.reports (id int PRIMARY KEY, val text NOT NULL, tok bigint);
 			GRANT SELECT, INSERT, UPDATE, DELETE ON public.reports TO app_async`)
 		admin, closeAdmin := crashClient(t, cl.URL(database))
-		_, err := admin.GuardTable(ctx, quota.GuardTableRequest{Table: "public.reports", Column: "tok"})
+		// External: each round writes with the token of that round's own
+		// lease (held-N), which a table bound to one lease would refuse
+		// (PQ004); the mark still refuses any token below the highest seen.
+		_, err := admin.GuardTable(ctx, quota.GuardTableRequest{Table: "public.reports", Column: "tok", External: true})
 		require.NoError(t, err)
 		closeAdmin()
 	}
@@ -108,7 +111,7 @@ func TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 		_, err = client.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: held.Name, Key: "k", Value: name("v"), Token: held.Token, Lease: held.Name})
 		require.NoError(t, err)
 		// A write of the application's own table with the fence guard.
-		require.NoError(t, guardedWrite(ctx, client.Pool(), round, name("v"), held.Token, held.Name))
+		require.NoError(t, guardedWrite(ctx, client.Pool(), round, name("v"), held.Token, ""))
 		// The Tx variants, in the caller's transaction.
 		tx, err := client.Pool().Begin(ctx)
 		require.NoError(t, err)

@@ -140,8 +140,12 @@ func failoverClient(t *testing.T, cl *pgcluster.Cluster) *quota.Client {
 // (pgquota.present_token, checked against the lease named lease), and the
 // guard stamps it into the row.
 func guardedWrite(ctx context.Context, pool *pgxpool.Pool, id int, val string, token int64, lease string) error {
+	var leaseArg any = lease
+	if lease == "" { // an external-guarded table: no lease is named
+		leaseArg = nil
+	}
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `SELECT pgquota.present_token('public.reports', $1, $2)`, token, lease); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT pgquota.present_token('public.reports', $1, $2)`, token, leaseArg); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO public.reports (id, val, tok) VALUES ($1, $2, NULL)

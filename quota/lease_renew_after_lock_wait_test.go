@@ -39,16 +39,6 @@ func TestLeaseRenewAfterLockWait(t *testing.T) {
 		{"another session's FOR UPDATE", func(t *testing.T, b *testBundle, l quota.Lease) func() {
 			return b.lockLeaseRow(t, l.Name)
 		}},
-		{"the holder's WriteFencedRowTx", func(t *testing.T, b *testBundle, l quota.Lease) func() {
-			tx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{})
-			require.NoError(t, err)
-			_, err = b.client.WriteFencedRowTx(b.ctx, tx, quota.WriteFencedRowRequest{
-				Resource: l.Name, Key: "k", Value: "v", Token: l.Token, Lease: l.Name,
-			})
-			require.NoError(t, err)
-			t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
-			return func() { require.NoError(t, tx.Commit(b.ctx)) }
-		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
