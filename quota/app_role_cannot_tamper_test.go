@@ -95,7 +95,7 @@ func TestAppRoleCannotTamper(t *testing.T) {
 		{"delete a counter", `DELETE FROM pgquota.usage`, nil},
 		{"truncate the counters", `TRUNCATE pgquota.usage`, nil},
 		{"raise a default limit", `UPDATE pgquota.quota SET default_limit = 1000 WHERE name = 'q'`, nil},
-		{"raise a default limit through the operator's function", `SELECT * FROM pgquota.quota_define('q', 'day', 1000, 'UTC')`, nil},
+		{"raise a default limit through the operator's function", `SELECT * FROM pgquota.quota_define('q', 'day', 1000, 'UTC', false)`, nil},
 		{"add an override", `INSERT INTO pgquota.quota_override (quota_name, member, limit_value) VALUES ('q', 'm', 1000)`, nil},
 		{"add an override through the operator's function", `SELECT * FROM pgquota.quota_override_set('q', 1000, 'm')`, nil},
 		{"forge a lease row", `INSERT INTO pgquota.lease (name, holder, attempt, token, acquired_at, renewed_at, expires_at)
@@ -104,7 +104,7 @@ func TestAppRoleCannotTamper(t *testing.T) {
 		{"move a fence mark up", `UPDATE pgquota.fence SET max_token = 9223372036854775807 WHERE resource = 'res'`, nil},
 		{"move a fence mark down", `UPDATE pgquota.fence SET max_token = 1 WHERE resource = 'res'`, nil},
 		{"flip a guarded resource to external", `UPDATE pgquota.fence_guard_resource SET external = true`, nil},
-		{"flip a guarded resource to external through the operator's function", `SELECT pgquota.fence_guard_register('public.guarded', true)`, nil},
+		{"flip a guarded resource to external through the operator's function", `SELECT pgquota.fence_guard_register('public.guarded', true, NULL, NULL)`, nil},
 		{"set a ledger outcome", `UPDATE pgquota.ledger_outcome SET granted = false, used = 0 WHERE grant_id = $1`, []any{keyed.GrantID}},
 		{"delete a ledger row", `DELETE FROM pgquota.ledger`, nil},
 		{"mark an outbox event delivered", `UPDATE pgquota.outbox SET state = 'delivered' WHERE id = $1`, []any{eventID}},
