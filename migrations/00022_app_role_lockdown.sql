@@ -21,7 +21,12 @@
 -- nobody but the owner.
 --
 -- The statements that sqlc ran as the caller (queries/*.sql) are the bodies
--- of the functions below, unchanged: the query file calls the function.
+-- of the functions below, unchanged (the query file calls the function),
+-- but for two that took a value the caller computed: the fenced grant's
+-- write (usage_fenced_write) now computes the counter from the request, and
+-- a keyed batch's outcomes are stored by the statement that decided them
+-- (usage_grant_batch_keyed, in place of an outcomes statement fed by the
+-- caller). No function takes a counter value or an outcome from its caller.
 --
 -- A later migration that creates or replaces a function of the schema
 -- (CREATE OR REPLACE resets SECURITY DEFINER and the search_path) adds its
