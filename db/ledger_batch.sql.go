@@ -103,12 +103,13 @@ type LedgerBatchInsertRow struct {
 //     whose key it recorded (and the requests without a key) take part in
 //     the grant; a key already taken is replayed from its entry
 //     (LedgerBatchEntries) and writes nothing more.
-//  2. UsageGrantBatch (usage_batch.sql) grants the taking part requests.
-//     The ledger keys are locked before the counters, the same order as
-//     ledger.sql's statements, so keyed statements cannot deadlock each
-//     other.
-//  3. LedgerBatchOutcomes stores each recorded request's outcome, as
-//     replayed from the counter before and after.
+//  2. UsageGrantBatchKeyed grants the taking part requests with
+//     pgquota.usage_grant_batch (usage_batch.sql) and, in the same
+//     statement, stores each recorded request's outcome, as replayed from
+//     the counter before: the outcome is the one the grant decided, never
+//     one the caller sends. The ledger keys are locked before the
+//     counters, the same order as ledger.sql's statements, so keyed
+//     statements cannot deadlock each other.
 //
 // The ledger rows, the counter change and the outcomes commit together or
 // not at all, as a single keyed statement's do.
@@ -148,33 +149,90 @@ func (q *Queries) LedgerBatchInsert(ctx context.Context, db DBTX, arg LedgerBatc
 	return items, nil
 }
 
-const ledgerBatchOutcomes = `-- name: LedgerBatchOutcomes :exec
-SELECT pgquota.ledger_batch_outcomes($1::bigint[], $2::boolean[], $3::bigint[], $4::bigint[], $5::timestamptz[], $6::timestamptz[])
+const usageGrantBatchKeyed = `-- name: UsageGrantBatchKeyed :many
+SELECT b.counter_index::integer AS counter_index,
+       (b.implicit_limit IS NOT NULL)::boolean AS has_implicit_limit,
+       coalesce(b.implicit_limit, 0)::bigint AS implicit_limit,
+       b.window_start::timestamptz AS window_start,
+       b.window_end::timestamptz AS window_end,
+       b.written::boolean AS written,
+       b.used_before::bigint AS used_before,
+       b.used_after::bigint AS used_after,
+       b.decided_at::timestamptz AS decided_at
+FROM pgquota.usage_grant_batch_keyed(
+    $1::text[], $2::text[], $3::integer[], $4::integer[],
+    $5::bigint[], $6::bigint[], $7::bigint[]
+) b
+WHERE (set_config('synchronous_commit', CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on' ELSE current_setting('synchronous_commit') END, true) <> '')
 `
 
-type LedgerBatchOutcomesParams struct {
-	GrantIds     []int64
-	Granted      []bool
-	Used         []int64
-	LimitValues  []int64
-	WindowStarts []pgtype.Timestamptz
-	WindowEnds   []pgtype.Timestamptz
+type UsageGrantBatchKeyedParams struct {
+	QuotaNames  []string
+	Members     []string
+	Firsts      []int32
+	Counts      []int32
+	Amounts     []int64
+	LimitValues []int64
+	GrantIds    []int64
 }
 
-// Stores the outcomes of grants recorded by LedgerBatchInsert: grant
-// @grant_ids[i] was granted (@granted[i]) or denied against limit
-// @limit_values[i], leaving the counter of window [@window_starts[i],
-// @window_ends[i]) at @used[i].
-// The statement is pgquota.ledger_batch_outcomes (migrations/00022_app_role_lockdown.sql),
+type UsageGrantBatchKeyedRow struct {
+	CounterIndex     int32
+	HasImplicitLimit bool
+	ImplicitLimit    int64
+	WindowStart      pgtype.Timestamptz
+	WindowEnd        pgtype.Timestamptz
+	Written          bool
+	UsedBefore       int64
+	UsedAfter        int64
+	DecidedAt        pgtype.Timestamptz
+}
+
+// UsageGrantBatch (usage_batch.sql), with @grant_ids: element j is the
+// grant id LedgerBatchInsert returned for request j, or 0 for a request
+// without a key recorded now. The statement grants the batch and stores
+// the outcome of every recorded key as it decided it (granted or denied,
+// the counter after the request, the limit, the window, the batch's
+// decision instant). A grant id that is not an undecided ledger entry of
+// exactly its request fails the statement with 22023, nothing written. A
+// recorded key whose request could not be decided (quota or limit gone)
+// gets no outcome: the caller rolls back. Rows as UsageGrantBatch's.
+// The statement is pgquota.usage_grant_batch_keyed (migrations/00022_app_role_lockdown.sql),
 // SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
-func (q *Queries) LedgerBatchOutcomes(ctx context.Context, db DBTX, arg LedgerBatchOutcomesParams) error {
-	_, err := db.Exec(ctx, ledgerBatchOutcomes,
-		arg.GrantIds,
-		arg.Granted,
-		arg.Used,
+func (q *Queries) UsageGrantBatchKeyed(ctx context.Context, db DBTX, arg UsageGrantBatchKeyedParams) ([]UsageGrantBatchKeyedRow, error) {
+	rows, err := db.Query(ctx, usageGrantBatchKeyed,
+		arg.QuotaNames,
+		arg.Members,
+		arg.Firsts,
+		arg.Counts,
+		arg.Amounts,
 		arg.LimitValues,
-		arg.WindowStarts,
-		arg.WindowEnds,
+		arg.GrantIds,
 	)
-	return err
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []UsageGrantBatchKeyedRow
+	for rows.Next() {
+		var i UsageGrantBatchKeyedRow
+		if err := rows.Scan(
+			&i.CounterIndex,
+			&i.HasImplicitLimit,
+			&i.ImplicitLimit,
+			&i.WindowStart,
+			&i.WindowEnd,
+			&i.Written,
+			&i.UsedBefore,
+			&i.UsedAfter,
+			&i.DecidedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

@@ -72,45 +72,54 @@ func (q *Queries) UsageFencedRead(ctx context.Context, db DBTX, arg UsageFencedR
 }
 
 const usageFencedWrite = `-- name: UsageFencedWrite :one
-SELECT r.used::bigint AS used
-FROM pgquota.usage_fenced_write($1::text, $2::text, $3::timestamptz, $4::timestamptz, $5::bigint, $6::text, $7::bigint, $8::bigint) r
+SELECT r.used::bigint AS used,
+       r.window_start::timestamptz AS window_start,
+       r.window_end::timestamptz AS window_end
+FROM pgquota.usage_fenced_write($1::text, $2::text, $3::bigint, $4::bigint, $5::text, $6::bigint, $7::bigint) r
 `
 
 type UsageFencedWriteParams struct {
-	QuotaName   string
-	Member      string
-	WindowStart pgtype.Timestamptz
-	WindowEnd   pgtype.Timestamptz
-	Used        int64
-	Lease       string
-	Token       int64
-	ReadUsed    int64
+	QuotaName  string
+	Member     string
+	Amount     int64
+	LimitValue pgtype.Int8
+	Lease      string
+	Token      int64
+	ReadUsed   int64
 }
 
-// Sets a member's counter of one window to @used, the value the fenced
-// grant decided on, in ONE statement: pgquota.fence_admit first checks that
-// lease @lease is held with @token (locking it FOR SHARE) and raises the
-// high-water mark of resource @lease, or raises PQ001/PQ002 and nothing is
-// written. The fence is what makes the read-decide-write safe among fenced
-// grants. The counter is only overwritten while it still holds @read_used,
-// the value the decision was made on: a Revoke or Grant does not take the
-// lease, and one that changed the counter since the read must not be
-// undone. No row comes back when it did; nothing was written to the
-// counter, and the caller starts over.
+type UsageFencedWriteRow struct {
+	Used        int64
+	WindowStart pgtype.Timestamptz
+	WindowEnd   pgtype.Timestamptz
+}
+
+// Grants @amount units of a member's counter in the current window (the
+// database clock's, from the quota's definition) against the call's limit
+// @limit_value (NULL: the member's override, else the quota's default), in
+// ONE statement: pgquota.fence_admit first checks that lease @lease is held
+// with @token (locking it FOR SHARE) and raises the high-water mark of
+// resource @lease, or raises PQ001/PQ002 and nothing is written. The fence
+// is what makes the read-decide-write safe among fenced grants. The
+// function computes the new counter itself: it moves by @amount only while
+// the counter still holds @read_used, the value the decision was made on
+// (a Revoke or Grant does not take the lease, and one that changed the
+// counter since the read must not be undone), and only when @amount fits
+// the limit. No row comes back when it did not; nothing was written, and
+// the caller reads again.
 // The statement is pgquota.usage_fenced_write (migrations/00022_app_role_lockdown.sql),
 // SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
-func (q *Queries) UsageFencedWrite(ctx context.Context, db DBTX, arg UsageFencedWriteParams) (int64, error) {
+func (q *Queries) UsageFencedWrite(ctx context.Context, db DBTX, arg UsageFencedWriteParams) (UsageFencedWriteRow, error) {
 	row := db.QueryRow(ctx, usageFencedWrite,
 		arg.QuotaName,
 		arg.Member,
-		arg.WindowStart,
-		arg.WindowEnd,
-		arg.Used,
+		arg.Amount,
+		arg.LimitValue,
 		arg.Lease,
 		arg.Token,
 		arg.ReadUsed,
 	)
-	var used int64
-	err := row.Scan(&used)
-	return used, err
+	var i UsageFencedWriteRow
+	err := row.Scan(&i.Used, &i.WindowStart, &i.WindowEnd)
+	return i, err
 }

@@ -21,7 +21,12 @@
 -- nobody but the owner.
 --
 -- The statements that sqlc ran as the caller (queries/*.sql) are the bodies
--- of the functions below, unchanged: the query file calls the function.
+-- of the functions below, unchanged (the query file calls the function),
+-- but for two that took a value the caller computed: the fenced grant's
+-- write (usage_fenced_write) now computes the counter from the request, and
+-- a keyed batch's outcomes are stored by the statement that decided them
+-- (usage_grant_batch_keyed, in place of an outcomes statement fed by the
+-- caller). No function takes a counter value or an outcome from its caller.
 --
 -- A later migration that creates or replaces a function of the schema
 -- (CREATE OR REPLACE resets SECURITY DEFINER and the search_path) adds its
@@ -293,24 +298,65 @@ END
 $fn$;
 -- +goose StatementEnd
 
--- UsageFencedWrite (queries/usage_fenced.sql) as pgquota_app.
+-- UsageFencedWrite (queries/usage_fenced.sql) as pgquota_app: the write of
+-- the fenced grant (quota/grant_fenced.go), which computes the counter
+-- itself. The caller says only what it asks for: p_amount units (at least
+-- 1) of quota p_quota_name for p_member, against its own limit p_limit
+-- (NULL for none: the member's override, else the quota's default, as
+-- UsageFencedRead), under lease p_lease with token p_token, decided on the
+-- counter at p_read_used. The window is the one the database clock is in,
+-- from the quota's definition. The counter moves by p_amount, only while it
+-- still holds p_read_used and p_amount fits the limit, and only when
+-- pgquota.fence_admit admits the token (or raises PQ001/PQ002); otherwise
+-- no row comes back and nothing was written. Whatever a caller passes, the
+-- limit holds and the counter only moves by a granted amount. Bad
+-- arguments: 22023.
 -- +goose StatementBegin
-CREATE FUNCTION pgquota.usage_fenced_write(p_quota_name text, p_member text, p_window_start timestamptz, p_window_end timestamptz, p_used bigint, p_lease text, p_token bigint, p_read_used bigint)
-RETURNS TABLE (used bigint)
+CREATE FUNCTION pgquota.usage_fenced_write(p_quota_name text, p_member text, p_amount bigint, p_limit bigint, p_lease text, p_token bigint, p_read_used bigint)
+RETURNS TABLE (used bigint, window_start timestamptz, window_end timestamptz)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pgquota, pg_temp
     AS $fn$
 #variable_conflict use_column
+DECLARE
+    v_at    timestamptz := pgquota.clock();
+    v_limit bigint;
+    v_ws    timestamptz;
+    v_we    timestamptz;
 BEGIN
+    IF p_amount IS NULL OR p_amount < 1 THEN
+        RAISE EXCEPTION 'pgquota: usage_fenced_write: amount must be at least 1, got %', coalesce(p_amount::text, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_limit < 0 THEN
+        RAISE EXCEPTION 'pgquota: usage_fenced_write: limit must be at least 0, got %', p_limit
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_read_used IS NULL OR p_read_used < 0 THEN
+        RAISE EXCEPTION 'pgquota: usage_fenced_write: read_used must be at least 0, got %', coalesce(p_read_used::text, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT coalesce(p_limit, o.limit_value, q.default_limit),
+           pgquota.window_start(q.window_unit, q.time_zone, v_at),
+           pgquota.window_end(q.window_unit, q.time_zone, v_at)
+    INTO v_limit, v_ws, v_we
+    FROM pgquota.quota q
+    LEFT JOIN pgquota.quota_override o ON o.quota_name = q.name AND o.member = p_member
+    WHERE q.name = p_quota_name;
+    -- No quota, no limit, or an amount that does not fit the counter the
+    -- decision was made on: nothing to write.
+    IF v_limit IS NULL OR p_amount > v_limit - p_read_used THEN
+        RETURN;
+    END IF;
     RETURN QUERY
     INSERT INTO pgquota.usage AS u (quota_name, member, window_start, window_end, used, updated_at)
-    SELECT $1::text, $2::text, $3::timestamptz, $4::timestamptz, $5::bigint, pgquota.clock()
-    WHERE pgquota.fence_admit($6::text, $7::bigint, $6::text)
+    SELECT p_quota_name, p_member, v_ws, v_we, p_amount, v_at
+    WHERE pgquota.fence_admit(p_lease, p_token, p_lease)
     ON CONFLICT (quota_name, member, window_start, window_end) DO UPDATE
-    SET used = excluded.used,
+    SET used = u.used + excluded.used,
         updated_at = excluded.updated_at
-    WHERE u.used = $8::bigint
-    RETURNING u.used;
+    WHERE u.used = p_read_used
+    RETURNING u.used, u.window_start, u.window_end;
 END
 $fn$;
 -- +goose StatementEnd
@@ -348,22 +394,96 @@ END
 $fn$;
 -- +goose StatementEnd
 
--- LedgerBatchOutcomes (queries/ledger_batch.sql) as pgquota_app.
+-- UsageGrantBatchKeyed (queries/ledger_batch.sql) as pgquota_app: a keyed
+-- batch's grants and the outcomes of its keys, in one statement. The
+-- arguments are pgquota.usage_grant_batch's (00016), which decides the
+-- counters, plus p_grant_ids: element j is the grant id LedgerBatchInsert
+-- returned for request j, or 0 for a request without a key recorded now.
+-- Each request's outcome is replayed from the counter before, in array
+-- order, as pgquota.greedy_take decided it (quota/batch.go replays the
+-- same), and a keyed request's outcome is stored here, never taken from
+-- the caller: the ledger entry must be a grant of exactly this request
+-- (quota, member, amount, limit) with no outcome yet, or the statement
+-- fails with 22023 and nothing is written. A keyed request that could not
+-- be decided (its quota or limit gone) gets no outcome; the caller rolls
+-- back. Returns usage_grant_batch's rows.
 -- +goose StatementBegin
-CREATE FUNCTION pgquota.ledger_batch_outcomes(p_grant_ids bigint[], p_granted boolean[], p_used bigint[], p_limit_values bigint[], p_window_starts timestamptz[], p_window_ends timestamptz[])
-RETURNS void
+CREATE FUNCTION pgquota.usage_grant_batch_keyed(
+    p_quota_names text[], p_members text[], p_firsts integer[], p_counts integer[],
+    p_amounts bigint[], p_limits bigint[], p_grant_ids bigint[]
+) RETURNS TABLE (
+    counter_index      integer,
+    implicit_limit     bigint,
+    window_start       timestamptz,
+    window_end         timestamptz,
+    written            boolean,
+    used_before        bigint,
+    used_after         bigint,
+    decided_at         timestamptz
+)
     LANGUAGE plpgsql VOLATILE SECURITY DEFINER
     SET search_path = pg_catalog, pgquota, pg_temp
     AS $fn$
+#variable_conflict use_column
+DECLARE
+    r         record;
+    j         integer;
+    v_used    bigint;
+    v_limit   bigint;
+    v_granted boolean;
+    v_n       integer;
 BEGIN
-    INSERT INTO pgquota.ledger_outcome (grant_id, granted, used, limit_value, window_start, window_end, decided_at)
-    SELECT unnest($1::bigint[]),
-           unnest($2::boolean[]),
-           unnest($3::bigint[]),
-           unnest($4::bigint[]),
-           unnest($5::timestamptz[]),
-           unnest($6::timestamptz[]),
-           pgquota.clock();
+    IF coalesce(cardinality(p_grant_ids), 0) <> coalesce(cardinality(p_amounts), 0)
+       OR coalesce(cardinality(p_limits), 0) <> coalesce(cardinality(p_amounts), 0) THEN
+        RAISE EXCEPTION 'pgquota: usage_grant_batch_keyed: grant_ids (%), limits (%) and amounts (%) must have one element per request',
+            coalesce(cardinality(p_grant_ids), 0), coalesce(cardinality(p_limits), 0), coalesce(cardinality(p_amounts), 0)
+            USING ERRCODE = '22023';
+    END IF;
+    IF EXISTS (SELECT 1 FROM unnest(p_grant_ids) g(id) WHERE g.id IS NULL OR g.id < 0)
+       OR (SELECT count(*) FROM unnest(p_grant_ids) g(id) WHERE g.id > 0)
+          <> (SELECT count(DISTINCT g.id) FROM unnest(p_grant_ids) g(id) WHERE g.id > 0) THEN
+        RAISE EXCEPTION 'pgquota: usage_grant_batch_keyed: grant_ids must be distinct grant ids, or 0 for a request without a key'
+            USING ERRCODE = '22023';
+    END IF;
+    FOR r IN
+        SELECT b.* FROM pgquota.usage_grant_batch(p_quota_names, p_members, p_firsts, p_counts, p_amounts, p_limits) b
+    LOOP
+        v_used := r.used_before;
+        FOR j IN p_firsts[r.counter_index] .. p_firsts[r.counter_index] + p_counts[r.counter_index] - 1 LOOP
+            v_limit := coalesce(nullif(p_limits[j], -1), r.implicit_limit);
+            v_granted := false;
+            IF v_limit IS NOT NULL AND r.written AND p_amounts[j] <= v_limit - v_used THEN
+                v_granted := true;
+                v_used := v_used + p_amounts[j];
+            END IF;
+            CONTINUE WHEN p_grant_ids[j] = 0 OR v_limit IS NULL;
+            INSERT INTO pgquota.ledger_outcome (grant_id, granted, used, limit_value, window_start, window_end, decided_at)
+            SELECT l.grant_id, v_granted, v_used, v_limit, r.window_start, r.window_end, r.decided_at
+            FROM pgquota.ledger l
+            WHERE l.grant_id = p_grant_ids[j]
+              AND l.operation = 'grant'
+              AND l.target = p_quota_names[r.counter_index]
+              AND l.member = p_members[r.counter_index]
+              AND l.amount = p_amounts[j]
+              AND l.request_limit IS NOT DISTINCT FROM nullif(p_limits[j], -1)
+              AND NOT EXISTS (SELECT 1 FROM pgquota.ledger_outcome o WHERE o.grant_id = l.grant_id);
+            GET DIAGNOSTICS v_n = ROW_COUNT;
+            IF v_n <> 1 THEN
+                RAISE EXCEPTION 'pgquota: usage_grant_batch_keyed: grant id % is not an undecided ledger entry of request % (quota %, member %, amount %)',
+                    p_grant_ids[j], j, p_quota_names[r.counter_index], p_members[r.counter_index], p_amounts[j]
+                    USING ERRCODE = '22023';
+            END IF;
+        END LOOP;
+        counter_index := r.counter_index;
+        implicit_limit := r.implicit_limit;
+        window_start := r.window_start;
+        window_end := r.window_end;
+        written := r.written;
+        used_before := r.used_before;
+        used_after := r.used_after;
+        decided_at := r.decided_at;
+        RETURN NEXT;
+    END LOOP;
 END
 $fn$;
 -- +goose StatementEnd
@@ -857,9 +977,9 @@ INSERT INTO pgquota.function_grant (function, role) VALUES
     ('pgquota.lease_payload_set(text, text, bigint, boolean)', 'pgquota_app'),
     ('pgquota.lease_wait_unregister(text, text)', 'pgquota_app'),
     ('pgquota.fenced_row_write(text, text, text, bigint, text)', 'pgquota_app'),
-    ('pgquota.usage_fenced_write(text, text, timestamptz, timestamptz, bigint, text, bigint, bigint)', 'pgquota_app'),
+    ('pgquota.usage_fenced_write(text, text, bigint, bigint, text, bigint, bigint)', 'pgquota_app'),
     ('pgquota.ledger_batch_insert(text[], text[], text[], text[], bigint[], bigint[])', 'pgquota_app'),
-    ('pgquota.ledger_batch_outcomes(bigint[], boolean[], bigint[], bigint[], timestamptz[], timestamptz[])', 'pgquota_app'),
+    ('pgquota.usage_grant_batch_keyed(text[], text[], integer[], integer[], bigint[], bigint[], bigint[])', 'pgquota_app'),
     ('pgquota.outbox_enqueue(text, bytea, bigint, text, text, bigint)', 'pgquota_app'),
     ('pgquota.outbox_claim(text[], int)', 'pgquota_relay'),
     ('pgquota.outbox_mark_delivered(bigint[])', 'pgquota_relay'),
@@ -1015,9 +1135,9 @@ DROP FUNCTION pgquota.lease_release(text, bigint);
 DROP FUNCTION pgquota.lease_payload_set(text, text, bigint, boolean);
 DROP FUNCTION pgquota.lease_wait_unregister(text, text);
 DROP FUNCTION pgquota.fenced_row_write(text, text, text, bigint, text);
-DROP FUNCTION pgquota.usage_fenced_write(text, text, timestamptz, timestamptz, bigint, text, bigint, bigint);
+DROP FUNCTION pgquota.usage_fenced_write(text, text, bigint, bigint, text, bigint, bigint);
 DROP FUNCTION pgquota.ledger_batch_insert(text[], text[], text[], text[], bigint[], bigint[]);
-DROP FUNCTION pgquota.ledger_batch_outcomes(bigint[], boolean[], bigint[], bigint[], timestamptz[], timestamptz[]);
+DROP FUNCTION pgquota.usage_grant_batch_keyed(text[], text[], integer[], integer[], bigint[], bigint[], bigint[]);
 DROP FUNCTION pgquota.outbox_enqueue(text, bytea, bigint, text, text, bigint);
 DROP FUNCTION pgquota.outbox_claim(text[], int);
 DROP FUNCTION pgquota.outbox_mark_delivered(bigint[]);

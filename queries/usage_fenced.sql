@@ -31,17 +31,22 @@ SELECT (def.limit_value IS NOT NULL)::boolean AS has_limit,
 FROM def;
 
 -- name: UsageFencedWrite :one
--- Sets a member's counter of one window to @used, the value the fenced
--- grant decided on, in ONE statement: pgquota.fence_admit first checks that
--- lease @lease is held with @token (locking it FOR SHARE) and raises the
--- high-water mark of resource @lease, or raises PQ001/PQ002 and nothing is
--- written. The fence is what makes the read-decide-write safe among fenced
--- grants. The counter is only overwritten while it still holds @read_used,
--- the value the decision was made on: a Revoke or Grant does not take the
--- lease, and one that changed the counter since the read must not be
--- undone. No row comes back when it did; nothing was written to the
--- counter, and the caller starts over.
+-- Grants @amount units of a member's counter in the current window (the
+-- database clock's, from the quota's definition) against the call's limit
+-- @limit_value (NULL: the member's override, else the quota's default), in
+-- ONE statement: pgquota.fence_admit first checks that lease @lease is held
+-- with @token (locking it FOR SHARE) and raises the high-water mark of
+-- resource @lease, or raises PQ001/PQ002 and nothing is written. The fence
+-- is what makes the read-decide-write safe among fenced grants. The
+-- function computes the new counter itself: it moves by @amount only while
+-- the counter still holds @read_used, the value the decision was made on
+-- (a Revoke or Grant does not take the lease, and one that changed the
+-- counter since the read must not be undone), and only when @amount fits
+-- the limit. No row comes back when it did not; nothing was written, and
+-- the caller reads again.
 -- The statement is pgquota.usage_fenced_write (migrations/00022_app_role_lockdown.sql),
 -- SECURITY DEFINER: the calling role needs EXECUTE on it, no table privilege.
-SELECT r.used::bigint AS used
-FROM pgquota.usage_fenced_write(@quota_name::text, @member::text, @window_start::timestamptz, @window_end::timestamptz, @used::bigint, @lease::text, @token::bigint, @read_used::bigint) r;
+SELECT r.used::bigint AS used,
+       r.window_start::timestamptz AS window_start,
+       r.window_end::timestamptz AS window_end
+FROM pgquota.usage_fenced_write(@quota_name::text, @member::text, @amount::bigint, sqlc.narg('limit_value')::bigint, @lease::text, @token::bigint, @read_used::bigint) r;

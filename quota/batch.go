@@ -241,7 +241,7 @@ func (c *Client) grantBatchDecide(ctx context.Context, x db.DBTX, reqs []GrantRe
 	if len(todo) == 0 {
 		return nil
 	}
-	return c.grantBatchStatement(ctx, x, reqs, todo, out)
+	return c.grantBatchStatement(ctx, x, reqs, todo, out, nil)
 }
 
 // checkGrantRequest validates a grant request as Grant does.
@@ -273,8 +273,10 @@ func checkGrantRequest(req GrantRequest) error {
 // decides every counter it is given (see pgquota.usage_grant_batch): it
 // reports, per counter, the value it wrote from (or the fresh value of a
 // counter no request fitted), and each request's outcome is replayed from
-// there.
-func (c *Client) grantBatchStatement(ctx context.Context, x db.DBTX, reqs []GrantRequest, todo []int, out []BatchOutcome) error {
+// there. grantIDs, when not nil, holds the ledger grant ids of the keyed
+// requests of todo recorded now (LedgerBatchInsert): the statement is then
+// UsageGrantBatchKeyed, which stores their outcomes as it decided them.
+func (c *Client) grantBatchStatement(ctx context.Context, x db.DBTX, reqs []GrantRequest, todo []int, out []BatchOutcome, grantIDs map[int]int64) error {
 	type counterKey struct{ quota, member string }
 	index := make(map[counterKey]int)
 	var order []*batchCounter
@@ -312,6 +314,25 @@ func (c *Client) grantBatchStatement(ctx context.Context, x db.DBTX, reqs []Gran
 		}
 	}
 	run := func() ([]db.UsageGrantBatchRow, error) { return c.queries.UsageGrantBatch(ctx, x, p) }
+	if grantIDs != nil {
+		kp := db.UsageGrantBatchKeyedParams{
+			QuotaNames: p.QuotaNames, Members: p.Members, Firsts: p.Firsts, Counts: p.Counts,
+			Amounts: p.Amounts, LimitValues: p.LimitValues, GrantIds: make([]int64, 0, len(todo)),
+		}
+		for _, bc := range order {
+			for _, i := range bc.reqs {
+				kp.GrantIds = append(kp.GrantIds, grantIDs[i]) // 0: no key recorded now
+			}
+		}
+		run = func() ([]db.UsageGrantBatchRow, error) {
+			krows, err := c.queries.UsageGrantBatchKeyed(ctx, x, kp)
+			rows := make([]db.UsageGrantBatchRow, len(krows))
+			for n, r := range krows {
+				rows[n] = db.UsageGrantBatchRow(r)
+			}
+			return rows, err
+		}
+	}
 	var rows []db.UsageGrantBatchRow
 	var err error
 	if _, own := x.(ownTx); own {

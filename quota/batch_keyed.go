@@ -106,8 +106,9 @@ func calendarWaits(granted bool, amount, limit int64, windowEnd, decidedAt pgtyp
 
 // grantBatchKeyed decides the requests todo (valid, some keyed) in the
 // transaction x: it records the keys, grants the requests whose key it
-// recorded together with the unkeyed ones, stores the keyed outcomes, and
-// replays the keys that were already taken. x must be a transaction (or a
+// recorded together with the unkeyed ones in one statement that also
+// stores the keyed outcomes it decided (UsageGrantBatchKeyed), and replays
+// the keys that were already taken. x must be a transaction (or a
 // savepoint): the ledger rows, the grants and the outcomes commit together.
 func (c *Client) grantBatchKeyed(ctx context.Context, x db.DBTX, reqs []GrantRequest, todo []int, out []BatchOutcome) error {
 	// Keys repeated within the batch: the first copy is sent, the others
@@ -203,8 +204,16 @@ func (c *Client) grantBatchKeyed(ctx context.Context, x db.DBTX, reqs []GrantReq
 		}
 		alone = append(alone, i)
 	}
-	if err := c.grantBatchDecide(ctx, x, reqs, part, out); err != nil {
-		return err
+	// The grants and, in the same statement, the outcomes of the keys
+	// recorded now, as the statement decided them (never sent from here).
+	if len(part) > 0 {
+		ids := recordedID
+		if len(ids) == 0 {
+			ids = nil // no key recorded now: the unkeyed statement
+		}
+		if err := c.grantBatchStatement(ctx, x, reqs, part, out, ids); err != nil {
+			return err
+		}
 	}
 	for _, i := range part {
 		id, ok := recordedID[i]
@@ -218,26 +227,6 @@ func (c *Client) grantBatchKeyed(ctx context.Context, x db.DBTX, reqs []GrantReq
 			return errorf("pgquota: grant batch: keyed request (key %q) could not be decided: %w: %w", fps[i].key.Key, errKeyedUndecided, out[i].Err)
 		}
 		out[i].Keyed = Keyed{GrantID: id, IdempotencyScope: fps[i].key.Scope, IdempotencyKey: fps[i].key.Key}
-	}
-
-	// 3. The outcomes of the keys recorded now.
-	if len(recordedID) > 0 {
-		var o db.LedgerBatchOutcomesParams
-		for _, i := range part {
-			id, ok := recordedID[i]
-			if !ok {
-				continue
-			}
-			o.GrantIds = append(o.GrantIds, id)
-			o.Granted = append(o.Granted, out[i].Granted)
-			o.Used = append(o.Used, out[i].Used)
-			o.LimitValues = append(o.LimitValues, out[i].Limit)
-			o.WindowStarts = append(o.WindowStarts, out[i].windowStart)
-			o.WindowEnds = append(o.WindowEnds, out[i].windowEnd)
-		}
-		if err := c.queries.LedgerBatchOutcomes(ctx, x, o); err != nil {
-			return dbError("grant batch: store outcomes", err)
-		}
 	}
 
 	for _, i := range alone {

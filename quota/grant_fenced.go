@@ -39,11 +39,13 @@ func fencedGrantLease(quota, member string) string {
 //     instead of LISTENing when Config.Pooler is PoolerTransaction;
 //  2. reads the member's counter and limit (a plain read);
 //  3. decides in Go whether req.Amount fits;
-//  4. writes the new counter value with a fenced write: one statement that
-//     admits the write only while the lease is held with its token (the
-//     lease row locked FOR SHARE) and the token is the highest seen for the
-//     lease's resource (pgquota.fence_admit), with no compare-and-set on the
-//     counter;
+//  4. writes with a fenced write: one statement that admits the write only
+//     while the lease is held with its token (the lease row locked FOR
+//     SHARE) and the token is the highest seen for the lease's resource
+//     (pgquota.fence_admit), and that computes the counter itself: it adds
+//     req.Amount to the counter read, within the limit, in the window the
+//     database clock is in (pgquota.usage_fenced_write), so that no caller
+//     can set a counter to a value of its choosing;
 //  5. releases the lease.
 //
 // The counter stays exact under any number of concurrent callers, also
@@ -191,10 +193,12 @@ func (c *Client) grantFencedDecide(ctx context.Context, req GrantRequest, limit 
 		c.testHookFencedGrantPause(ctx, l)
 	}
 
-	used, err := c.queries.UsageFencedWrite(ctx, c.db, db.UsageFencedWriteParams{
-		QuotaName: req.Quota, Member: req.Member,
-		WindowStart: row.WindowStart, WindowEnd: row.WindowEnd,
-		Used: row.Used + req.Amount, ReadUsed: row.Used, Lease: l.Name, Token: l.Token,
+	// The function computes the counter itself (the amount on the counter
+	// read, within the limit, in the window the database clock is in):
+	// the caller sends the request, not the new value.
+	w, err := c.queries.UsageFencedWrite(ctx, c.db, db.UsageFencedWriteParams{
+		QuotaName: req.Quota, Member: req.Member, Amount: req.Amount, LimitValue: limit,
+		ReadUsed: row.Used, Lease: l.Name, Token: l.Token,
 	})
 	if isNoRows(err) {
 		return GrantResult{}, errCounterMoved
@@ -203,7 +207,9 @@ func (c *Client) grantFencedDecide(ctx context.Context, req GrantRequest, limit 
 		return GrantResult{}, fenceDBError("fenced grant: write", err)
 	}
 	res.Granted = true
-	res.Used = used
-	res.Remaining = max(row.LimitValue-used, 0)
+	res.Used = w.Used
+	res.Remaining = max(row.LimitValue-w.Used, 0)
+	res.WindowStart = timeFromPG(w.WindowStart)
+	res.WindowEnd = timeFromPG(w.WindowEnd)
 	return res, nil
 }
