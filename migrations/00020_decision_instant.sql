@@ -32,13 +32,12 @@
 --    of the quota: it is a call on that one (quota, member) (grant_limits
 --    of one quota, pgquota.grant's conditional update, a revoke), which
 --    locks nothing else of this call's and moves to later windows only, so
---    it never waits for this call, and no cycle of lock waits forms. The
---    one exception left is Go's calendar batch statement
---    pgquota.usage_grant_batch (not part of the SQL interface), which
---    locks several calendar counters without counter_lock rows: at a
---    boundary of one of two calendar quotas of different window lengths it
---    can still end in 40P01 against a grant naming both, which the Go
---    library retries (IsRetryable).
+--    it never waits for this call, and no cycle of lock waits forms. Go's
+--    calendar batch statement pgquota.usage_grant_batch (not part of the
+--    SQL interface) takes its locks in this order too (see below); before,
+--    it locked several calendar counters without counter_lock rows, and at
+--    a boundary of one of two calendar quotas of different window lengths
+--    it could end in 40P01 against a grant naming both.
 --
 -- 3. Refill instants. A rate's emission interval period/limit was a
 --    rounded numeric (1/6 s = 166666.6666666666666667 us): six of them
@@ -558,6 +557,210 @@ END
 $$;
 -- +goose StatementEnd
 
+-- pgquota.usage_grant_batch (00016), Go's calendar batch statement: the
+-- rows and their meaning are 00016's, and it takes its locks in the order
+-- of 2. above too. A batch of several counters first locks each one's
+-- pgquota.counter_lock row, in (quota, member) order (one statement when
+-- they all exist; else one at a time, each created first); a batch of one
+-- counter takes none (it holds one row at a time, as a call on one
+-- (quota, member) does). The counters are then locked and decided as in
+-- 00016, at the windows of one clock reading; the clock is read again once
+-- every lock is held, and when a boundary passed meanwhile (a window no
+-- longer holds the new instant) the batch's writes are undone on the rows
+-- it still holds and it is decided again at the new instant, in the new
+-- windows. decided_at is the last reading: every counter's window holds it.
+-- Before, the clock was read once before any lock wait: a batch naming two
+-- calendar quotas of different window lengths could end in 40P01 against
+-- a grant naming both at a boundary, and decided (and reported) at an
+-- instant earlier than the grants it had waited for.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION pgquota.usage_grant_batch(
+    p_quota_names text[], p_members text[], p_firsts integer[], p_counts integer[],
+    p_amounts bigint[], p_limits bigint[]
+) RETURNS TABLE (
+    counter_index      integer,
+    implicit_limit     bigint,
+    window_start       timestamptz,
+    window_end         timestamptz,
+    written            boolean,
+    used_before        bigint,
+    used_after         bigint,
+    decided_at         timestamptz
+)
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_n     integer := coalesce(cardinality(p_quota_names), 0);
+    v_at    timestamptz;
+    v_now   timestamptz;
+    v_lo    timestamptz;  -- the latest window start of the pass
+    v_hi    timestamptz;  -- the earliest window end of the pass
+    v_todo  integer[];
+    v_again integer[];
+    v_keys  integer;
+    v_have  integer;
+    o_i     integer[];
+    o_lim   bigint[];
+    o_ws    timestamptz[];
+    o_we    timestamptz[];
+    o_wr    boolean[];
+    o_bef   bigint[];
+    o_aft   bigint[];
+    w_q     text[];       -- the counters the pass wrote, and their values before
+    w_m     text[];
+    w_ws    timestamptz[];
+    w_we    timestamptz[];
+    w_bef   bigint[];
+    r       record;
+BEGIN
+    IF v_n > 1 THEN
+        -- The counter_lock rows, in (quota, member) order.
+        SELECT count(*), count(c.quota_name) INTO v_keys, v_have
+        FROM (SELECT DISTINCT t.q, t.m FROM unnest(p_quota_names, p_members) t(q, m)
+              JOIN pgquota.quota qq ON qq.name = t.q) k
+        LEFT JOIN pgquota.counter_lock c ON c.quota_name = k.q AND c.member = k.m;
+        IF v_keys = v_have THEN
+            PERFORM 1 FROM pgquota.counter_lock c
+            WHERE (c.quota_name, c.member) IN (SELECT t.q, t.m FROM unnest(p_quota_names, p_members) t(q, m))
+            ORDER BY c.quota_name, c.member
+            FOR UPDATE OF c;
+        END IF;
+        IF v_keys <> v_have OR NOT FOUND AND v_keys > 0 THEN
+            FOR r IN
+                SELECT DISTINCT t.q, t.m FROM unnest(p_quota_names, p_members) t(q, m)
+                JOIN pgquota.quota qq ON qq.name = t.q
+                ORDER BY t.q, t.m
+            LOOP
+                INSERT INTO pgquota.counter_lock AS c (quota_name, member)
+                VALUES (r.q, r.m)
+                ON CONFLICT ON CONSTRAINT counter_lock_pkey DO NOTHING;
+                PERFORM 1 FROM pgquota.counter_lock c
+                WHERE c.quota_name = r.q AND c.member = r.m
+                FOR UPDATE;
+            END LOOP;
+        END IF;
+    END IF;
+    v_at := pgquota.clock();
+    LOOP
+        v_todo := array(SELECT generate_series(1, v_n));
+        v_lo := '-infinity';
+        v_hi := 'infinity';
+        o_i := '{}'; o_lim := '{}'; o_ws := '{}'; o_we := '{}'; o_wr := '{}'; o_bef := '{}'; o_aft := '{}';
+        w_q := '{}'; w_m := '{}'; w_ws := '{}'; w_we := '{}'; w_bef := '{}';
+        WHILE cardinality(v_todo) > 0 LOOP
+            v_again := '{}';
+            FOR r IN
+                WITH grp AS (
+                    SELECT t.i,
+                           p_quota_names[t.i] AS quota_name,
+                           p_members[t.i] AS member,
+                           p_amounts[p_firsts[t.i] : p_firsts[t.i] + p_counts[t.i] - 1] AS amounts,
+                           p_limits[p_firsts[t.i] : p_firsts[t.i] + p_counts[t.i] - 1] AS limits
+                    FROM unnest(v_todo) AS t(i)
+                ), gdef AS MATERIALIZED (
+                    SELECT g.i, g.quota_name, g.member, g.amounts, g.limits,
+                           coalesce(o.limit_value, q.default_limit) AS implicit_limit,
+                           pgquota.window_start(q.window_unit, q.time_zone, v_at) AS window_start,
+                           pgquota.window_end(q.window_unit, q.time_zone, v_at) AS window_end
+                    FROM grp g
+                    JOIN pgquota.quota q ON q.name = g.quota_name
+                    LEFT JOIN pgquota.quota_override o ON o.quota_name = g.quota_name AND o.member = g.member
+                ), snap AS MATERIALIZED (
+                    -- The counters in this statement's snapshot: which exist,
+                    -- and what a denial reports. Never a guard.
+                    SELECT g.i, u.used
+                    FROM gdef g
+                    JOIN pgquota.usage u ON u.quota_name = g.quota_name
+                                        AND u.member = g.member
+                                        AND u.window_start = g.window_start
+                                        AND u.window_end = g.window_end
+                ), cur AS (
+                    SELECT g.i, u.quota_name, u.member, u.window_start, u.window_end, u.used,
+                           g.amounts, g.limits, g.implicit_limit
+                    FROM gdef g
+                    JOIN pgquota.usage u ON u.quota_name = g.quota_name
+                                        AND u.member = g.member
+                                        AND u.window_start = g.window_start
+                                        AND u.window_end = g.window_end
+                    WHERE pgquota.greedy_take(u.used, g.amounts, g.limits, g.implicit_limit) > 0
+                    ORDER BY u.quota_name, u.member, u.window_start, u.window_end
+                    FOR NO KEY UPDATE OF u
+                ), upd AS (
+                    UPDATE pgquota.usage u
+                    SET used = u.used + pgquota.greedy_take(u.used, c.amounts, c.limits, c.implicit_limit),
+                        updated_at = v_at
+                    FROM cur c
+                    WHERE u.quota_name = c.quota_name
+                      AND u.member = c.member
+                      AND u.window_start = c.window_start
+                      AND u.window_end = c.window_end
+                    RETURNING c.i, c.used AS used_before, u.used AS used_after
+                ), ins AS (
+                    INSERT INTO pgquota.usage AS u (quota_name, member, window_start, window_end, used, updated_at)
+                    SELECT g.quota_name, g.member, g.window_start, g.window_end,
+                           pgquota.greedy_take(0, g.amounts, g.limits, g.implicit_limit), v_at
+                    FROM gdef g
+                    WHERE pgquota.greedy_take(0, g.amounts, g.limits, g.implicit_limit) > 0
+                      AND NOT EXISTS (SELECT 1 FROM snap s WHERE s.i = g.i)
+                    ORDER BY g.quota_name, g.member
+                    ON CONFLICT (quota_name, member, window_start, window_end) DO NOTHING
+                    RETURNING u.quota_name, u.member, u.used
+                )
+                SELECT g.i, g.quota_name AS q, g.member AS m, g.implicit_limit AS lim,
+                       g.window_start AS ws, g.window_end AS we,
+                       upd.used_before AS upd_before, upd.used_after AS upd_after,
+                       ins.used AS ins_used,
+                       (upd.i IS NULL AND ins.used IS NULL AND s.i IS NULL
+                        AND pgquota.greedy_take(0, g.amounts, g.limits, g.implicit_limit) > 0) AS again,
+                       (CASE WHEN upd.i IS NULL AND ins.used IS NULL
+                             THEN pgquota.usage_used_fresh(g.quota_name, g.member, g.window_start, g.window_end)
+                        END) AS fresh_used
+                FROM gdef g
+                LEFT JOIN snap s ON s.i = g.i
+                LEFT JOIN upd ON upd.i = g.i
+                LEFT JOIN ins ON ins.quota_name = g.quota_name AND ins.member = g.member
+            LOOP
+                IF r.again THEN
+                    v_again := v_again || r.i;
+                    CONTINUE;
+                END IF;
+                v_lo := greatest(v_lo, r.ws);
+                v_hi := least(v_hi, r.we);
+                o_i := o_i || r.i;
+                o_lim := o_lim || r.lim;
+                o_ws := o_ws || r.ws;
+                o_we := o_we || r.we;
+                o_wr := o_wr || (r.upd_before IS NOT NULL OR r.ins_used IS NOT NULL);
+                o_bef := o_bef || coalesce(r.upd_before, CASE WHEN r.ins_used IS NOT NULL THEN 0 END, r.fresh_used);
+                o_aft := o_aft || coalesce(r.upd_after, r.ins_used, r.fresh_used);
+                IF r.upd_before IS NOT NULL OR r.ins_used IS NOT NULL THEN
+                    w_q := w_q || r.q;
+                    w_m := w_m || r.m;
+                    w_ws := w_ws || r.ws;
+                    w_we := w_we || r.we;
+                    w_bef := w_bef || coalesce(r.upd_before, 0);
+                END IF;
+            END LOOP;
+            v_todo := v_again;
+        END LOOP;
+        -- Every lock is held: the decision's instant, if every window holds it.
+        v_now := pgquota.clock();
+        EXIT WHEN v_now >= v_lo AND v_now < v_hi;
+        -- A boundary passed: undo this pass's writes (the rows are still
+        -- held) and decide again in the windows of the new instant.
+        UPDATE pgquota.usage u SET used = w.bef
+        FROM unnest(w_q, w_m, w_ws, w_we, w_bef) AS w(q, m, ws, we, bef)
+        WHERE u.quota_name = w.q AND u.member = w.m AND u.window_start = w.ws AND u.window_end = w.we;
+        v_at := v_now;
+    END LOOP;
+    RETURN QUERY
+        SELECT x.i, x.lim, x.ws, x.we, x.wr, x.bef, x.aft, v_now
+        FROM unnest(o_i, o_lim, o_ws, o_we, o_wr, o_bef, o_aft) AS x(i, lim, ws, we, wr, bef, aft);
+END
+$$;
+-- +goose StatementEnd
+
 -- The application role gets the new table and functions (see 00011).
 -- +goose StatementBegin
 DO $$
@@ -971,6 +1174,121 @@ BEGIN
         FROM pgquota.grant_limits(p_quota_names[p_firsts[i] : p_firsts[i] + p_counts[i] - 1],
                                   p_members[i], p_amounts[i], nullif(p_limits[i], -1)) g
         ORDER BY g.ord;
+    END LOOP;
+END
+$$;
+-- +goose StatementEnd
+-- 00016's usage_grant_batch, as it was.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION pgquota.usage_grant_batch(
+    p_quota_names text[], p_members text[], p_firsts integer[], p_counts integer[],
+    p_amounts bigint[], p_limits bigint[]
+) RETURNS TABLE (
+    counter_index      integer,
+    implicit_limit     bigint,
+    window_start       timestamptz,
+    window_end         timestamptz,
+    written            boolean,
+    used_before        bigint,
+    used_after         bigint,
+    decided_at         timestamptz
+)
+    LANGUAGE plpgsql VOLATILE
+    AS $$
+#variable_conflict use_column
+DECLARE
+    v_at    timestamptz := pgquota.clock();
+    v_todo  integer[] := array(SELECT generate_series(1, coalesce(cardinality(p_quota_names), 0)));
+    v_again integer[];
+    r       record;
+BEGIN
+    WHILE cardinality(v_todo) > 0 LOOP
+        v_again := '{}';
+        FOR r IN
+            WITH grp AS (
+                SELECT t.i,
+                       p_quota_names[t.i] AS quota_name,
+                       p_members[t.i] AS member,
+                       p_amounts[p_firsts[t.i] : p_firsts[t.i] + p_counts[t.i] - 1] AS amounts,
+                       p_limits[p_firsts[t.i] : p_firsts[t.i] + p_counts[t.i] - 1] AS limits
+                FROM unnest(v_todo) AS t(i)
+            ), gdef AS MATERIALIZED (
+                SELECT g.i, g.quota_name, g.member, g.amounts, g.limits,
+                       coalesce(o.limit_value, q.default_limit) AS implicit_limit,
+                       pgquota.window_start(q.window_unit, q.time_zone, v_at) AS window_start,
+                       pgquota.window_end(q.window_unit, q.time_zone, v_at) AS window_end
+                FROM grp g
+                JOIN pgquota.quota q ON q.name = g.quota_name
+                LEFT JOIN pgquota.quota_override o ON o.quota_name = g.quota_name AND o.member = g.member
+            ), snap AS MATERIALIZED (
+                -- The counters in this statement's snapshot: which exist,
+                -- and what a denial reports. Never a guard.
+                SELECT g.i, u.used
+                FROM gdef g
+                JOIN pgquota.usage u ON u.quota_name = g.quota_name
+                                    AND u.member = g.member
+                                    AND u.window_start = g.window_start
+                                    AND u.window_end = g.window_end
+            ), cur AS (
+                SELECT g.i, u.quota_name, u.member, u.window_start, u.window_end, u.used,
+                       g.amounts, g.limits, g.implicit_limit
+                FROM gdef g
+                JOIN pgquota.usage u ON u.quota_name = g.quota_name
+                                    AND u.member = g.member
+                                    AND u.window_start = g.window_start
+                                    AND u.window_end = g.window_end
+                WHERE pgquota.greedy_take(u.used, g.amounts, g.limits, g.implicit_limit) > 0
+                ORDER BY u.quota_name, u.member, u.window_start, u.window_end
+                FOR NO KEY UPDATE OF u
+            ), upd AS (
+                UPDATE pgquota.usage u
+                SET used = u.used + pgquota.greedy_take(u.used, c.amounts, c.limits, c.implicit_limit),
+                    updated_at = v_at
+                FROM cur c
+                WHERE u.quota_name = c.quota_name
+                  AND u.member = c.member
+                  AND u.window_start = c.window_start
+                  AND u.window_end = c.window_end
+                RETURNING c.i, c.used AS used_before, u.used AS used_after
+            ), ins AS (
+                INSERT INTO pgquota.usage AS u (quota_name, member, window_start, window_end, used, updated_at)
+                SELECT g.quota_name, g.member, g.window_start, g.window_end,
+                       pgquota.greedy_take(0, g.amounts, g.limits, g.implicit_limit), v_at
+                FROM gdef g
+                WHERE pgquota.greedy_take(0, g.amounts, g.limits, g.implicit_limit) > 0
+                  AND NOT EXISTS (SELECT 1 FROM snap s WHERE s.i = g.i)
+                ORDER BY g.quota_name, g.member
+                ON CONFLICT (quota_name, member, window_start, window_end) DO NOTHING
+                RETURNING u.quota_name, u.member, u.used
+            )
+            SELECT g.i, g.implicit_limit, g.window_start, g.window_end,
+                   upd.used_before AS upd_before, upd.used_after AS upd_after,
+                   ins.used AS ins_used,
+                   (upd.i IS NULL AND ins.used IS NULL AND s.i IS NULL
+                    AND pgquota.greedy_take(0, g.amounts, g.limits, g.implicit_limit) > 0) AS again,
+                   (CASE WHEN upd.i IS NULL AND ins.used IS NULL
+                         THEN pgquota.usage_used_fresh(g.quota_name, g.member, g.window_start, g.window_end)
+                    END) AS fresh_used
+            FROM gdef g
+            LEFT JOIN snap s ON s.i = g.i
+            LEFT JOIN upd ON upd.i = g.i
+            LEFT JOIN ins ON ins.quota_name = g.quota_name AND ins.member = g.member
+        LOOP
+            IF r.again THEN
+                v_again := v_again || r.i;
+                CONTINUE;
+            END IF;
+            counter_index := r.i;
+            implicit_limit := r.implicit_limit;
+            window_start := r.window_start;
+            window_end := r.window_end;
+            written := r.upd_before IS NOT NULL OR r.ins_used IS NOT NULL;
+            used_before := coalesce(r.upd_before, CASE WHEN r.ins_used IS NOT NULL THEN 0 END, r.fresh_used);
+            used_after := coalesce(r.upd_after, r.ins_used, r.fresh_used);
+            decided_at := v_at;
+            RETURN NEXT;
+        END LOOP;
+        v_todo := v_again;
     END LOOP;
 END
 $$;
