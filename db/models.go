@@ -56,6 +56,7 @@ type PgquotaFencedRow struct {
 type PgquotaFunctionGrant struct {
 	Function string
 	Role     string
+	Definer  bool
 }
 
 type PgquotaLease struct {
