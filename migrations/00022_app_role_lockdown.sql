@@ -938,6 +938,7 @@ INSERT INTO pgquota.function_grant (function, role, definer) VALUES
 
 INSERT INTO pgquota.function_grant (function, role) VALUES
     ('pgquota.clock()', 'pgquota_app'),
+    ('pgquota.clock()', 'pgquota_relay'),
     ('pgquota.local_instant(timestamp without time zone,text)', 'pgquota_app'),
     ('pgquota.window_start(text,text,timestamp with time zone)', 'pgquota_app'),
     ('pgquota.window_end(text,text,timestamp with time zone)', 'pgquota_app'),

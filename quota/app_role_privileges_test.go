@@ -68,7 +68,7 @@ func TestPermissionErrorFailsAtOnceNamingPrivilege(t *testing.T) {
 	ctx := context.Background()
 	dbURL := pgtest.NewURL(t)
 	owner := pgtest.ConnectOwner(t, dbURL, 1)
-	_, err := owner.Exec(ctx, `REVOKE EXECUTE ON FUNCTION pgquota.grant(text, text, bigint, bigint) FROM `+migrations.AppRole)
+	_, err := owner.Exec(ctx, `REVOKE EXECUTE ON FUNCTION pgquota.grant(text, text, bigint, bigint), pgquota.grant_row(text, text, bigint, bigint) FROM `+migrations.AppRole)
 	require.NoError(t, err)
 	app := pgtest.Connect(t, pgtest.AppURL(t, dbURL), 2)
 	client, err := quota.New(app, nil)

@@ -109,7 +109,9 @@ func TestErrorsCarryOnePrefix(t *testing.T) {
 	check("check schema, newer", newer.CheckSchema(ctx), quota.ErrSchemaNewer)
 	check("migrate, newer", newer.Migrate(ctx), quota.ErrSchemaNewer)
 
-	// A role without privileges on pgquota's tables.
+	// A role without privileges on pgquota's tables or functions (since
+	// migration 00022 the API's functions are SECURITY DEFINER: the
+	// table privileges alone no longer decide).
 	deniedURL := pgtest.NewURL(t)
 	owner := pgtest.ConnectOwner(t, deniedURL, 1)
 	ownerClient, err := quota.New(owner, nil)
@@ -117,6 +119,8 @@ func TestErrorsCarryOnePrefix(t *testing.T) {
 	_, err = ownerClient.DefineQuota(ctx, quota.Definition{Name: "q", Window: quota.WindowDay, DefaultLimit: ptr(int64(5))})
 	require.NoError(t, err)
 	_, err = owner.Exec(ctx, `REVOKE ALL ON ALL TABLES IN SCHEMA pgquota FROM `+migrations.AppRole)
+	require.NoError(t, err)
+	_, err = owner.Exec(ctx, `REVOKE EXECUTE ON ALL FUNCTIONS IN SCHEMA pgquota FROM `+migrations.AppRole)
 	require.NoError(t, err)
 	app, err := quota.New(pgtest.Connect(t, pgtest.AppURL(t, deniedURL), 2), nil)
 	require.NoError(t, err)

@@ -22,7 +22,7 @@ func TestLeaseCallsCommitDurablyUnderAsyncCommit(t *testing.T) {
 	l, err := b.client.Acquire(b.ctx, quota.AcquireRequest{Name: "r", Holder: "A", TTL: time.Hour})
 	require.NoError(t, err)
 	b.appDDL(t, `CREATE TABLE public.reports (id int PRIMARY KEY, val text NOT NULL, tok bigint)`, nil, "public.reports")
-	_, err = b.ownerClient(t).GuardTable(b.ctx, quota.GuardTableRequest{Table: "public.reports", Column: "tok"})
+	_, err = b.ownerClient(t).GuardTable(b.ctx, quota.GuardTableRequest{Table: "public.reports", Column: "tok", Lease: "r"})
 	require.NoError(t, err)
 
 	calls := []struct {
