@@ -18,11 +18,10 @@ import (
 // (a LOGIN member of pgquota_app only), relay (pgquota_relay only),
 // operator (pgquota_operator), and the owner.
 type roleBundle struct {
-	ctx                   context.Context
-	app, relay, owner     *pgxpool.Pool
-	appC, relayC, opC     *quota.Client
-	operatorPool          *pgxpool.Pool
-	lease, lockedOutLease quota.Lease
+	ctx               context.Context
+	app, relay, owner *pgxpool.Pool
+	appC, relayC, opC *quota.Client
+	operatorPool      *pgxpool.Pool
 }
 
 func roleSetup(t *testing.T) *roleBundle {

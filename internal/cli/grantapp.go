@@ -104,11 +104,6 @@ func (a *app) grantRoleCommand(use, group, short, long, example string) *cobra.C
 	return cmd
 }
 
-// grantApp runs grant-app; see grantRole.
-func grantApp(ctx context.Context, begin func(context.Context) (pgx.Tx, error), role string) (created bool, err error) {
-	return grantRole(ctx, begin, migrations.AppRole, role)
-}
-
 // grantRole runs grant-app, grant-relay or grant-operator (group) in one
 // transaction that holds the migration lock (transaction-level, so
 // concurrent grants and migrations of this database never update the same
