@@ -27,10 +27,16 @@ func TestCoalescedGrantErrorsNameTheCallWhenPoolerDies(t *testing.T) {
 	dbURL := pgtest.NewURL(t)
 	pooled, err := b.URL(dbURL)
 	require.NoError(t, err)
-	pool := pgtest.Connect(t, pooled+"&default_query_exec_mode=exec", 8)
+	// As the URL's own role in every mode: this pooler knows that login
+	// only (the test proves the errors' wording, not the privileges).
+	pool := pgtest.ConnectOwner(t, pooled+"&default_query_exec_mode=exec", 8)
 	client, err := quota.New(pool, &quota.Config{Coalesce: true, Pooler: quota.PoolerTransaction, RetryMaxElapsed: time.Second})
 	require.NoError(t, err)
-	_, err = client.DefineQuota(ctx, quota.Definition{Name: "q", Window: quota.WindowDay, DefaultLimit: ptr(int64(100))})
+	// Defined by the database's owner, directly: the pooler knows the
+	// test's login only, and an app login may not define (operator).
+	owner, err := quota.New(pgtest.ConnectOwner(t, dbURL, 1), nil)
+	require.NoError(t, err)
+	_, err = owner.DefineQuota(ctx, quota.Definition{Name: "q", Window: quota.WindowDay, DefaultLimit: ptr(int64(100))})
 	require.NoError(t, err)
 	// Warm every connection of the pool, then kill the pooler under them.
 	var wg sync.WaitGroup
