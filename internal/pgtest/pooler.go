@@ -1,11 +1,15 @@
 package pgtest
 
 import (
+	"context"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/pgquota/pgquota/internal/pgbouncer"
 )
@@ -83,6 +87,24 @@ func PoolURL(tb testing.TB, dbURL string) string {
 	pooled, err := bouncer.b.URL(dbURL)
 	if err != nil {
 		tb.Fatalf("pgtest: %v", err)
+	}
+	// PgBouncer keeps its server connections to the test's database open
+	// after the test's pools close, and the database cannot be dropped
+	// while they are (55006). Cleanups run last-in first-out, so this one
+	// ends them before pgtestdb drops the database.
+	if d, err := url.Parse(dbURL); err == nil {
+		name := strings.TrimPrefix(d.Path, "/")
+		tb.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			conn, err := pgx.Connect(ctx, base)
+			if err != nil {
+				return
+			}
+			defer conn.Close(ctx)
+			_, _ = conn.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+				WHERE datname = $1 AND pid <> pg_backend_pid()`, name)
+		})
 	}
 	u, err := url.Parse(pooled)
 	if err != nil {
