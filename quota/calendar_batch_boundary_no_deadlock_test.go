@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/internal/pgtest"
@@ -121,15 +120,7 @@ func TestCalendarBatchFromGoTransactionsAcrossBoundariesDoesNotDeadlock(t *testi
 					_, err := b.client.GrantTx(b.ctx, tx, quota.GrantRequest{Quotas: names, Member: "m", Amount: 1})
 					return err
 				})
-				if err != nil {
-					if failures.Add(1) <= 5 {
-						t.Logf("goroutine %d call %d: %v", g, i, err)
-					}
-					var pgErr *pgconn.PgError
-					if errors.As(err, &pgErr) && pgErr.Code == "40P01" {
-						deadlocks.Add(1)
-					}
-				}
+				countCallError(t, &failures, &deadlocks, g, i, err)
 			}
 		}()
 	}

@@ -113,15 +113,7 @@ func TestGrantLimitsFromGoTransactionsAcrossBoundariesDoesNotDeadlock(t *testing
 					_, err := b.client.GrantTx(b.ctx, tx, quota.GrantRequest{Quotas: names, Member: "m", Amount: 1})
 					return err
 				})
-				if err != nil {
-					if failures.Add(1) <= 5 {
-						t.Logf("goroutine %d call %d: %v", g, i, err)
-					}
-					var pgErr *pgconn.PgError
-					if errors.As(err, &pgErr) && pgErr.Code == "40P01" {
-						deadlocks.Add(1)
-					}
-				}
+				countCallError(t, &failures, &deadlocks, g, i, err)
 			}
 		}()
 	}
@@ -129,4 +121,20 @@ func TestGrantLimitsFromGoTransactionsAcrossBoundariesDoesNotDeadlock(t *testing
 	t.Logf("%d of %d calls failed, %d with 40P01", failures.Load(), 16*60, deadlocks.Load())
 	require.Zero(t, deadlocks.Load(), "40P01 from Go callers")
 	require.Zero(t, failures.Load(), "failed calls")
+}
+
+// countCallError counts a failed call of goroutine g's call i in failures,
+// and in deadlocks when it ended in 40P01, logging the first five.
+func countCallError(t *testing.T, failures, deadlocks *atomic.Int64, g, i int, err error) {
+	t.Helper()
+	if err == nil {
+		return
+	}
+	if failures.Add(1) <= 5 {
+		t.Logf("goroutine %d call %d: %v", g, i, err)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "40P01" {
+		deadlocks.Add(1)
+	}
 }
