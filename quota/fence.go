@@ -499,9 +499,11 @@ type GuardedTable struct {
 // the table or column does not exist, the table is one of pgquota's own or
 // takes part in table inheritance, the column is not a bigint, or the
 // binding is bad (External with Lease or Semaphore, both Lease and
-// Semaphore, a bad name); ErrSchemaMissing; database errors (for
-// example when the role does not own the table). Nothing is changed on an
-// error.
+// Semaphore, a bad name); ErrSchemaMissing; ErrPermissionDenied (42501)
+// when the role is not a member of pgquota_operator, lacks the TRIGGER
+// privilege on the table, or (replacing a first-form guard) does not own
+// it, the message naming which and the GRANT that fixes it; other database
+// errors. Nothing is changed on an error.
 //
 // ErrOutcomeUnknown: the request (its statement, or its transaction's
 // COMMIT) was sent and no reply said how it ended, so it may have been
@@ -623,7 +625,7 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTable
 	}
 	for _, name := range old {
 		if _, err := tx.Exec(ctx, `DROP TRIGGER `+pgx.Identifier{name}.Sanitize()+` ON `+ident); err != nil {
-			return GuardedTable{}, dbError("attach fence guard", err)
+			return GuardedTable{}, guardTriggerError(resource, err)
 		}
 	}
 	var bindLease, bindSemaphore pgtype.Text
@@ -644,12 +646,13 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTable
 			` BEFORE TRUNCATE ON `+ident+
 			` FOR EACH STATEMENT EXECUTE FUNCTION pgquota.fence_guard_presented(`+args+`)`)
 	}
-	if err == nil {
-		// pgquota.fence_guard_register (migrations/00022): the operator's
-		// SECURITY DEFINER function, the caller holds no table privilege.
-		_, err = tx.Exec(ctx, `SELECT pgquota.fence_guard_register($1::text, $2::boolean, $3::text, $4::text)`,
-			resource, req.External, bindLease, bindSemaphore)
+	if err != nil {
+		return GuardedTable{}, guardTriggerError(resource, err)
 	}
+	// pgquota.fence_guard_register (migrations/00022): the operator's
+	// SECURITY DEFINER function, the caller holds no table privilege.
+	_, err = tx.Exec(ctx, `SELECT pgquota.fence_guard_register($1::text, $2::boolean, $3::text, $4::text)`,
+		resource, req.External, bindLease, bindSemaphore)
 	if err != nil {
 		return GuardedTable{}, dbError("attach fence guard", err)
 	}
@@ -658,6 +661,24 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTable
 		Lease: bindLease.String, Semaphore: bindSemaphore.String,
 		Trigger: GuardTrigger, TruncateTrigger: FenceGuardTruncateTrigger, Upgraded: len(old) > 0,
 	}, nil
+}
+
+// guardTriggerError is attachFenceGuard's error for a failed DROP TRIGGER
+// or CREATE TRIGGER on the guarded table. A permission error there is
+// about the user's table, not pgquota's schema: CREATE TRIGGER needs the
+// TRIGGER privilege on the table and DROP TRIGGER (an older guard being
+// replaced) its ownership (PostgreSQL manual, CREATE TRIGGER and DROP
+// TRIGGER). A permission error on pgquota.fence_guard_presented is
+// dbError's (the operator role's function).
+func guardTriggerError(resource string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42501" && !strings.Contains(pgErr.Message, " function ") {
+		return errorf("pgquota: attach fence guard: %w: attaching a guard creates triggers on %s, which needs the TRIGGER privilege on it "+
+			"(replacing an older guard needs its ownership): as its owner run GRANT TRIGGER ON %s TO ROLE, or attach the guard as the table's owner; "+
+			"the role must also be a member of %s: %w",
+			ErrPermissionDenied, resource, resource, migrations.OperatorRole, err)
+	}
+	return dbError("attach fence guard", err)
 }
 
 // PresentTokenRequest is a fencing token presented for the statements of

@@ -116,8 +116,14 @@ func TestJSONShapeGoldenKeys(t *testing.T) {
 	require.Equal(t, "usage", e["code"])
 	require.Equal(t, 2.0, e["exit_status"])
 	require.Contains(t, e["message"], "quota not found")
-	require.Contains(t, e, "sqlstate")
-	require.Nil(t, e["sqlstate"])
+	require.Equal(t, "PQ010", e["sqlstate"], "an unknown quota is PQ010 on every surface (pgquota.grant raises it in SQL)")
+	// A mistake the CLI catches itself carries a null sqlstate.
+	r2 := runDB(t, dbURL, "--json", "grant", "--quota", "nope", "--member", "")
+	require.Equal(t, cli.ExitUsage, r2.code)
+	var e2 map[string]any
+	require.NoError(t, json.Unmarshal([]byte(r2.stderr), &e2), "stderr %q", r2.stderr)
+	require.Contains(t, e2, "sqlstate")
+	require.Nil(t, e2["sqlstate"])
 	keys := map[string]bool{}
 	keyPaths("", e, keys)
 	var list []string

@@ -231,8 +231,15 @@ undoes, with their data.
 
 To remove pgquota from a database: pgquota migrate down --to 0, then
 DROP SCHEMA pgquota CASCADE (which drops the version table
-pgquota.pgquota_migrations too), and DROP ROLE pgquota_app once no database
-of the server uses it.`,
+pgquota.pgquota_migrations too), and, once no database of the server uses
+them (roles are the server's, not the database's),
+DROP ROLE pgquota_operator, pgquota_relay, pgquota_app after revoking
+them from the LOGIN roles they were granted to.
+
+Rolling back below migration 6 (or 3, for a guard of the first form)
+drops the fence guard's function: while an application table is guarded
+it refuses before rolling anything back and names the DROP TRIGGER
+statements that detach the guards.`,
 		Example: `  pgquota migrate down
   pgquota migrate down --to 0`,
 		Args: cobra.NoArgs,
@@ -267,6 +274,13 @@ of the server uses it.`,
 							row(w, fmt.Sprintf("nothing to roll back (version %d, --to %d)", current, to))
 						}
 					})
+				}
+				target := current - 1
+				if byVersion {
+					target = to
+				}
+				if err := a.refuseDownPastGuards(ctx, target); err != nil {
+					return err
 				}
 				var res []*goose.MigrationResult
 				var err error
@@ -314,7 +328,31 @@ func (a *app) downFailed(ctx context.Context, db *sql.DB, err error) error {
 	return fmt.Errorf("migrate down: %w", permissionHint(err))
 }
 
-type guardTrigger struct{ table, trigger string }
+type guardTrigger struct{ table, trigger, function string }
+
+// guardFunctionVersion is the migration that creates each guard function:
+// rolling back below it drops the function, on which the guard triggers of
+// application tables depend (the rollback would fail with 2BP01 only
+// after rolling back every migration above it).
+var guardFunctionVersion = map[string]int64{"fence_guard": 3, "fence_guard_presented": 6}
+
+// refuseDownPastGuards fails, before anything is rolled back, when rolling
+// back to version target would drop a guard function that a trigger on an
+// application table still calls, naming the DROP TRIGGER statements that
+// detach them.
+func (a *app) refuseDownPastGuards(ctx context.Context, target int64) error {
+	var drops []string
+	for _, t := range a.guardedTables(ctx) {
+		if target < guardFunctionVersion[t.function] {
+			drops = append(drops, "DROP TRIGGER "+t.trigger+" ON "+t.table)
+		}
+	}
+	if len(drops) == 0 {
+		return nil
+	}
+	return fmt.Errorf("migrate down: rolling back to version %d drops pgquota's fence guard, which application tables still use (pgquota fence guard); nothing was rolled back: "+
+		"run %s; then run this again", target, strings.Join(drops, "; "))
+}
 
 // guardedTables lists the triggers that call pgquota's guard functions
 // (pgquota.fence_guard of 00003_lease.sql, pgquota.fence_guard_presented of
@@ -327,7 +365,7 @@ func (a *app) guardedTables(ctx context.Context) []guardTrigger {
 		return nil
 	}
 	rows, err := pool.Query(ctx, `
-		SELECT t.tgrelid::regclass::text, quote_ident(t.tgname)
+		SELECT t.tgrelid::regclass::text, quote_ident(t.tgname), p.proname::text
 		FROM pg_trigger t
 		JOIN pg_proc p ON p.oid = t.tgfoid
 		JOIN pg_namespace n ON n.oid = p.pronamespace
@@ -339,7 +377,7 @@ func (a *app) guardedTables(ctx context.Context) []guardTrigger {
 	var out []guardTrigger
 	for rows.Next() {
 		var g guardTrigger
-		if rows.Scan(&g.table, &g.trigger) != nil {
+		if rows.Scan(&g.table, &g.trigger, &g.function) != nil {
 			return nil
 		}
 		out = append(out, g)

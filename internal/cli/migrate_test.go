@@ -49,13 +49,13 @@ func TestMigrateDownTo(t *testing.T) {
 	requireError(t, runDB(t, dbURL, "migrate", "down", "--to", "999"), cli.ExitUsage, "--to")
 }
 
-// migrate down stops at the fence guard migration while an application
-// table still uses the fence guard: it prints the migrations it did roll
-// back, names the triggers to drop (the row and the TRUNCATE trigger), and
-// succeeds once they are dropped. A table still guarded by the first form
-// (00003's pgquota.fence_guard) stops it at the lease migration the same
-// way.
-func TestMigrateDownWithFenceGuard(t *testing.T) {
+// migrate down refuses, before rolling anything back, to go below the
+// migration whose guard function an application table's trigger still
+// calls: it names the triggers to drop (the row and the TRUNCATE trigger),
+// leaves the version where it was, and succeeds once they are dropped. A
+// table still guarded by the first form (00003's pgquota.fence_guard) lets
+// it roll back to the lease migration and no further.
+func TestMigrateDownRefusesUpFrontWhileTablesAreGuarded(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.NewEmptyURL(t)
 	ok(t, dbURL, "migrate", "up")
@@ -63,13 +63,20 @@ func TestMigrateDownWithFenceGuard(t *testing.T) {
 	_, err := conn.Exec(context.Background(), `CREATE TABLE reports (id int PRIMARY KEY, fence_token bigint)`)
 	require.NoError(t, err)
 	ok(t, dbURL, "fence", "guard", "--table", "reports", "--column", "fence_token")
+	latest := `(?m)^version\s+` + strconv.FormatInt(migrations.Latest(), 10) + `$`
 
 	r := runDB(t, dbURL, "migrate", "down", "--to", "0")
 	require.Equal(t, cli.ExitError, r.code, "stderr: %q", r.stderr)
-	require.NotContains(t, r.stdout, "down      00006_fence_guard.sql", "the guard's migration was not rolled back")
-	require.Regexp(t, `(?m)^version\s+6 \(`, r.stdout, "it stopped at the guard's migration, after rolling back the later ones")
+	require.NotContains(t, r.stdout, "down ", "nothing was rolled back")
 	require.Equal(t, 1, strings.Count(r.stderr, "\n"), "stderr is one line: %q", r.stderr)
-	require.Contains(t, r.stderr, "DROP TRIGGER pgquota_fence_guard ON reports; DROP TRIGGER pgquota_fence_guard_truncate ON reports; then run this again")
+	require.Contains(t, r.stderr, "nothing was rolled back")
+	require.Contains(t, r.stderr, "run DROP TRIGGER pgquota_fence_guard ON reports; DROP TRIGGER pgquota_fence_guard_truncate ON reports; then run this again")
+	require.Regexp(t, latest, ok(t, dbURL, "migrate", "version"))
+	// Rolling back migrations that keep the guard's function is allowed.
+	out := ok(t, dbURL, "migrate", "down", "--to", "6")
+	require.Regexp(t, `(?m)^version\s+6 \(`, out)
+	requireError(t, runDB(t, dbURL, "migrate", "down", "--to", "5"), cli.ExitError, "nothing was rolled back")
+	require.Regexp(t, `(?m)^version\s+6$`, ok(t, dbURL, "migrate", "version"))
 
 	_, err = conn.Exec(context.Background(), `DROP TRIGGER pgquota_fence_guard ON reports; DROP TRIGGER pgquota_fence_guard_truncate ON reports`)
 	require.NoError(t, err)
@@ -79,14 +86,13 @@ func TestMigrateDownWithFenceGuard(t *testing.T) {
 	require.NoError(t, err)
 	r = runDB(t, dbURL, "migrate", "down", "--to", "0")
 	require.Equal(t, cli.ExitError, r.code, "stderr: %q", r.stderr)
-	require.Contains(t, r.stdout, "down      00006_fence_guard.sql")
-	require.Contains(t, r.stdout, "down      00005_hotrow.sql")
-	require.Contains(t, r.stdout, "down      00004_ledger.sql")
-	require.Regexp(t, `(?m)^version\s+3 \(`, r.stdout)
-	require.Contains(t, r.stderr, "DROP TRIGGER pgquota_fence_guard ON reports; then run this again")
+	require.NotContains(t, r.stdout, "down ")
+	require.Contains(t, r.stderr, "run DROP TRIGGER pgquota_fence_guard ON reports; then run this again")
+	out = ok(t, dbURL, "migrate", "down", "--to", "3")
+	require.Regexp(t, `(?m)^version\s+3 \(`, out)
 
 	_, err = conn.Exec(context.Background(), `DROP TRIGGER pgquota_fence_guard ON reports`)
 	require.NoError(t, err)
-	out := ok(t, dbURL, "migrate", "down", "--to", "0")
+	out = ok(t, dbURL, "migrate", "down", "--to", "0")
 	require.Regexp(t, `(?m)^version\s+0 \(`, out)
 }
