@@ -19,10 +19,11 @@ import (
 
 // snapshot returns a digest of every row of every table in the pgquota
 // schema, so that a test can tell that a call wrote nothing at all: no row
-// added, removed or changed.
+// added, removed or changed. It reads as the owner: no other role may read
+// pgquota.fence_secret.
 func (b *testBundle) snapshot(t *testing.T) map[string]string {
 	t.Helper()
-	rows, err := b.pool.Query(b.ctx, `SELECT tablename FROM pg_tables WHERE schemaname = 'pgquota' ORDER BY 1`)
+	rows, err := b.owner.Query(b.ctx, `SELECT tablename FROM pg_tables WHERE schemaname = 'pgquota' ORDER BY 1`)
 	require.NoError(t, err)
 	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)
@@ -30,7 +31,7 @@ func (b *testBundle) snapshot(t *testing.T) map[string]string {
 	out := map[string]string{}
 	for _, table := range tables {
 		var digest string
-		err := b.pool.QueryRow(b.ctx, `
+		err := b.owner.QueryRow(b.ctx, `
 			SELECT count(*) || ':' || coalesce(md5(string_agg(t::text, '|' ORDER BY t::text)), '')
 			FROM pgquota.`+pgx.Identifier{table}.Sanitize()+` t`).Scan(&digest)
 		require.NoError(t, err)

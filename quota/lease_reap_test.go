@@ -313,7 +313,7 @@ func TestReapLeasesRacingAcquirers(t *testing.T) {
 		defer wg.Done()
 		q := db.New()
 		for ctx.Err() == nil {
-			rows, err := q.LeaseReap(ctx, b.pool, db.LeaseReapParams{OlderThanUs: 0, BatchSize: 100, Fences: true})
+			rows, err := q.LeaseReap(ctx, b.operator.Pool(), db.LeaseReapParams{OlderThanUs: 0, BatchSize: 100, Fences: true})
 			if err != nil && ctx.Err() == nil && !quota.IsRetryable(err) {
 				errs <- err
 				return

@@ -20,7 +20,7 @@ import (
 // from membership in migrations.AppRole: no DML on any pgquota table, no
 // internal function, only the SECURITY DEFINER functions of the
 // application's allowlist (the 'pgquota_app' rows of
-// pgquota.function_grant) and SELECT on pgquota's tables but
+// pgquota.function_grant) and SELECT on every pgquota table except
 // pgquota.fence_secret. Operator work (defining quotas and campaigns,
 // member limits, importing codes, bumping the lease epoch, guarding a
 // table, reaping leases and the ledger) goes through ConnectOperator, which
