@@ -20,7 +20,7 @@ func TestGrantBatchKeyedLimitRemovedMeanwhile(t *testing.T) {
 	b := setup(t, 8)
 	b.define(t, quota.Definition{Name: "nodefault", Window: quota.WindowNone})
 	b.define(t, quota.Definition{Name: "q", Window: quota.WindowNone, DefaultLimit: ptr[int64](10)})
-	_, err := b.client.SetMemberLimit(b.ctx, "nodefault", "m", 10)
+	_, err := b.operator.SetMemberLimit(b.ctx, "nodefault", "m", 10)
 	require.NoError(t, err)
 
 	// Another transaction holds key "k2" (scope "s") for a while.
@@ -48,7 +48,7 @@ func TestGrantBatchKeyedLimitRemovedMeanwhile(t *testing.T) {
 	}()
 	b.waitForLockWait(t) // k1 is recorded, the batch waits for k2
 
-	cleared, err := b.client.ClearMemberLimit(b.ctx, "nodefault", "m")
+	cleared, err := b.operator.ClearMemberLimit(b.ctx, "nodefault", "m")
 	require.NoError(t, err)
 	require.True(t, cleared)
 	require.NoError(t, tx.Commit(b.ctx))

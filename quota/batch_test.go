@@ -21,7 +21,7 @@ func defineBatchQuotas(t *testing.T, b *testBundle) {
 	t.Helper()
 	b.define(t, quota.Definition{Name: "q", Window: quota.WindowNone, DefaultLimit: ptr[int64](12)})
 	b.define(t, quota.Definition{Name: "nodefault", Window: quota.WindowDay, TimeZone: "Europe/Berlin"})
-	_, err := b.client.SetMemberLimit(b.ctx, "q", "big", 30)
+	_, err := b.operator.SetMemberLimit(b.ctx, "q", "big", 30)
 	require.NoError(t, err)
 }
 

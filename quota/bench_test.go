@@ -62,7 +62,7 @@ func BenchmarkGrant(b *testing.B) {
 func benchDB(b *testing.B) (string, []string) {
 	ctx := context.Background()
 	url := pgtest.NewURL(b)
-	setupPool := pgtest.Connect(b, url, 2)
+	setupPool := pgtest.ConnectOperator(b, url, 2)
 	setup, err := quota.New(setupPool, nil)
 	if err != nil {
 		b.Fatal(err)

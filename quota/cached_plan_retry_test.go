@@ -46,13 +46,21 @@ func cachedPlanRetried(t *testing.T, claimFirst bool) {
 	require.Equal(t, pgx.QueryExecModeCacheStatement, pool.Config().ConnConfig.DefaultQueryExecMode)
 	c, err := quota.New(pool, nil)
 	require.NoError(t, err)
+	// The relay's client: c in the normal pass, so that the enqueue, the
+	// listing and the claim share the held connection; under
+	// PGQUOTA_TEST_APP_ROLE=1 a pool of as many connections as the relay's
+	// role, on which the listing and the claim run (the enqueue is the
+	// application's).
+	rc := relayWith(t, c, nil, conns)
+	rpool := rc.Pool()
+	require.Equal(t, pgx.QueryExecModeCacheStatement, rpool.Config().ConnConfig.DefaultQueryExecMode)
 	delivered := 0
-	relay, err := c.NewRelay(func(context.Context, quota.Event) error { delivered++; return nil }, quota.RelayConfig{})
+	relay, err := rc.NewRelay(func(context.Context, quota.Event) error { delivered++; return nil }, quota.RelayConfig{})
 	require.NoError(t, err)
 
 	held := make([]*pgxpool.Conn, conns)
 	for i := range held {
-		held[i], err = pool.Acquire(ctx)
+		held[i], err = rpool.Acquire(ctx)
 		require.NoError(t, err)
 	}
 	releaseAll := func() {
@@ -66,14 +74,14 @@ func cachedPlanRetried(t *testing.T, claimFirst bool) {
 	onConn := func(i int, fn func()) {
 		held[i].Release()
 		fn()
-		held[i], err = pool.Acquire(ctx)
+		held[i], err = rpool.Acquire(ctx)
 		require.NoError(t, err)
 	}
 	round := func(i int) {
 		_, err := c.Enqueue(ctx, "t", []byte("x"), nil)
 		require.NoError(t, err)
 		list := func() {
-			evs, err := c.OutboxEvents(ctx, quota.OutboxFilter{})
+			evs, err := rc.OutboxEvents(ctx, quota.OutboxFilter{})
 			require.NoError(t, err, "connection %d: outbox listing", i)
 			require.NotEmpty(t, evs)
 		}

@@ -42,6 +42,7 @@ func TestCalendarBatchFromSQLAcrossBoundariesDoesNotDeadlock(t *testing.T) {
 	var err error
 	b.client, err = quota.New(b.pool, nil)
 	require.NoError(t, err)
+	b.operator = operatorOf(t, b.client)
 	defineCalendarPair(t, b)
 	_, err = b.owner.Exec(b.ctx, `
 		CREATE TABLE public.limits_log (granted boolean NOT NULL);

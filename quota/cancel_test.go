@@ -71,9 +71,10 @@ func TestGrantCancelledMidStatement(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			dbURL := pgtest.NewURL(t)
-			cfg, err := pgxpool.ParseConfig(dbURL)
+			cfg, err := pgxpool.ParseConfig(pgtest.SuiteURL(t, dbURL)) // the application's role under PGQUOTA_TEST_APP_ROLE=1
 			require.NoError(t, err)
 			cfg.MaxConns = 4
+			pgtest.Reserve(t, int(cfg.MaxConns), "a pool of 4")
 			if tc.cancelRequest {
 				cfg.ConnConfig.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
 					return &pgconn.CancelRequestContextWatcherHandler{Conn: c, DeadlineDelay: 5 * time.Second}
@@ -84,7 +85,7 @@ func TestGrantCancelledMidStatement(t *testing.T) {
 			t.Cleanup(pool.Close)
 			client, err := quota.New(pool, nil)
 			require.NoError(t, err)
-			b := &testBundle{ctx: context.Background(), pool: pool, client: client, owner: pgtest.ConnectOwner(t, dbURL, 1)}
+			b := &testBundle{ctx: context.Background(), pool: pool, client: client, operator: operatorOf(t, client), owner: pgtest.ConnectOwner(t, dbURL, 1)}
 			b.define(t, quota.Definition{Name: "q", Window: quota.WindowNone, DefaultLimit: ptr[int64](100)})
 			_, err = b.client.Grant(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1})
 			require.NoError(t, err)
@@ -323,7 +324,7 @@ func TestGrantKeyedRetryAfterLostReply(t *testing.T) {
 	direct := pgtest.Connect(t, dbURL, 4)
 	client, err := quota.New(direct, nil)
 	require.NoError(t, err)
-	b := &testBundle{ctx: context.Background(), pool: direct, client: client, owner: pgtest.ConnectOwner(t, dbURL, 1)}
+	b := &testBundle{ctx: context.Background(), pool: direct, client: client, operator: operatorOf(t, client), owner: pgtest.ConnectOwner(t, dbURL, 1)}
 	b.define(t, quota.Definition{Name: "q", Window: quota.WindowDay, DefaultLimit: ptr[int64](1)})
 
 	u, err := url.Parse(dbURL)

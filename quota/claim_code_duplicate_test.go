@@ -30,7 +30,7 @@ func TestClaimCodeDuplicatesForLastCode(t *testing.T) {
 				campaign := fmt.Sprint("c", round)
 				// Another member holds every code but the last one.
 				codes := []string{fmt.Sprint("a-", round), fmt.Sprint("b-", round)}
-				_, err := b.client.ImportCodes(b.ctx, campaign, codes)
+				_, err := b.operator.ImportCodes(b.ctx, campaign, codes)
 				require.NoError(t, err)
 				first, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: campaign, Member: "other"})
 				require.NoError(t, err)

@@ -166,7 +166,7 @@ const oldShardedClaimSQL = `
 func BenchmarkClaimFunctionVsStatement(b *testing.B) {
 	const shards = 32
 	url := pgtest.NewURL(b)
-	setup, err := quota.New(pgtest.Connect(b, url, 2), nil)
+	setup, err := quota.New(pgtest.ConnectOperator(b, url, 2), nil)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -45,9 +45,10 @@ func TestClaimFunctionPgbenchRaceOneVoucher(t *testing.T) {
 	var err error
 	b.client, err = quota.New(b.pool, nil)
 	require.NoError(t, err)
-	_, err = b.client.CreateCampaign(b.ctx, "one", 1)
+	b.operator = operatorOf(t, b.client)
+	_, err = b.operator.CreateCampaign(b.ctx, "one", 1)
 	require.NoError(t, err)
-	_, err = b.client.CreateCampaign(b.ctx, "one-keyed", 1)
+	_, err = b.operator.CreateCampaign(b.ctx, "one-keyed", 1)
 	require.NoError(t, err)
 
 	script := filepath.Join(t.TempDir(), "claim.sql")

@@ -20,11 +20,11 @@ import (
 func TestClaimOneCallServesEveryKind(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 16)
-	_, err := b.client.CreateCampaign(b.ctx, "counted", 5)
+	_, err := b.operator.CreateCampaign(b.ctx, "counted", 5)
 	require.NoError(t, err)
-	_, err = b.client.CreateShardedCampaign(b.ctx, "sharded", 6, 3)
+	_, err = b.operator.CreateShardedCampaign(b.ctx, "sharded", 6, 3)
 	require.NoError(t, err)
-	_, err = b.client.ImportCodes(b.ctx, "codes", []string{"A", "B", "C", "D"})
+	_, err = b.operator.ImportCodes(b.ctx, "codes", []string{"A", "B", "C", "D"})
 	require.NoError(t, err)
 	totals := map[string]int64{"counted": 5, "sharded": 6, "codes": 4}
 
@@ -130,7 +130,7 @@ func TestClaimOneCallServesEveryKind(t *testing.T) {
 func TestClaimTxFirstClaimOfCodeCampaignKeepsTheTransaction(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
-	_, err := b.client.ImportCodes(b.ctx, "codes", []string{"ONLY"})
+	_, err := b.operator.ImportCodes(b.ctx, "codes", []string{"ONLY"})
 	require.NoError(t, err)
 	fresh, err := quota.New(b.pool, testConfig(t, nil))
 	require.NoError(t, err)

@@ -28,12 +28,13 @@ func TestClaimShardedFromSQLDoesNotDeadlock(t *testing.T) {
 	var err error
 	b.client, err = quota.New(b.pool, nil)
 	require.NoError(t, err)
+	b.operator = operatorOf(t, b.client)
 
 	const rounds, total, shards = 3, 50, 7
 	for round := range rounds {
 		for _, keyed := range []bool{false, true} {
 			campaign := fmt.Sprintf("sharded-%d-%v", round, keyed)
-			_, err := b.client.CreateShardedCampaign(b.ctx, campaign, total, shards)
+			_, err := b.operator.CreateShardedCampaign(b.ctx, campaign, total, shards)
 			require.NoError(t, err)
 			call := "SELECT claimed FROM pgquota.claim(:q, 'u' || :u);"
 			if keyed {

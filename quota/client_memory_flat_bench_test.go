@@ -33,7 +33,7 @@ func BenchmarkClientMemoryFlat(b *testing.B) {
 	campaigns := envInt(b, "PGQUOTA_BENCH_MEM_CAMPAIGNS", 100_000)
 	ctx := context.Background()
 	url := pgtest.NewURL(b)
-	setupPool := pgtest.Connect(b, url, 2)
+	setupPool := pgtest.ConnectOwner(b, url, 2) // defines, then writes pgquota's rows in bulk on purpose
 	setup, err := quota.New(setupPool, nil)
 	if err != nil {
 		b.Fatal(err)

@@ -25,18 +25,18 @@ func TestCoalescedGrantErrorsNameTheCallWhenPoolerDies(t *testing.T) {
 	ctx := context.Background()
 	b := pgbouncer.Start(t, pgtest.BaseURL(t), pgbouncer.Options{PoolSize: 4})
 	dbURL := pgtest.NewURL(t)
-	pooled, err := b.URL(dbURL)
+	// As the application's role under PGQUOTA_TEST_APP_ROLE=1: the pooler
+	// learns the login from the URL it is given (SuiteURL's).
+	pooled, err := b.URL(pgtest.SuiteURL(t, dbURL))
 	require.NoError(t, err)
-	// As the URL's own role in every mode: this pooler knows that login
-	// only (the test proves the errors' wording, not the privileges).
-	pool := pgtest.ConnectOwner(t, pooled+"&default_query_exec_mode=exec", 8)
+	pool := pgtest.Connect(t, pooled+"&default_query_exec_mode=exec", 8)
 	client, err := quota.New(pool, &quota.Config{Coalesce: true, Pooler: quota.PoolerTransaction, RetryMaxElapsed: time.Second})
 	require.NoError(t, err)
-	// Defined by the database's owner, directly: the pooler knows the
-	// test's login only, and an app login may not define (operator).
-	owner, err := quota.New(pgtest.ConnectOwner(t, dbURL, 1), nil)
+	// Defined directly (not through the pooler, which is stopped below)
+	// by the operator's role.
+	op, err := quota.New(pgtest.ConnectOperator(t, dbURL, 1), nil)
 	require.NoError(t, err)
-	_, err = owner.DefineQuota(ctx, quota.Definition{Name: "q", Window: quota.WindowDay, DefaultLimit: ptr(int64(100))})
+	_, err = op.DefineQuota(ctx, quota.Definition{Name: "q", Window: quota.WindowDay, DefaultLimit: ptr(int64(100))})
 	require.NoError(t, err)
 	// Warm every connection of the pool, then kill the pooler under them.
 	var wg sync.WaitGroup

@@ -20,16 +20,30 @@ import (
 // database default.
 func serializableSetup(t *testing.T, maxConns int32) *testBundle {
 	t.Helper()
-	cfg, err := pgxpool.ParseConfig(pgtest.NewURL(t))
-	require.NoError(t, err)
-	cfg.MaxConns = maxConns
-	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
-	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close)
+	dbURL := pgtest.NewURL(t)
+	open := func(u string) *pgxpool.Pool {
+		cfg, err := pgxpool.ParseConfig(u)
+		require.NoError(t, err)
+		cfg.MaxConns = maxConns
+		cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
+		pgtest.Reserve(t, int(maxConns), fmt.Sprintf("a serializable pool of %d", maxConns))
+		pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		return pool
+	}
+	// As the application's role under PGQUOTA_TEST_APP_ROLE=1 (SuiteURL),
+	// with its operator work as the operator's, on serializable
+	// connections too.
+	pool := open(pgtest.SuiteURL(t, dbURL))
 	client, err := quota.New(pool, nil)
 	require.NoError(t, err)
-	return &testBundle{ctx: t.Context(), pool: pool, client: client, owner: pool}
+	operator := client
+	if pgtest.AppRoleMode() {
+		operator, err = quota.New(open(pgtest.OperatorURL(t, dbURL)), nil)
+		require.NoError(t, err)
+	}
+	return &testBundle{ctx: t.Context(), pool: pool, client: client, operator: operator, owner: pgtest.ConnectOwner(t, dbURL, 1)}
 }
 
 // errList collects errors from goroutines.
@@ -64,13 +78,13 @@ func TestBreakDefaultSerializable(t *testing.T) {
 	t.Parallel()
 	b := serializableSetup(t, 16)
 	b.define(t, quota.Definition{Name: "q", Window: quota.WindowNone, DefaultLimit: ptr[int64](1000)})
-	_, err := b.client.CreateCampaign(b.ctx, "pool", 100)
+	_, err := b.operator.CreateCampaign(b.ctx, "pool", 100)
 	require.NoError(t, err)
 	codes := make([]string, 100)
 	for i := range codes {
 		codes[i] = fmt.Sprintf("code-%03d", i)
 	}
-	_, err = b.client.ImportCodes(b.ctx, "codes", codes)
+	_, err = b.operator.ImportCodes(b.ctx, "codes", codes)
 	require.NoError(t, err)
 
 	var grants, revokes, claims, codeClaims, acquires, writes, imports errList
@@ -93,7 +107,7 @@ func TestBreakDefaultSerializable(t *testing.T) {
 		claims.add(err)
 		_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "codes", Member: fmt.Sprint("member-", i)})
 		codeClaims.add(err)
-		_, err = b.client.ImportCodes(b.ctx, "codes", []string{fmt.Sprint("new-", i), "shared"})
+		_, err = b.operator.ImportCodes(b.ctx, "codes", []string{fmt.Sprint("new-", i), "shared"})
 		imports.add(err)
 		l, err := b.client.Acquire(b.ctx, quota.AcquireRequest{Name: "lease", Holder: "h", TTL: time.Millisecond})
 		if errors.Is(err, quota.ErrLeaseHeld) {

@@ -24,7 +24,7 @@ func TestDefineQuotaKindChangeNeedsReplaceKind(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, res.Granted)
 
-	_, err = b.client.DefineQuota(b.ctx, rate)
+	_, err = b.operator.DefineQuota(b.ctx, rate)
 	require.ErrorIs(t, err, quota.ErrQuotaKindChange)
 	require.ErrorContains(t, err, `quota "q" is of kind day, not rate`)
 	require.ErrorContains(t, err, "deletes its counters")
@@ -45,7 +45,7 @@ func TestDefineQuotaKindChangeNeedsReplaceKind(t *testing.T) {
 	require.Equal(t, int64(3), u.Used)
 
 	rate.ReplaceKind = true
-	q, err = b.client.DefineQuota(b.ctx, rate)
+	q, err = b.operator.DefineQuota(b.ctx, rate)
 	require.NoError(t, err)
 	require.Equal(t, quota.WindowRate, q.Window)
 	res, err = b.client.Grant(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 2})
@@ -55,7 +55,7 @@ func TestDefineQuotaKindChangeNeedsReplaceKind(t *testing.T) {
 	// Back to day: a shaped kind to a calendar one needs the flag too, and
 	// the day's old counter does not come back.
 	day.ReplaceKind = false
-	_, err = b.client.DefineQuota(b.ctx, day)
+	_, err = b.operator.DefineQuota(b.ctx, day)
 	require.ErrorIs(t, err, quota.ErrQuotaKindChange)
 	require.ErrorContains(t, err, `quota "q" is of kind rate, not day`)
 	day.ReplaceKind = true
@@ -71,6 +71,6 @@ func TestDefineQuotaKindChangeNeedsReplaceKind(t *testing.T) {
 	require.Equal(t, int64(5), u.Remaining, "the old rate bucket is gone")
 
 	// A new quota needs no flag.
-	_, err = b.client.DefineQuota(b.ctx, quota.Definition{Name: "new", Window: quota.WindowRate, DefaultLimit: ptr(int64(5)), Period: time.Hour})
+	_, err = b.operator.DefineQuota(b.ctx, quota.Definition{Name: "new", Window: quota.WindowRate, DefaultLimit: ptr(int64(5)), Period: time.Hour})
 	require.NoError(t, err)
 }

@@ -45,7 +45,7 @@ func TestErrorsCarryOnePrefix(t *testing.T) {
 
 	_, err = c.Grant(ctx, quota.GrantRequest{Quota: "q", Member: "", Amount: 1})
 	check("bad member", err, quota.ErrInvalidInput)
-	_, err = c.DefineQuota(ctx, quota.Definition{Name: "x", Window: "fortnight"})
+	_, err = b.operator.DefineQuota(ctx, quota.Definition{Name: "x", Window: "fortnight"})
 	check("bad window", err, quota.ErrInvalidInput)
 	_, err = c.Grant(ctx, quota.GrantRequest{Quota: "nope", Member: "m", Amount: 1})
 	check("grant unknown", err, quota.ErrQuotaNotFound)
@@ -66,7 +66,7 @@ func TestErrorsCarryOnePrefix(t *testing.T) {
 	check("quota unknown", err, quota.ErrQuotaNotFound)
 	_, err = c.Revoke(ctx, quota.RevokeRequest{Quota: "nope", Member: "m", Amount: 1})
 	check("revoke unknown", err, quota.ErrQuotaNotFound)
-	_, err = c.SetMemberLimit(ctx, "nope", "m", 1)
+	_, err = b.operator.SetMemberLimit(ctx, "nope", "m", 1)
 	check("member limit unknown", err, quota.ErrQuotaNotFound)
 	_, err = c.MemberLimits(ctx, "nope")
 	check("member limits unknown", err, quota.ErrQuotaNotFound)
@@ -86,7 +86,7 @@ func TestErrorsCarryOnePrefix(t *testing.T) {
 	check("campaign not found", err, quota.ErrCampaignNotFound)
 	_, err = c.Lease(ctx, "nope")
 	check("lease not found", err, quota.ErrLeaseNotFound)
-	_, err = c.DefineQuota(ctx, quota.Definition{Name: "q", Window: quota.WindowRate, DefaultLimit: ptr(int64(5)), Period: time.Second})
+	_, err = b.operator.DefineQuota(ctx, quota.Definition{Name: "q", Window: quota.WindowRate, DefaultLimit: ptr(int64(5)), Period: time.Second})
 	check("kind change", err, quota.ErrQuotaKindChange)
 
 	// A missing schema.

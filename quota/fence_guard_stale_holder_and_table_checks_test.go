@@ -49,7 +49,7 @@ func TestBreakAttachFenceGuardBadTableName(t *testing.T) {
 		`a.b.c.d`,
 		`otherdb.public.t`,
 	} {
-		_, err := b.client.GuardTable(b.ctx, quota.GuardTableRequest{Table: table, Column: "fence_token"})
+		_, err := b.operator.GuardTable(b.ctx, quota.GuardTableRequest{Table: table, Column: "fence_token"})
 		require.ErrorIs(t, err, quota.ErrInvalidInput, table)
 		var ie *quota.InputError
 		require.ErrorAs(t, err, &ie, table)
@@ -63,7 +63,7 @@ func TestBreakAttachFenceGuardBadTableName(t *testing.T) {
 func TestBreakAttachFenceGuardOnPgquotaTable(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
-	_, err := b.client.GuardTable(b.ctx, quota.GuardTableRequest{Table: "pgquota.fence", Column: "max_token"})
+	_, err := b.operator.GuardTable(b.ctx, quota.GuardTableRequest{Table: "pgquota.fence", Column: "max_token"})
 	if err == nil {
 		_, werr := b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: "r", Key: "k", Value: "v", Token: 1})
 		require.NoError(t, werr, "fenced writes still work after the guard was accepted")

@@ -22,14 +22,15 @@ func TestGrantFencedReleaseFailsAfterCommit(t *testing.T) {
 	pool := pgtest.Connect(t, dbURL, 1) // one connection: the release must use the terminated one
 	client, err := quota.New(pool, nil)
 	require.NoError(t, err)
-	b := &testBundle{ctx: context.Background(), pool: admin, client: client, owner: pgtest.ConnectOwner(t, dbURL, 1)}
+	b := &testBundle{ctx: context.Background(), pool: admin, client: client, operator: operatorOf(t, client), owner: pgtest.ConnectOwner(t, dbURL, 1)}
 	b.define(t, quota.Definition{Name: "q", Window: quota.WindowNone, DefaultLimit: ptr[int64](10)})
 
 	var terminated []int32
 	quota.SetFencedGrantRelease(client, func(ctx context.Context, l quota.Lease) {
 		rows, err := admin.Query(ctx, `
 			SELECT pg_terminate_backend(pid), pid FROM pg_stat_activity
-			WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'`)
+			WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'
+			  AND usename = current_user`) // the client's role (admin's), not the operator's idle connection
 		require.NoError(t, err)
 		for rows.Next() {
 			var ok bool

@@ -108,7 +108,7 @@ func TestGrantGroupCommitExactAcross512Callers(t *testing.T) {
 		m := fmt.Sprintf("m%02d", i)
 		c := counter{quota: "day", member: m, limit: 7}
 		if i%3 == 0 {
-			_, err := b.client.SetMemberLimit(b.ctx, "day", m, int64(i/3))
+			_, err := b.operator.SetMemberLimit(b.ctx, "day", m, int64(i/3))
 			require.NoError(t, err)
 			c.limit = int64(i / 3)
 		}

@@ -40,6 +40,7 @@ func TestGrantLimitsFromSQLAcrossBoundariesDoesNotDeadlock(t *testing.T) {
 	var err error
 	b.client, err = quota.New(b.pool, nil)
 	require.NoError(t, err)
+	b.operator = operatorOf(t, b.client)
 	defineBoundaryPair(t, b)
 	_, err = b.owner.Exec(b.ctx, `CREATE TABLE public.grant_log (member text NOT NULL, granted boolean NOT NULL);
 		GRANT SELECT, INSERT ON public.grant_log TO PUBLIC`)

@@ -35,6 +35,7 @@ func TestGrantMultiSerializableDefaultRetried(t *testing.T) {
 	b := &testBundle{ctx: ctx, pool: pool, owner: owner}
 	b.client, err = quota.New(pool, testConfig(t, nil))
 	require.NoError(t, err)
+	b.operator = operatorOf(t, b.client)
 	b.define(t, quota.Definition{Name: "day", Window: quota.WindowDay, DefaultLimit: ptr(int64(1000))})
 	b.define(t, quota.Definition{Name: "rate", Window: quota.WindowRate, DefaultLimit: ptr(int64(1000)), Period: time.Hour, Burst: 1000})
 	second, err := quota.New(pool, testConfig(t, nil))

@@ -38,7 +38,7 @@ func TestGrantLimitSources(t *testing.T) {
 	b.define(t, quota.Definition{Name: "nodefault", Window: quota.WindowNone})
 
 	// The call's limit wins over the override and the default.
-	_, err := b.client.SetMemberLimit(b.ctx, "withdefault", "vip", 5)
+	_, err := b.operator.SetMemberLimit(b.ctx, "withdefault", "vip", 5)
 	require.NoError(t, err)
 	res, err := b.client.Grant(b.ctx, quota.GrantRequest{Quota: "withdefault", Member: "vip", Amount: 7, Limit: ptr[int64](7)})
 	require.NoError(t, err)
@@ -49,7 +49,7 @@ func TestGrantLimitSources(t *testing.T) {
 	res, err = b.client.Grant(b.ctx, quota.GrantRequest{Quota: "withdefault", Member: "vip2", Amount: 1})
 	require.NoError(t, err)
 	require.Equal(t, int64(2), res.Limit)
-	_, err = b.client.SetMemberLimit(b.ctx, "withdefault", "vip2", 5)
+	_, err = b.operator.SetMemberLimit(b.ctx, "withdefault", "vip2", 5)
 	require.NoError(t, err)
 	res, err = b.client.Grant(b.ctx, quota.GrantRequest{Quota: "withdefault", Member: "vip2", Amount: 4})
 	require.NoError(t, err)
@@ -58,7 +58,7 @@ func TestGrantLimitSources(t *testing.T) {
 	require.Equal(t, int64(5), res.Limit)
 
 	// Clearing the override brings the default back: 5 used, limit 2.
-	cleared, err := b.client.ClearMemberLimit(b.ctx, "withdefault", "vip2")
+	cleared, err := b.operator.ClearMemberLimit(b.ctx, "withdefault", "vip2")
 	require.NoError(t, err)
 	require.True(t, cleared)
 	res, err = b.client.Grant(b.ctx, quota.GrantRequest{Quota: "withdefault", Member: "vip2", Amount: 1})
@@ -75,7 +75,7 @@ func TestGrantLimitSources(t *testing.T) {
 	require.Zero(t, rows)
 
 	// An override alone is enough.
-	_, err = b.client.SetMemberLimit(b.ctx, "nodefault", "m", 1)
+	_, err = b.operator.SetMemberLimit(b.ctx, "nodefault", "m", 1)
 	require.NoError(t, err)
 	res, err = b.client.Grant(b.ctx, quota.GrantRequest{Quota: "nodefault", Member: "m", Amount: 1})
 	require.NoError(t, err)
@@ -84,7 +84,7 @@ func TestGrantLimitSources(t *testing.T) {
 	// Undefined quota.
 	_, err = b.client.Grant(b.ctx, quota.GrantRequest{Quota: "nope", Member: "m", Amount: 1})
 	require.ErrorIs(t, err, quota.ErrQuotaNotFound)
-	_, err = b.client.SetMemberLimit(b.ctx, "nope", "m", 1)
+	_, err = b.operator.SetMemberLimit(b.ctx, "nope", "m", 1)
 	require.ErrorIs(t, err, quota.ErrQuotaNotFound)
 }
 

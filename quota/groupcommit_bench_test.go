@@ -31,7 +31,7 @@ import (
 func BenchmarkGrantGroupCommit(b *testing.B) {
 	ctx := context.Background()
 	url := pgtest.NewURL(b)
-	setupPool := pgtest.Connect(b, url, 2)
+	setupPool := pgtest.ConnectOwner(b, url, 2) // defines, then writes pgquota's rows in bulk on purpose
 	setup, err := quota.New(setupPool, nil)
 	if err != nil {
 		b.Fatal(err)

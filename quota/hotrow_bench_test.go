@@ -25,7 +25,7 @@ import (
 // the same beside pgbench running the single statement.
 func BenchmarkGrantCoalesced(b *testing.B) {
 	url := pgtest.NewURL(b)
-	setup, err := quota.New(pgtest.Connect(b, url, 2), nil)
+	setup, err := quota.New(pgtest.ConnectOperator(b, url, 2), nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func BenchmarkGrantCoalesced(b *testing.B) {
 //	go test ./quota -run '^$' -bench ClaimSharded -benchtime 5s
 func BenchmarkClaimSharded(b *testing.B) {
 	url := pgtest.NewURL(b)
-	setup, err := quota.New(pgtest.Connect(b, url, 2), nil)
+	setup, err := quota.New(pgtest.ConnectOperator(b, url, 2), nil)
 	if err != nil {
 		b.Fatal(err)
 	}

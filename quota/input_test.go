@@ -19,8 +19,8 @@ import (
 
 // snapshot returns a digest of every row of every table in the pgquota
 // schema, so that a test can tell that a call wrote nothing at all: no row
-// added, removed or changed. It reads as the database's owner: no role the
-// library grants may read pgquota.fence_secret.
+// added, removed or changed. It reads as the owner: no other role may read
+// pgquota.fence_secret.
 func (b *testBundle) snapshot(t *testing.T) map[string]string {
 	t.Helper()
 	rows, err := b.owner.Query(b.ctx, `SELECT tablename FROM pg_tables WHERE schemaname = 'pgquota' ORDER BY 1`)
@@ -79,6 +79,15 @@ func nameCases(call, field string, fn func(v string) func(context.Context, *quot
 	return out
 }
 
+// operatorCall names the Client methods that are operator work (the
+// 'pgquota_operator' rows of pgquota.function_grant).
+var operatorCall = map[string]bool{
+	"DefineQuota": true, "DefineQuotaTx": true, "SetMemberLimit": true, "SetMemberLimitTx": true,
+	"ClearMemberLimit": true, "ClearMemberLimitTx": true, "CreateCampaign": true, "CreateCampaignTx": true,
+	"CreateShardedCampaign": true, "CreateShardedCampaignTx": true, "ImportCodes": true, "ImportCodesTx": true,
+	"BumpLeaseEpoch": true, "GuardTable": true, "GuardTableTx": true, "ReapLeases": true, "ReapLedger": true,
+}
+
 func TestBadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
@@ -87,15 +96,15 @@ func TestBadInput(t *testing.T) {
 	// hold rows of every kind.
 	b.define(t, quota.Definition{Name: "q", Window: quota.WindowDay})
 	b.define(t, quota.Definition{Name: "lim", Window: quota.WindowHour, TimeZone: "Europe/Berlin", DefaultLimit: ptr[int64](5)})
-	_, err := b.client.SetMemberLimit(b.ctx, "lim", "vip", 9)
+	_, err := b.operator.SetMemberLimit(b.ctx, "lim", "vip", 9)
 	require.NoError(t, err)
 	_, err = b.client.Grant(b.ctx, quota.GrantRequest{Quota: "lim", Member: "m", Amount: 2})
 	require.NoError(t, err)
-	_, err = b.client.CreateCampaign(b.ctx, "pool", 3)
+	_, err = b.operator.CreateCampaign(b.ctx, "pool", 3)
 	require.NoError(t, err)
 	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "pool", Member: "m"})
 	require.NoError(t, err)
-	_, err = b.client.ImportCodes(b.ctx, "codes", []string{"c1", "c2", "c3"})
+	_, err = b.operator.ImportCodes(b.ctx, "codes", []string{"c1", "c2", "c3"})
 	require.NoError(t, err)
 	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "codes", Member: "m"})
 	require.NoError(t, err)
@@ -345,11 +354,18 @@ func TestBadInput(t *testing.T) {
 	before := b.snapshot(t)
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			// Operator work goes through the operator's client, in its
+			// transaction (PGQUOTA_TEST_APP_ROLE=1: b.client's role may not
+			// run it).
+			c := b.client
+			if operatorCall[strings.SplitN(tc.name, "/", 2)[0]] {
+				c = b.operator
+			}
 			// One transaction per case, committed whatever happened, so that
 			// a Tx variant that wrote something would be caught too.
-			tx, err := b.pool.Begin(b.ctx)
+			tx, err := c.Pool().Begin(b.ctx)
 			require.NoError(t, err)
-			callErr := tc.call(b.ctx, b.client, tx)
+			callErr := tc.call(b.ctx, c, tx)
 			if callErr != nil && sqlStateOf(callErr) != "" {
 				require.NoError(t, tx.Rollback(b.ctx))
 			} else {
@@ -412,7 +428,7 @@ func TestEdgeValuesAreValid(t *testing.T) {
 	require.Zero(t, res.Limit)
 
 	b.define(t, quota.Definition{Name: long, Window: quota.WindowNone})
-	_, err = b.client.SetMemberLimit(b.ctx, long, long, 0)
+	_, err = b.operator.SetMemberLimit(b.ctx, long, long, 0)
 	require.NoError(t, err)
 	res, err = b.client.Grant(b.ctx, quota.GrantRequest{Quota: long, Member: long, Amount: 1})
 	require.NoError(t, err)
@@ -441,12 +457,12 @@ func TestEdgeValuesAreValid(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, quota.MaxUnits, rv.Revoked)
 
-	_, err = b.client.CreateCampaign(b.ctx, long, quota.MaxUnits)
+	_, err = b.operator.CreateCampaign(b.ctx, long, quota.MaxUnits)
 	require.NoError(t, err)
 	c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: long, Member: long})
 	require.NoError(t, err)
 	require.True(t, c.Claimed)
-	_, err = b.client.ImportCodes(b.ctx, "codes", []string{long})
+	_, err = b.operator.ImportCodes(b.ctx, "codes", []string{long})
 	require.NoError(t, err)
 	c, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "codes", Member: long})
 	require.NoError(t, err)
@@ -458,9 +474,9 @@ func TestDatabaseErrorsKeepSQLState(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
 	b.define(t, quota.Definition{Name: "q", Window: quota.WindowDay, DefaultLimit: ptr[int64](5)})
-	_, err := b.client.CreateCampaign(b.ctx, "pool", 5)
+	_, err := b.operator.CreateCampaign(b.ctx, "pool", 5)
 	require.NoError(t, err)
-	_, err = b.client.ImportCodes(b.ctx, "codes", []string{"a"})
+	_, err = b.operator.ImportCodes(b.ctx, "codes", []string{"a"})
 	require.NoError(t, err)
 
 	calls := map[string]func(tx pgx.Tx) error{
@@ -473,12 +489,12 @@ func TestDatabaseErrorsKeepSQLState(t *testing.T) {
 			return err
 		},
 		"DefineQuotaTx": func(tx pgx.Tx) error {
-			_, err := b.client.DefineQuotaTx(b.ctx, tx, quota.Definition{Name: "q2", Window: quota.WindowDay})
+			_, err := b.operator.DefineQuotaTx(b.ctx, tx, quota.Definition{Name: "q2", Window: quota.WindowDay})
 			return err
 		},
-		"SetMemberLimitTx": func(tx pgx.Tx) error { _, err := b.client.SetMemberLimitTx(b.ctx, tx, "q", "m", 1); return err },
+		"SetMemberLimitTx": func(tx pgx.Tx) error { _, err := b.operator.SetMemberLimitTx(b.ctx, tx, "q", "m", 1); return err },
 		"CreateCampaignTx": func(tx pgx.Tx) error {
-			_, err := b.client.CreateCampaignTx(b.ctx, tx, "pool2", 1)
+			_, err := b.operator.CreateCampaignTx(b.ctx, tx, "pool2", 1)
 			return err
 		},
 		"ClaimTx counted": func(tx pgx.Tx) error {
@@ -489,12 +505,21 @@ func TestDatabaseErrorsKeepSQLState(t *testing.T) {
 			_, err := b.client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "codes", Member: "m"})
 			return err
 		},
-		"ImportCodesTx": func(tx pgx.Tx) error { _, err := b.client.ImportCodesTx(b.ctx, tx, "codes", []string{"b"}); return err },
+		"ImportCodesTx": func(tx pgx.Tx) error {
+			_, err := b.operator.ImportCodesTx(b.ctx, tx, "codes", []string{"b"})
+			return err
+		},
 	}
+	// Operator work runs in the operator's transactions (the application
+	// role of PGQUOTA_TEST_APP_ROLE=1 may not execute its functions).
 	before := b.snapshot(t)
 	for name, call := range calls {
+		pool := b.pool
+		if operatorCall[name] {
+			pool = b.operator.Pool()
+		}
 		t.Run(name+" in a read-only transaction", func(t *testing.T) {
-			tx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+			tx, err := pool.BeginTx(b.ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback(b.ctx) }()
 			err = call(tx)
@@ -505,7 +530,7 @@ func TestDatabaseErrorsKeepSQLState(t *testing.T) {
 			require.NotErrorIs(t, err, quota.ErrSchemaMissing)
 		})
 		t.Run(name+" in an aborted transaction", func(t *testing.T) {
-			tx, err := b.pool.Begin(b.ctx)
+			tx, err := pool.Begin(b.ctx)
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback(b.ctx) }()
 			_, err = tx.Exec(b.ctx, `SELECT 1/0`)

@@ -132,7 +132,7 @@ func proxied(t *testing.T, maxConns int32) (*testBundle, *quota.Client, *blackho
 	for _, c := range conns {
 		c.Release()
 	}
-	return &testBundle{ctx: context.Background(), pool: direct, client: client, owner: pgtest.ConnectOwner(t, dbURL, 1)}, viaProxy, proxy
+	return &testBundle{ctx: context.Background(), pool: direct, client: client, operator: operatorOf(t, client), owner: pgtest.ConnectOwner(t, dbURL, 1)}, viaProxy, proxy
 }
 
 // When the connections the keeper renews on go silent (packets dropped, no

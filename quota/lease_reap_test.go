@@ -161,7 +161,7 @@ func TestReapLeasesKeepsFencesByDefault(t *testing.T) {
 	t.Parallel()
 	s := newReapScene(t)
 
-	reaped, err := s.client.ReapLeases(s.ctx, quota.ReapLeasesRequest{OlderThan: time.Hour})
+	reaped, err := s.operator.ReapLeases(s.ctx, quota.ReapLeasesRequest{OlderThan: time.Hour})
 	require.NoError(t, err)
 	got, fences := reapedNames(reaped)
 	require.Equal(t, []string{"bumped", "public.reports", "r-lease"}, got)
@@ -187,7 +187,7 @@ func TestReapLeasesKeepsFencesByDefault(t *testing.T) {
 	require.NoError(t, err)
 
 	// Nothing left to reap.
-	again, err := s.client.ReapLeases(s.ctx, quota.ReapLeasesRequest{OlderThan: time.Hour})
+	again, err := s.operator.ReapLeases(s.ctx, quota.ReapLeasesRequest{OlderThan: time.Hour})
 	require.NoError(t, err)
 	require.Empty(t, again)
 }
@@ -196,7 +196,7 @@ func TestReapLeasesWithFencesKeepsGuardedAndExternal(t *testing.T) {
 	t.Parallel()
 	s := newReapScene(t)
 
-	reaped, err := s.client.ReapLeases(s.ctx, quota.ReapLeasesRequest{OlderThan: time.Hour, Fences: true})
+	reaped, err := s.operator.ReapLeases(s.ctx, quota.ReapLeasesRequest{OlderThan: time.Hour, Fences: true})
 	require.NoError(t, err)
 	got, fences := reapedNames(reaped)
 	require.Equal(t, []string{"bumped", "public.reports", "r-lease"}, got)
@@ -237,14 +237,14 @@ func TestReapLeasesSkipsWhatIsLocked(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(s.ctx, 5*time.Second)
 	defer cancel()
-	reaped, err := s.client.ReapLeases(ctx, quota.ReapLeasesRequest{OlderThan: time.Hour, Fences: true})
+	reaped, err := s.operator.ReapLeases(ctx, quota.ReapLeasesRequest{OlderThan: time.Hour, Fences: true})
 	require.NoError(t, err, "the reaper waits for nobody")
 	got, fences := reapedNames(reaped)
 	require.Equal(t, []string{"bumped", "r-lease"}, got)
 	require.Empty(t, fences, "r-lease's fence row was locked: kept")
 	require.NoError(t, tx.Rollback(s.ctx))
 
-	reaped, err = s.client.ReapLeases(s.ctx, quota.ReapLeasesRequest{OlderThan: time.Hour, Fences: true, Limit: 1})
+	reaped, err = s.operator.ReapLeases(s.ctx, quota.ReapLeasesRequest{OlderThan: time.Hour, Fences: true, Limit: 1})
 	require.NoError(t, err)
 	got, _ = reapedNames(reaped)
 	require.Equal(t, []string{"public.reports"}, got, "skipped before, reaped now")
@@ -262,7 +262,7 @@ func TestReapLeasesRejectsBadInputDeletingNothing(t *testing.T) {
 		{quota.ReapLeasesRequest{OlderThan: 30 * time.Second}, "older than"},
 		{quota.ReapLeasesRequest{OlderThan: time.Hour, Limit: -1}, "limit"},
 	} {
-		_, err := s.client.ReapLeases(s.ctx, tc.req)
+		_, err := s.operator.ReapLeases(s.ctx, tc.req)
 		var ie *quota.InputError
 		require.ErrorAs(t, err, &ie)
 		require.Equal(t, tc.field, ie.Field)
@@ -313,7 +313,7 @@ func TestReapLeasesRacingAcquirers(t *testing.T) {
 		defer wg.Done()
 		q := db.New()
 		for ctx.Err() == nil {
-			rows, err := q.LeaseReap(ctx, b.pool, db.LeaseReapParams{OlderThanUs: 0, BatchSize: 100, Fences: true})
+			rows, err := q.LeaseReap(ctx, b.operator.Pool(), db.LeaseReapParams{OlderThanUs: 0, BatchSize: 100, Fences: true})
 			if err != nil && ctx.Err() == nil && !quota.IsRetryable(err) {
 				errs <- err
 				return

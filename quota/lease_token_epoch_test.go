@@ -81,9 +81,9 @@ func TestLeaseEpochRisesOnAnotherClusterAndOnBump(t *testing.T) {
 	require.NoError(t, err, "the new holder is not locked out by the old mark")
 
 	var bumped int64
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT pgquota.lease_epoch_bump(NULL)`).Scan(&bumped))
+	require.NoError(t, b.operator.Pool().QueryRow(b.ctx, `SELECT pgquota.lease_epoch_bump(NULL)`).Scan(&bumped))
 	require.Equal(t, l.Token>>40+1, bumped)
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT pgquota.lease_epoch_bump(100)`).Scan(&bumped))
+	require.NoError(t, b.operator.Pool().QueryRow(b.ctx, `SELECT pgquota.lease_epoch_bump(100)`).Scan(&bumped))
 	require.Equal(t, int64(100), bumped)
 	l2, err := b.client.Acquire(b.ctx, quota.AcquireRequest{Name: "s", Holder: "A", TTL: time.Hour})
 	require.NoError(t, err)

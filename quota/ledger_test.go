@@ -120,7 +120,7 @@ func TestGrantKeyReusedWithAnotherRequest(t *testing.T) {
 	// Another operation under the same key.
 	_, err = b.client.Revoke(b.ctx, quota.RevokeRequest{Quota: "q", Member: "m", Amount: 1, Idempotency: shared})
 	require.ErrorIs(t, err, quota.ErrIdempotencyKeyReused)
-	_, err = b.client.CreateCampaign(b.ctx, "camp", 5)
+	_, err = b.operator.CreateCampaign(b.ctx, "camp", 5)
 	require.NoError(t, err)
 	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "camp", Member: "m", Idempotency: shared})
 	require.ErrorIs(t, err, quota.ErrIdempotencyKeyReused)
@@ -459,7 +459,7 @@ func TestRevokeGrantConcurrent(t *testing.T) {
 func TestClaimVoucherWithKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 16)
-	_, err := b.client.CreateCampaign(b.ctx, "camp", 2)
+	_, err := b.operator.CreateCampaign(b.ctx, "camp", 2)
 	require.NoError(t, err)
 
 	// 30 copies of one keyed claim race.
@@ -508,7 +508,7 @@ func TestClaimVoucherWithKey(t *testing.T) {
 
 	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "nope", Member: "m", Idempotency: key("x")})
 	require.ErrorIs(t, err, quota.ErrCampaignNotFound)
-	_, err = b.client.ImportCodes(b.ctx, "codes", []string{"A"})
+	_, err = b.operator.ImportCodes(b.ctx, "codes", []string{"A"})
 	require.NoError(t, err)
 	require.Equal(t, int64(4), b.ledgerRows(t), "errors write nothing")
 }
@@ -516,7 +516,7 @@ func TestClaimVoucherWithKey(t *testing.T) {
 func TestClaimCodeWithKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 16)
-	_, err := b.client.ImportCodes(b.ctx, "spring", []string{"A", "B", "C"})
+	_, err := b.operator.ImportCodes(b.ctx, "spring", []string{"A", "B", "C"})
 	require.NoError(t, err)
 
 	// Two members, each sending 10 copies of their keyed claim.
@@ -566,7 +566,7 @@ func TestReapLedger(t *testing.T) {
 	require.NoError(t, err)
 
 	b.setClock(t, "2030-02-01 00:00:00+00")
-	n, err := b.client.ReapLedger(b.ctx, 720*time.Hour)
+	n, err := b.operator.ReapLedger(b.ctx, 720*time.Hour)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
 	require.Equal(t, int64(1), b.ledgerRows(t))
@@ -579,7 +579,7 @@ func TestReapLedger(t *testing.T) {
 	require.False(t, again.Replayed)
 	require.NotEqual(t, old.GrantID, again.GrantID)
 
-	_, err = b.client.ReapLedger(b.ctx, 0)
+	_, err = b.operator.ReapLedger(b.ctx, 0)
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
 }
 

@@ -41,7 +41,7 @@ func TestLimitShapeBadInputNamesTheFieldAndWritesNothing(t *testing.T) {
 		{"time zone on a rate", quota.Definition{Name: "x", Window: quota.WindowRate, DefaultLimit: ptr(int64(5)), Period: time.Second, TimeZone: "Europe/Berlin"}, "time zone"},
 	}
 	for _, c := range defs {
-		_, err := b.client.DefineQuota(b.ctx, c.def)
+		_, err := b.operator.DefineQuota(b.ctx, c.def)
 		var ie *quota.InputError
 		require.True(t, errors.As(err, &ie), "%s: %v", c.name, err)
 		require.ErrorIs(t, err, quota.ErrInvalidInput, c.name)
@@ -70,7 +70,7 @@ func TestLimitShapeBadInputNamesTheFieldAndWritesNothing(t *testing.T) {
 	// A rolling quota whose member override is above the bound: refused at
 	// grant time, naming the limit, nothing written.
 	b.define(t, quota.Definition{Name: "roll", Window: quota.WindowRolling, DefaultLimit: ptr(int64(10)), Period: time.Second})
-	_, err := b.client.SetMemberLimit(b.ctx, "roll", "big", quota.MaxRollingLimit+1)
+	_, err := b.operator.SetMemberLimit(b.ctx, "roll", "big", quota.MaxRollingLimit+1)
 	require.NoError(t, err)
 	_, err = b.client.Grant(b.ctx, quota.GrantRequest{Quota: "roll", Member: "big", Amount: 1})
 	var ie *quota.InputError

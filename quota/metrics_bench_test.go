@@ -23,7 +23,7 @@ import (
 func BenchmarkGrantMetrics(b *testing.B) {
 	ctx := context.Background()
 	url := pgtest.NewURL(b)
-	setupPool := pgtest.Connect(b, url, 2)
+	setupPool := pgtest.ConnectOperator(b, url, 2)
 	setup, err := quota.New(setupPool, nil)
 	if err != nil {
 		b.Fatal(err)

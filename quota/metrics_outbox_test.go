@@ -26,7 +26,9 @@ func TestMetricsOutboxDeliveriesByOutcome(t *testing.T) {
 		_, err := c.Enqueue(b.ctx, "bad", []byte(`{}`), nil)
 		require.NoError(t, err)
 	}
-	r, err := c.NewRelay(func(_ context.Context, ev quota.Event) error {
+	// The relay's client reports to the same meter (c itself in the
+	// normal pass).
+	r, err := relayWith(t, c, &quota.Config{MeterProvider: m.provider}, roleConns).NewRelay(func(_ context.Context, ev quota.Event) error {
 		if ev.Topic == "bad" {
 			return errors.New("refused")
 		}
@@ -69,7 +71,7 @@ func TestMetricsOutboxGaugesWhileRelayRuns(t *testing.T) {
 	}
 	b.setClock(t, "2030-01-01 00:01:30+00")
 	// The relay delivers another topic only: the 4 stay pending.
-	r, err := c.NewRelay(func(context.Context, quota.Event) error { return nil }, quota.RelayConfig{Topics: []string{"other"}, PollInterval: 10 * time.Millisecond})
+	r, err := relayWith(t, c, &quota.Config{MeterProvider: m.provider}, roleConns).NewRelay(func(context.Context, quota.Event) error { return nil }, quota.RelayConfig{Topics: []string{"other"}, PollInterval: 10 * time.Millisecond})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(b.ctx)
 	done := make(chan error, 1)

@@ -16,13 +16,14 @@ import (
 func TestOutboxEvents(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
+	rc := relayOf(t, b.client)
 	var ids []int64
 	for _, topic := range []string{"ok", "flaky", "doomed", "ok"} {
 		id, err := b.client.Enqueue(b.ctx, topic, []byte(topic), &quota.EnqueueOpts{GrantID: 3})
 		require.NoError(t, err)
 		ids = append(ids, id)
 	}
-	r, err := b.client.NewRelay(func(_ context.Context, ev quota.Event) error {
+	r, err := rc.NewRelay(func(_ context.Context, ev quota.Event) error {
 		switch ev.Topic {
 		case "flaky":
 			return errors.New("broker unavailable")
@@ -72,7 +73,7 @@ func TestOutboxEvents(t *testing.T) {
 	// A retrying event: pending after a failure.
 	id, err := b.client.Enqueue(b.ctx, "later", nil, nil)
 	require.NoError(t, err)
-	r, err = b.client.NewRelay(func(context.Context, quota.Event) error { return errors.New("not yet") },
+	r, err = rc.NewRelay(func(context.Context, quota.Event) error { return errors.New("not yet") },
 		quota.RelayConfig{Topics: []string{"later"}, RetryInitial: time.Hour, RetryMax: time.Hour})
 	require.NoError(t, err)
 	_, err = r.RunOnce(b.ctx)

@@ -32,6 +32,7 @@ func TestRelayDeliversEveryEventOnce(t *testing.T) {
 		relays    = 3
 	)
 	b := setup(t, 32)
+	rc := relayWith(t, b.client, nil, relays) // one connection per relay
 	b.define(t, quota.Definition{Name: "q", Window: quota.WindowNone, DefaultLimit: ptr[int64](1 << 40)})
 
 	// failures(id) is the number of times the handler fails an event before
@@ -134,7 +135,7 @@ func TestRelayDeliversEveryEventOnce(t *testing.T) {
 	defer stop()
 	var relaysDone sync.WaitGroup
 	for range relays {
-		r, err := b.client.NewRelay(handler, quota.RelayConfig{
+		r, err := rc.NewRelay(handler, quota.RelayConfig{
 			BatchSize:    50,
 			PollInterval: 5 * time.Millisecond,
 			MaxAttempts:  5,
@@ -256,13 +257,14 @@ var errRollback = errors.New("roll back on purpose")
 func TestRelayRetryAndDeadLetter(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
+	rc := relayOf(t, b.client)
 	b.setClock(t, "2030-01-01 00:00:00+00")
 	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 
 	id, err := b.client.Enqueue(b.ctx, "mail", []byte("hello"), &quota.EnqueueOpts{GrantID: 7, FencingToken: 3})
 	require.NoError(t, err)
 	var attempts []quota.Event
-	r, err := b.client.NewRelay(func(_ context.Context, ev quota.Event) error {
+	r, err := rc.NewRelay(func(_ context.Context, ev quota.Event) error {
 		attempts = append(attempts, ev)
 		return fmt.Errorf("smtp: 451 try again \x00 later \xff")
 	}, quota.RelayConfig{MaxAttempts: 3, RetryInitial: time.Minute, RetryMax: time.Hour})
@@ -315,7 +317,7 @@ func TestRelayRetryAndDeadLetter(t *testing.T) {
 	require.Equal(t, quota.OutboxStatus{Dead: 1, At: st.At}, st)
 
 	// Reaping removes finished events older than the period.
-	n, err := b.client.ReapOutbox(b.ctx, 24*time.Hour)
+	n, err := rc.ReapOutbox(b.ctx, 24*time.Hour)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
 	require.Zero(t, b.countRows(t, "outbox"))
@@ -324,13 +326,14 @@ func TestRelayRetryAndDeadLetter(t *testing.T) {
 func TestRelayTopicsAndPanics(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
+	rc := relayOf(t, b.client)
 	_, err := b.client.Enqueue(b.ctx, "a", []byte("1"), nil)
 	require.NoError(t, err)
 	_, err = b.client.Enqueue(b.ctx, "b", nil, nil)
 	require.NoError(t, err)
 
 	var got []string
-	r, err := b.client.NewRelay(func(_ context.Context, ev quota.Event) error {
+	r, err := rc.NewRelay(func(_ context.Context, ev quota.Event) error {
 		got = append(got, ev.Topic)
 		if ev.Topic == "b" {
 			panic("boom")
@@ -343,13 +346,13 @@ func TestRelayTopicsAndPanics(t *testing.T) {
 	require.Equal(t, quota.BatchResult{Claimed: 1, Delivered: 1}, res)
 	require.Equal(t, []string{"a"}, got)
 
-	r, err = b.client.NewRelay(r2handler(&got), quota.RelayConfig{})
+	r, err = rc.NewRelay(r2handler(&got), quota.RelayConfig{})
 	require.NoError(t, err)
 	res, err = r.RunOnce(b.ctx)
 	require.NoError(t, err)
 	require.Equal(t, quota.BatchResult{Claimed: 1, Failed: 1}, res, "a panic is a failed delivery")
 
-	_, err = b.client.NewRelay(nil, quota.RelayConfig{})
+	_, err = rc.NewRelay(nil, quota.RelayConfig{})
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
 	_, err = b.client.EnqueueTx(b.ctx, nil, "", nil, nil)
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
@@ -367,6 +370,7 @@ func r2handler(got *[]string) quota.Handler {
 func TestRelayStopsMidBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
+	rc := relayOf(t, b.client)
 	for range 5 {
 		_, err := b.client.Enqueue(b.ctx, "t", nil, nil)
 		require.NoError(t, err)
@@ -374,7 +378,7 @@ func TestRelayStopsMidBatch(t *testing.T) {
 	ctx, cancel := context.WithCancel(b.ctx)
 	defer cancel()
 	calls := 0
-	r, err := b.client.NewRelay(func(ctx context.Context, _ quota.Event) error {
+	r, err := rc.NewRelay(func(ctx context.Context, _ quota.Event) error {
 		calls++
 		if calls == 2 {
 			cancel()
@@ -391,5 +395,5 @@ func TestRelayStopsMidBatch(t *testing.T) {
 	require.Equal(t, int64(4), st.Pending)
 	require.Zero(t, st.Retrying)
 	require.Equal(t, int64(1), st.Delivered)
-	require.Zero(t, b.pool.Stat().AcquiredConns())
+	require.Zero(t, rc.Pool().Stat().AcquiredConns(), "the relay gave its connection back")
 }

@@ -30,6 +30,9 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 		dropTag string
 		// cfg configures the client that calls through the proxy.
 		cfg *quota.Config
+		// operator: the call is operator work, so the client through the
+		// proxy connects as the operator's role (pgtest.ConnectOperator).
+		operator bool
 		// prepare runs on the direct client before the call.
 		prepare func(t *testing.T, b *testBundle) any
 		// call runs through the proxy, which loses its reply.
@@ -101,7 +104,7 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 		{
 			name: "Claim counted",
 			prepare: func(t *testing.T, b *testBundle) any {
-				_, err := b.client.CreateCampaign(b.ctx, "launch", 5)
+				_, err := b.operator.CreateCampaign(b.ctx, "launch", 5)
 				require.NoError(t, err)
 				return nil
 			},
@@ -142,7 +145,8 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			},
 		},
 		{
-			name: "DefineQuota",
+			name:     "DefineQuota",
+			operator: true,
 			call: func(ctx context.Context, c *quota.Client, _ any) error {
 				_, err := c.DefineQuota(ctx, quota.Definition{Name: "new", Window: quota.WindowHour, DefaultLimit: ptr[int64](5)})
 				return err
@@ -153,7 +157,8 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			},
 		},
 		{
-			name: "ReapLeases",
+			name:     "ReapLeases",
+			operator: true,
 			prepare: func(t *testing.T, b *testBundle) any {
 				l := b.acquire(t, "old", "a", time.Minute)
 				_, err := b.client.Release(b.ctx, "old", l.Token)
@@ -172,8 +177,9 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			},
 		},
 		{
-			name:    "CreateShardedCampaign (the COMMIT's reply)",
-			dropTag: "COMMIT",
+			name:     "CreateShardedCampaign (the COMMIT's reply)",
+			operator: true,
+			dropTag:  "COMMIT",
 			call: func(ctx context.Context, c *quota.Client, _ any) error {
 				_, err := c.CreateShardedCampaign(ctx, "big", 100, 4)
 				return err
@@ -209,7 +215,7 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			direct := pgtest.Connect(t, dbURL, 4)
 			client, err := quota.New(direct, nil)
 			require.NoError(t, err)
-			b := &testBundle{ctx: context.Background(), pool: direct, client: client, owner: pgtest.ConnectOwner(t, dbURL, 1)}
+			b := &testBundle{ctx: context.Background(), pool: direct, client: client, operator: operatorOf(t, client), owner: pgtest.ConnectOwner(t, dbURL, 1)}
 			var prepared any
 			if tc.prepare != nil {
 				prepared = tc.prepare(t, b)
@@ -219,7 +225,11 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			require.NoError(t, err)
 			proxy := newTagDropper(t, u.Host, tc.dropTag)
 			u.Host = proxy.ln.Addr().String()
-			viaProxy, err := quota.New(pgtest.Connect(t, u.String(), 1), tc.cfg)
+			connect := pgtest.Connect
+			if tc.operator {
+				connect = pgtest.ConnectOperator
+			}
+			viaProxy, err := quota.New(connect(t, u.String(), 1), tc.cfg)
 			require.NoError(t, err)
 			// The reply dropped must be the call's own statement's, not
 			// that of the quota-kind lookup a Client makes before its first

@@ -14,18 +14,24 @@ import (
 )
 
 // pooledClient returns a client whose pool goes through b to a fresh
-// migrated database, in pgx's exec mode, and the pooled URL.
-func pooledClient(t *testing.T, b *pgbouncer.Bouncer, cfg *quota.Config, maxConns int32) (*quota.Client, string) {
+// migrated database, in pgx's exec mode, the client for its operator work
+// (itself in the normal pass; under PGQUOTA_TEST_APP_ROLE=1 one through b
+// as the operator's role), and the pooled URL.
+func pooledClient(t *testing.T, b *pgbouncer.Bouncer, cfg *quota.Config, maxConns int32) (c, op *quota.Client, u string) {
 	t.Helper()
 	dbURL := pgtest.NewURL(t)
+	u, err := b.URL(pgtest.SuiteURL(t, dbURL) + "&default_query_exec_mode=exec") // the role the pool connects as
+	require.NoError(t, err)
+	c, err = quota.New(pgtest.Connect(t, u, maxConns), cfg)
+	require.NoError(t, err)
+	op = c
 	if pgtest.AppRoleMode() {
-		dbURL = pgtest.SuiteURL(t, dbURL) // the role the pool connects as
+		ou, err := b.URL(pgtest.OperatorURL(t, dbURL) + "&default_query_exec_mode=exec")
+		require.NoError(t, err)
+		op, err = quota.New(pgtest.ConnectOperator(t, ou, 1), cfg)
+		require.NoError(t, err)
 	}
-	u, err := b.URL(dbURL + "&default_query_exec_mode=exec")
-	require.NoError(t, err)
-	c, err := quota.New(pgtest.Connect(t, u, maxConns), cfg)
-	require.NoError(t, err)
-	return c, u
+	return c, op, u
 }
 
 // Behind a real PgBouncer in transaction mode (pool of 3), AcquireWait
@@ -42,7 +48,7 @@ func TestPoolerTransactionLeavesNoListen(t *testing.T) {
 	cfg := &quota.Config{Pooler: quota.PoolerTransaction}
 
 	t.Run("AcquireWait", func(t *testing.T) {
-		c, u := pooledClient(t, b, cfg, 4)
+		c, _, u := pooledClient(t, b, cfg, 4)
 		l, err := c.Acquire(ctx, quota.AcquireRequest{Name: "r", Holder: "first", TTL: time.Minute})
 		require.NoError(t, err)
 		done := make(chan error, 1)
@@ -65,8 +71,8 @@ func TestPoolerTransactionLeavesNoListen(t *testing.T) {
 	})
 
 	t.Run("GrantFenced", func(t *testing.T) {
-		c, u := pooledClient(t, b, cfg, 8)
-		_, err := c.DefineQuota(ctx, quota.Definition{Name: "q", DefaultLimit: ptr(int64(100)), Window: quota.WindowNone})
+		c, op, u := pooledClient(t, b, cfg, 8)
+		_, err := op.DefineQuota(ctx, quota.Definition{Name: "q", DefaultLimit: ptr(int64(100)), Window: quota.WindowNone})
 		require.NoError(t, err)
 		var wg sync.WaitGroup
 		errs := make(chan error, 20)

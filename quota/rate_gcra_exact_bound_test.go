@@ -146,7 +146,7 @@ func TestRateGCRAResultsWithPinnedClock(t *testing.T) {
 	require.Equal(t, 12*time.Second, r.RetryAfter)
 
 	// A member's own limit replaces the rate's count (burst stays 5).
-	_, err := b.client.SetMemberLimit(b.ctx, "r", "fast", 60)
+	_, err := b.operator.SetMemberLimit(b.ctx, "r", "fast", 60)
 	require.NoError(t, err)
 	rf, err := b.client.Grant(b.ctx, quota.GrantRequest{Quota: "r", Member: "fast", Amount: 5})
 	require.NoError(t, err)

@@ -22,13 +22,14 @@ import (
 func TestRelayConfigLargeValues(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
+	rc := relayOf(t, b.client)
 
 	t.Run("BatchSize", func(t *testing.T) {
 		id, err := b.client.Enqueue(b.ctx, "batch", []byte("x"), nil)
 		require.NoError(t, err)
 		for _, size := range []int{1 << 32, 1<<32 + 1<<31} {
 			var got []int64
-			r, err := b.client.NewRelay(func(_ context.Context, ev quota.Event) error {
+			r, err := rc.NewRelay(func(_ context.Context, ev quota.Event) error {
 				got = append(got, ev.ID)
 				return nil
 			}, quota.RelayConfig{Topics: []string{"batch"}, BatchSize: size})
@@ -48,7 +49,7 @@ func TestRelayConfigLargeValues(t *testing.T) {
 	t.Run("MaxAttempts", func(t *testing.T) {
 		id, err := b.client.Enqueue(b.ctx, "attempts", []byte("x"), nil)
 		require.NoError(t, err)
-		r, err := b.client.NewRelay(func(context.Context, quota.Event) error {
+		r, err := rc.NewRelay(func(context.Context, quota.Event) error {
 			return errors.New("not now")
 		}, quota.RelayConfig{Topics: []string{"attempts"}, MaxAttempts: 1 << 32})
 		if err != nil {
@@ -116,6 +117,12 @@ func TestEnqueueTxDocExampleRetriedOnce(t *testing.T) {
 func TestRelayLostConnectionStopsBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 8)
+	// The relays' client, and the pool that finds and ends relay A's
+	// backend: a role sees the state of its own sessions only, and may end
+	// only those (b.client and b.pool in the normal pass). Relay A's
+	// connection, that query's and relay B's are in use at once.
+	rc := relayWith(t, b.client, nil, 4)
+	rpool := rc.Pool()
 	for range 3 {
 		_, err := b.client.Enqueue(b.ctx, "t", []byte("x"), nil)
 		require.NoError(t, err)
@@ -144,7 +151,7 @@ func TestRelayLostConnectionStopsBatch(t *testing.T) {
 		mu.Unlock()
 	}
 
-	relayB, err := b.client.NewRelay(func(_ context.Context, ev quota.Event) error {
+	relayB, err := rc.NewRelay(func(_ context.Context, ev quota.Event) error {
 		enter("relay B", ev.ID)
 		defer leave(ev.ID)
 		if ev.ID == 2 {
@@ -159,7 +166,7 @@ func TestRelayLostConnectionStopsBatch(t *testing.T) {
 	require.NoError(t, err)
 
 	bDone := make(chan error, 1)
-	relayA, err := b.client.NewRelay(func(_ context.Context, ev quota.Event) error {
+	relayA, err := rc.NewRelay(func(_ context.Context, ev quota.Event) error {
 		enter("relay A", ev.ID)
 		defer leave(ev.ID)
 		if ev.ID != 1 {
@@ -167,18 +174,18 @@ func TestRelayLostConnectionStopsBatch(t *testing.T) {
 		}
 		// A's connection dies while it delivers event 1 ...
 		var pid int32
-		require.NoError(t, b.pool.QueryRow(b.ctx, `
+		require.NoError(t, rpool.QueryRow(b.ctx, `
 			SELECT pid FROM pg_stat_activity
 			WHERE datname = current_database() AND state = 'idle in transaction'`).Scan(&pid))
 		var killed bool
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT pg_terminate_backend($1)`, pid).Scan(&killed))
+		require.NoError(t, rpool.QueryRow(b.ctx, `SELECT pg_terminate_backend($1)`, pid).Scan(&killed))
 		require.True(t, killed)
 		// pg_terminate_backend only signals: the batch's row locks are
 		// gone once the backend has exited, and a relay that claimed
 		// before that would skip the still-locked events.
 		waitFor(t, "relay A's backend to exit", func() bool {
 			var alive bool
-			require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&alive))
+			require.NoError(t, rpool.QueryRow(b.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&alive))
 			return !alive
 		})
 		// ... and relay B claims the batch A held.

@@ -12,9 +12,17 @@ import (
 )
 
 type testBundle struct {
-	ctx    context.Context
+	ctx context.Context
+	// pool and client are the application's: as pgtest.AppLogin under
+	// PGQUOTA_TEST_APP_ROLE=1.
 	pool   *pgxpool.Pool
 	client *quota.Client
+	// operator is the client for operator work (DefineQuota,
+	// SetMemberLimit, CreateCampaign, ImportCodes, BumpLeaseEpoch,
+	// ReapLeases, ReapLedger and the like; see operatorOf): client itself
+	// in the normal pass, a client as pgtest.OperatorLogin under
+	// PGQUOTA_TEST_APP_ROLE=1.
+	operator *quota.Client
 	// owner is a pool on the same database as its owner: for the DDL a
 	// test runs on purpose (pinning pgquota.clock, say), which the
 	// application role of PGQUOTA_TEST_APP_ROLE=1 may not run.
@@ -31,13 +39,61 @@ func setup(t *testing.T, maxConns int32) *testBundle {
 	pool := pgtest.Connect(t, pgtest.PoolURL(t, dbURL), maxConns)
 	client, err := quota.New(pool, testConfig(t, nil))
 	require.NoError(t, err)
-	return &testBundle{ctx: context.Background(), pool: pool, client: client, owner: pgtest.ConnectOwner(t, dbURL, 2)}
+	return &testBundle{ctx: context.Background(), pool: pool, client: client, operator: operatorOf(t, client), owner: pgtest.ConnectOwner(t, dbURL, 2)}
+}
+
+// roleConns bounds the pools operatorOf and relayOf open under
+// PGQUOTA_TEST_APP_ROLE=1: operator work is one call at a time, and a
+// test's relays are few.
+const roleConns = 2
+
+// operatorOf returns the client that operator work on c's database goes
+// through (the functions of the 'pgquota_operator' rows of
+// pgquota.function_grant: DefineQuota, SetMemberLimit, ClearMemberLimit,
+// CreateCampaign, CreateShardedCampaign, ImportCodes, BumpLeaseEpoch,
+// GuardTable, ReapLeases, ReapLedger and their Tx variants). In the normal
+// pass that is c itself, so the pass keeps its meaning; under
+// PGQUOTA_TEST_APP_ROLE=1, where c's pool connects as the application
+// role, it is a new client (testConfig) on a pool of roleConns connections
+// to the same database (c's pool's URL) as pgtest.OperatorLogin, closed
+// when t ends. A *Tx variant's transaction must come from its Pool().
+func operatorOf(t testing.TB, c *quota.Client) *quota.Client {
+	t.Helper()
+	return roleClient(t, c, pgtest.ConnectOperator, nil, roleConns)
+}
+
+// relayOf is operatorOf for the relay's work (NewRelay, ReapOutbox: the
+// 'pgquota_relay' rows), as pgtest.RelayLogin under
+// PGQUOTA_TEST_APP_ROLE=1.
+func relayOf(t testing.TB, c *quota.Client) *quota.Client {
+	t.Helper()
+	return roleClient(t, c, pgtest.ConnectRelay, nil, roleConns)
+}
+
+// relayWith is relayOf with the relay client's config (cfg goes through
+// testConfig) and its pool's size under PGQUOTA_TEST_APP_ROLE=1; c itself
+// in the normal pass, which must then have been made with cfg.
+func relayWith(t testing.TB, c *quota.Client, cfg *quota.Config, maxConns int32) *quota.Client {
+	t.Helper()
+	return roleClient(t, c, pgtest.ConnectRelay, cfg, maxConns)
+}
+
+func roleClient(t testing.TB, c *quota.Client, connect func(testing.TB, string, int32) *pgxpool.Pool, cfg *quota.Config, maxConns int32) *quota.Client {
+	t.Helper()
+	if !pgtest.AppRoleMode() {
+		return c
+	}
+	rc, err := quota.New(connect(t, c.Pool().Config().ConnString(), maxConns), testConfig(t, cfg))
+	if err != nil {
+		t.Fatalf("a client for the role's work under %s=1: %v", pgtest.EnvAppRole, err)
+	}
+	return rc
 }
 
 // testConfig returns cfg (nil for the defaults) with Pooler set to
 // PoolerTransaction when the test's pools go through a transaction pooler
 // (pgtest.Pooled).
-func testConfig(t *testing.T, cfg *quota.Config) *quota.Config {
+func testConfig(t testing.TB, cfg *quota.Config) *quota.Config {
 	t.Helper()
 	if !pgtest.Pooled(t) {
 		return cfg
@@ -84,7 +140,7 @@ func (b *testBundle) appDDL(t *testing.T, ddl string, schemas []string, tables .
 // define defines a quota or fails the test.
 func (b *testBundle) define(t *testing.T, d quota.Definition) quota.Quota {
 	t.Helper()
-	q, err := b.client.DefineQuota(b.ctx, d)
+	q, err := b.operator.DefineQuota(b.ctx, d)
 	require.NoError(t, err)
 	return q
 }

@@ -15,7 +15,7 @@ func TestShapeKindCacheStaleKeyedGrant(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 8)
 	a := b.client
-	other, err := quota.New(b.pool, testConfig(t, nil))
+	other, err := quota.New(b.operator.Pool(), testConfig(t, nil)) // B redefines: operator work, on the operator's pool (b.pool in the normal pass)
 	require.NoError(t, err)
 	key := func(k string) quota.IdempotencyKey { return quota.IdempotencyKey{Key: k} }
 

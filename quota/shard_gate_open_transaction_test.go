@@ -27,7 +27,7 @@ func TestShardGateBlockedByDuplicateOfOpenTx(t *testing.T) {
 			b := setup(t, 6)
 			client, err := quota.New(b.pool, &quota.Config{ShardedClaimsInFlight: bound})
 			require.NoError(t, err)
-			_, err = client.CreateShardedCampaign(b.ctx, "p", 30, 3)
+			_, err = b.operator.CreateShardedCampaign(b.ctx, "p", 30, 3)
 			require.NoError(t, err)
 			// Warm the client's caches, as a running service has.
 			warm, err := client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "warm"})
@@ -77,7 +77,7 @@ func TestShardGateBlockedBehindClaimWaitingForOpenTx(t *testing.T) {
 			b := setup(t, 6)
 			client, err := quota.New(b.pool, &quota.Config{ShardedClaimsInFlight: bound})
 			require.NoError(t, err)
-			_, err = client.CreateShardedCampaign(b.ctx, "p", 10, 2)
+			_, err = b.operator.CreateShardedCampaign(b.ctx, "p", 10, 2)
 			require.NoError(t, err)
 			warm, err := client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "warm"})
 			require.NoError(t, err)

@@ -86,7 +86,7 @@ func TestShardGateCapacityStaleAfterRecreate(t *testing.T) {
 			// Claims wait at the gate for as long as the measurement takes,
 			// instead of going ahead after 100ms.
 			quota.SetShardGateMaxWait(client, time.Hour)
-			_, err := client.CreateShardedCampaign(b.ctx, "p", 100, tc.from)
+			_, err := b.operator.CreateShardedCampaign(b.ctx, "p", 100, tc.from)
 			require.NoError(t, err)
 			c, err := client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "first"})
 			require.NoError(t, err)
@@ -94,13 +94,13 @@ func TestShardGateCapacityStaleAfterRecreate(t *testing.T) {
 
 			// Dropped, briefly a counted pool, then sharded again.
 			b.recreateDrop(t, "p")
-			_, err = client.CreateCampaign(b.ctx, "p", 100)
+			_, err = b.operator.CreateCampaign(b.ctx, "p", 100)
 			require.NoError(t, err)
 			c, err = client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "counted"})
 			require.NoError(t, err)
 			require.True(t, c.Claimed)
 			b.recreateDrop(t, "p")
-			p, err := client.CreateShardedCampaign(b.ctx, "p", 100, tc.to)
+			p, err := b.operator.CreateShardedCampaign(b.ctx, "p", 100, tc.to)
 			require.NoError(t, err)
 			require.Equal(t, tc.to, p.Shards)
 			c, err = client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "sharded again"})

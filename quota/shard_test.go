@@ -49,7 +49,7 @@ func TestShardedPool2000Claimers(t *testing.T) {
 		claimers = 2000
 	)
 	b := setup(t, 16)
-	p, err := b.client.CreateShardedCampaign(b.ctx, "flash", total, shards)
+	p, err := b.operator.CreateShardedCampaign(b.ctx, "flash", total, shards)
 	require.NoError(t, err)
 	require.Equal(t, quota.KindSharded, p.Kind)
 	require.Equal(t, shards, p.Shards)
@@ -121,7 +121,7 @@ func TestShardedPoolEveryUnitReachable(t *testing.T) {
 		t.Run(fmt.Sprint(total), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, 2)
-			_, err := b.client.CreateShardedCampaign(b.ctx, "p", total, 32)
+			_, err := b.operator.CreateShardedCampaign(b.ctx, "p", total, 32)
 			require.NoError(t, err)
 			totals, _ := b.shardCounters(t, "p")
 			var sum int64
@@ -151,7 +151,7 @@ func TestShardedPoolConcurrentClicks(t *testing.T) {
 		clicks  = 4
 	)
 	b := setup(t, 16)
-	_, err := b.client.CreateShardedCampaign(b.ctx, "bf", total, 4)
+	_, err := b.operator.CreateShardedCampaign(b.ctx, "bf", total, 4)
 	require.NoError(t, err)
 	results := make([]quota.ClaimResult, members*clicks)
 	errs := make([]error, members*clicks)
@@ -195,7 +195,7 @@ func TestShardedPoolWaitsForLockedShards(t *testing.T) {
 		t.Run(fmt.Sprint("commit ", commit), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, 4)
-			_, err := b.client.CreateShardedCampaign(b.ctx, "p", 2, 2)
+			_, err := b.operator.CreateShardedCampaign(b.ctx, "p", 2, 2)
 			require.NoError(t, err)
 			tx, err := b.pool.BeginTx(b.ctx, readCommitted)
 			require.NoError(t, err)
@@ -253,32 +253,32 @@ func TestShardedPoolCreateAndKinds(t *testing.T) {
 		{"p", 10, 11, "shards"},
 		{"p", 5000, quota.MaxShards + 1, "shards"},
 	} {
-		_, err := b.client.CreateShardedCampaign(b.ctx, tc.campaign, tc.total, tc.shards)
+		_, err := b.operator.CreateShardedCampaign(b.ctx, tc.campaign, tc.total, tc.shards)
 		require.ErrorAs(t, err, &ie, "%+v", tc)
 		require.Equal(t, tc.field, ie.Field)
 	}
 	require.Zero(t, b.countRows(t, "voucher_pool"))
 
-	p, err := b.client.CreateShardedCampaign(b.ctx, "p", 10, 3)
+	p, err := b.operator.CreateShardedCampaign(b.ctx, "p", 10, 3)
 	require.NoError(t, err)
 	require.Equal(t, 3, p.Shards)
 	totals, _ := b.shardCounters(t, "p")
 	require.Equal(t, []int64{4, 3, 3}, totals)
-	again, err := b.client.CreateShardedCampaign(b.ctx, "p", 10, 3)
+	again, err := b.operator.CreateShardedCampaign(b.ctx, "p", 10, 3)
 	require.NoError(t, err, "a repeated create is not an error")
 	require.Equal(t, p.CreatedAt, again.CreatedAt)
-	_, err = b.client.CreateShardedCampaign(b.ctx, "p", 10, 4)
+	_, err = b.operator.CreateShardedCampaign(b.ctx, "p", 10, 4)
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
-	_, err = b.client.CreateShardedCampaign(b.ctx, "p", 11, 3)
+	_, err = b.operator.CreateShardedCampaign(b.ctx, "p", 11, 3)
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
-	_, err = b.client.CreateCampaign(b.ctx, "p", 10)
+	_, err = b.operator.CreateCampaign(b.ctx, "p", 10)
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
-	_, err = b.client.ImportCodes(b.ctx, "p", []string{"x"})
+	_, err = b.operator.ImportCodes(b.ctx, "p", []string{"x"})
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
 
-	_, err = b.client.CreateCampaign(b.ctx, "counted", 10)
+	_, err = b.operator.CreateCampaign(b.ctx, "counted", 10)
 	require.NoError(t, err)
-	_, err = b.client.CreateShardedCampaign(b.ctx, "counted", 10, 2)
+	_, err = b.operator.CreateShardedCampaign(b.ctx, "counted", 10, 2)
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
 
 	// The unit numbers of each shard are a consecutive range.
@@ -316,7 +316,7 @@ func TestShardedPoolKeyedClaims(t *testing.T) {
 		copies  = 3
 	)
 	b := setup(t, 16)
-	_, err := b.client.CreateShardedCampaign(b.ctx, "p", total, 8)
+	_, err := b.operator.CreateShardedCampaign(b.ctx, "p", total, 8)
 	require.NoError(t, err)
 	results := make([]quota.ClaimResult, members*copies)
 	errs := make([]error, members*copies)
@@ -380,7 +380,7 @@ func TestShardedClaimsInFlight(t *testing.T) {
 			b := setup(t, 6)
 			client, err := quota.New(b.pool, &quota.Config{ShardedClaimsInFlight: bound})
 			require.NoError(t, err)
-			_, err = client.CreateShardedCampaign(b.ctx, "p", 2, 2)
+			_, err = b.operator.CreateShardedCampaign(b.ctx, "p", 2, 2)
 			require.NoError(t, err)
 			tx, err := b.pool.BeginTx(b.ctx, readCommitted)
 			require.NoError(t, err)

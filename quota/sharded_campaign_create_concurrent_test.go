@@ -18,9 +18,16 @@ import (
 // CreateCampaign and ImportCodes do, and return the existing pool.
 func TestCreateShardedPoolConcurrentSerializable(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgxpool.ParseConfig(pgtest.NewURL(t))
+	// Operator work alone: as the operator's role under
+	// PGQUOTA_TEST_APP_ROLE=1.
+	dbURL := pgtest.NewURL(t)
+	if pgtest.AppRoleMode() {
+		dbURL = pgtest.OperatorURL(t, dbURL)
+	}
+	cfg, err := pgxpool.ParseConfig(dbURL)
 	require.NoError(t, err)
 	cfg.MaxConns = 8
+	pgtest.Reserve(t, int(cfg.MaxConns), "a serializable pool of 8")
 	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)

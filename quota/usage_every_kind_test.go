@@ -110,7 +110,7 @@ func TestUsageEveryKindMatchesTheNextGrant(t *testing.T) {
 	}
 
 	// A rate of limit 0 never refills; Usage says so as the grant does.
-	_, err := b.client.SetMemberLimit(b.ctx, "rate", "zero", 0)
+	_, err := b.operator.SetMemberLimit(b.ctx, "rate", "zero", 0)
 	require.NoError(t, err)
 	u, err := b.client.Usage(b.ctx, "rate", "zero")
 	require.NoError(t, err)

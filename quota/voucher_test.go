@@ -41,7 +41,7 @@ func TestVoucherPoolConcurrentClicks(t *testing.T) {
 		clicks  = 4
 	)
 	b := setup(t, 16)
-	p, err := b.client.CreateCampaign(b.ctx, "bf", total)
+	p, err := b.operator.CreateCampaign(b.ctx, "bf", total)
 	require.NoError(t, err)
 	require.Equal(t, quota.KindCounted, p.Kind)
 	require.Equal(t, int64(total), p.Total)
@@ -138,7 +138,7 @@ func TestVoucherPoolConcurrentClicks(t *testing.T) {
 func TestVoucherPoolSequential(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
-	_, err := b.client.CreateCampaign(b.ctx, "p", 2)
+	_, err := b.operator.CreateCampaign(b.ctx, "p", 2)
 	require.NoError(t, err)
 
 	c1, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "alice"})
@@ -167,7 +167,7 @@ func TestVoucherPoolSequential(t *testing.T) {
 	require.Equal(t, int64(2), again.Seq)
 
 	// A claim inside a rolled-back transaction leaves the unit in the pool.
-	_, err = b.client.CreateCampaign(b.ctx, "tx", 1)
+	_, err = b.operator.CreateCampaign(b.ctx, "tx", 1)
 	require.NoError(t, err)
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
@@ -188,26 +188,26 @@ func TestVoucherCampaignErrors(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
 
-	p, err := b.client.CreateCampaign(b.ctx, "counted", 5)
+	p, err := b.operator.CreateCampaign(b.ctx, "counted", 5)
 	require.NoError(t, err)
 	// The same create again is not an error and changes nothing.
-	again, err := b.client.CreateCampaign(b.ctx, "counted", 5)
+	again, err := b.operator.CreateCampaign(b.ctx, "counted", 5)
 	require.NoError(t, err)
 	require.Equal(t, p, again)
 	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "counted", Member: "m"})
 	require.NoError(t, err)
-	again, err = b.client.CreateCampaign(b.ctx, "counted", 5)
+	again, err = b.operator.CreateCampaign(b.ctx, "counted", 5)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), again.Claimed)
 	// Another total is.
-	_, err = b.client.CreateCampaign(b.ctx, "counted", 6)
+	_, err = b.operator.CreateCampaign(b.ctx, "counted", 6)
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
 
-	_, err = b.client.ImportCodes(b.ctx, "codes", []string{"a", "b"})
+	_, err = b.operator.ImportCodes(b.ctx, "codes", []string{"a", "b"})
 	require.NoError(t, err)
-	_, err = b.client.CreateCampaign(b.ctx, "codes", 2)
+	_, err = b.operator.CreateCampaign(b.ctx, "codes", 2)
 	require.ErrorIs(t, err, quota.ErrCampaignExists, "a code campaign is not a counted pool, whatever its total")
-	_, err = b.client.ImportCodes(b.ctx, "counted", []string{"x"})
+	_, err = b.operator.ImportCodes(b.ctx, "counted", []string{"x"})
 	require.ErrorIs(t, err, quota.ErrCampaignExists)
 
 	var unclaimed int64
@@ -235,18 +235,18 @@ func TestImportCodes(t *testing.T) {
 
 	codes := codeList("c", 100)
 	input := append(append([]string{}, codes...), codes[3], codes[7], codes[3]) // three repeats
-	res, err := b.client.ImportCodes(b.ctx, "spring", input)
+	res, err := b.operator.ImportCodes(b.ctx, "spring", input)
 	require.NoError(t, err)
 	require.Equal(t, quota.ImportResult{Campaign: "spring", Imported: 100, Duplicates: 3, Total: 100}, res)
 
 	// Re-import: 50 known codes and 20 new ones.
 	input = append(append([]string{}, codes[:50]...), codeList("d", 20)...)
-	res, err = b.client.ImportCodes(b.ctx, "spring", input)
+	res, err = b.operator.ImportCodes(b.ctx, "spring", input)
 	require.NoError(t, err)
 	require.Equal(t, quota.ImportResult{Campaign: "spring", Imported: 20, Duplicates: 50, Total: 120}, res)
 
 	// Only duplicates.
-	res, err = b.client.ImportCodes(b.ctx, "spring", codes[:5])
+	res, err = b.operator.ImportCodes(b.ctx, "spring", codes[:5])
 	require.NoError(t, err)
 	require.Equal(t, quota.ImportResult{Campaign: "spring", Imported: 0, Duplicates: 5, Total: 120}, res)
 
@@ -260,7 +260,7 @@ func TestImportCodes(t *testing.T) {
 	require.False(t, st.SoldOut)
 
 	// The same codes in another campaign are other codes.
-	res, err = b.client.ImportCodes(b.ctx, "autumn", codes[:10])
+	res, err = b.operator.ImportCodes(b.ctx, "autumn", codes[:10])
 	require.NoError(t, err)
 	require.Equal(t, int64(10), res.Imported)
 
@@ -275,7 +275,7 @@ func TestImportCodes(t *testing.T) {
 	require.Equal(t, quota.Campaign{Name: "autumn", Kind: quota.KindCodes, Total: 10, Claimed: 7, Remaining: 3, CreatedAt: st.CreatedAt}, st)
 
 	// Importing more codes into a partly claimed campaign keeps the claims.
-	res, err = b.client.ImportCodes(b.ctx, "autumn", codeList("e", 5))
+	res, err = b.operator.ImportCodes(b.ctx, "autumn", codeList("e", 5))
 	require.NoError(t, err)
 	require.Equal(t, int64(15), res.Total)
 	st, err = b.client.Campaign(b.ctx, "autumn")
@@ -288,13 +288,13 @@ func TestImportCodesTxRollback(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
 
-	tx, err := b.pool.Begin(b.ctx)
+	tx, err := b.operator.Pool().Begin(b.ctx)
 	require.NoError(t, err)
-	res, err := b.client.ImportCodesTx(b.ctx, tx, "rolled", codeList("r", 50))
+	res, err := b.operator.ImportCodesTx(b.ctx, tx, "rolled", codeList("r", 50))
 	require.NoError(t, err)
 	require.Equal(t, int64(50), res.Imported)
 	// Twice in one transaction: the staging table does not linger.
-	res, err = b.client.ImportCodesTx(b.ctx, tx, "rolled", codeList("s", 5))
+	res, err = b.operator.ImportCodesTx(b.ctx, tx, "rolled", codeList("s", 5))
 	require.NoError(t, err)
 	require.Equal(t, int64(55), res.Total)
 	require.NoError(t, tx.Rollback(b.ctx))
@@ -306,9 +306,9 @@ func TestImportCodesTxRollback(t *testing.T) {
 	require.ErrorIs(t, err, quota.ErrCampaignNotFound)
 
 	// Committed, it is there.
-	tx, err = b.pool.Begin(b.ctx)
+	tx, err = b.operator.Pool().Begin(b.ctx)
 	require.NoError(t, err)
-	_, err = b.client.ImportCodesTx(b.ctx, tx, "kept", codeList("k", 3))
+	_, err = b.operator.ImportCodesTx(b.ctx, tx, "kept", codeList("k", 3))
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(b.ctx))
 	require.Equal(t, int64(3), b.countRows(t, "voucher_code"))
@@ -375,7 +375,7 @@ func TestClaimCodeConcurrent(t *testing.T) {
 			t.Parallel()
 			b := setup(t, 16)
 			list := codeList("code", codes)
-			_, err := b.client.ImportCodes(b.ctx, "drop", list)
+			_, err := b.operator.ImportCodes(b.ctx, "drop", list)
 			require.NoError(t, err)
 			client := b.waitClient(t, 30*time.Second)
 			claim := func(_ int, member string) (quota.ClaimResult, error) {
@@ -427,7 +427,7 @@ func TestClaimCodeConcurrent(t *testing.T) {
 func TestClaimCodeRepeat(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 16)
-	_, err := b.client.ImportCodes(b.ctx, "c", codeList("x", 20))
+	_, err := b.operator.ImportCodes(b.ctx, "c", codeList("x", 20))
 	require.NoError(t, err)
 
 	first, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "c", Member: "alice"})
@@ -482,7 +482,7 @@ func TestClaimCodeWaitsForLockedCode(t *testing.T) {
 			t.Parallel()
 			b := setup(t, 8)
 			client := b.waitClient(t, 30*time.Second)
-			_, err := b.client.ImportCodes(b.ctx, "last", []string{"A", "B"})
+			_, err := b.operator.ImportCodes(b.ctx, "last", []string{"A", "B"})
 			require.NoError(t, err)
 
 			// READ COMMITTED whatever the server's default: the test is
@@ -552,7 +552,7 @@ func TestClaimCodeWaitsForRollbacks(t *testing.T) {
 	const codes = 6
 	b := setup(t, 2*codes+2)
 	client := b.waitClient(t, 30*time.Second)
-	_, err := b.client.ImportCodes(b.ctx, "c", codeList("c", codes))
+	_, err := b.operator.ImportCodes(b.ctx, "c", codeList("c", codes))
 	require.NoError(t, err)
 
 	holders := make([]pgx.Tx, codes)
@@ -597,7 +597,7 @@ func TestClaimCodeWaitsForRollbacks(t *testing.T) {
 func TestClaimCodeBusy(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
-	_, err := b.client.ImportCodes(b.ctx, "one", []string{"only"})
+	_, err := b.operator.ImportCodes(b.ctx, "one", []string{"only"})
 	require.NoError(t, err)
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
@@ -615,9 +615,9 @@ func TestClaimCodeBusy(t *testing.T) {
 func TestVoucherStatusBothKinds(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
-	_, err := b.client.CreateCampaign(b.ctx, "counted", 3)
+	_, err := b.operator.CreateCampaign(b.ctx, "counted", 3)
 	require.NoError(t, err)
-	_, err = b.client.ImportCodes(b.ctx, "codes", codeList("z", 4))
+	_, err = b.operator.ImportCodes(b.ctx, "codes", codeList("z", 4))
 	require.NoError(t, err)
 
 	want := func(kind quota.CampaignKind, total, claimed int64) quota.Campaign {
@@ -655,9 +655,9 @@ func TestVoucherStatusBothKinds(t *testing.T) {
 func TestVoucherCampaignsIndependent(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
-	_, err := b.client.CreateCampaign(b.ctx, "a", 1)
+	_, err := b.operator.CreateCampaign(b.ctx, "a", 1)
 	require.NoError(t, err)
-	_, err = b.client.CreateCampaign(b.ctx, "b", 1)
+	_, err = b.operator.CreateCampaign(b.ctx, "b", 1)
 	require.NoError(t, err)
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
@@ -692,7 +692,7 @@ func TestImportCodesConcurrent(t *testing.T) {
 	}
 	results := make([]quota.ImportResult, importers)
 	errs := make([]error, importers)
-	concurrently(importers, func(i int) { results[i], errs[i] = b.client.ImportCodes(b.ctx, "race", lists[i]) })
+	concurrently(importers, func(i int) { results[i], errs[i] = b.operator.ImportCodes(b.ctx, "race", lists[i]) })
 	var imported int64
 	for i, r := range results {
 		require.NoError(t, errs[i])
@@ -726,7 +726,7 @@ func TestImportCodesConcurrentSizes(t *testing.T) {
 				distinct[code] = true
 			}
 		}
-		concurrently(len(sizes), func(i int) { results[i], errs[i] = b.client.ImportCodes(b.ctx, campaign, lists[i]) })
+		concurrently(len(sizes), func(i int) { results[i], errs[i] = b.operator.ImportCodes(b.ctx, campaign, lists[i]) })
 		var imported int64
 		for i := range results {
 			require.NoError(t, errs[i], "round %d importer %d", round, i)
@@ -746,11 +746,11 @@ func TestCreateVoucherPoolConcurrent(t *testing.T) {
 	b := setup(t, 8)
 	const n = 8
 	errs := make([]error, n)
-	concurrently(n, func(i int) { _, errs[i] = b.client.CreateCampaign(b.ctx, "same", 5) })
+	concurrently(n, func(i int) { _, errs[i] = b.operator.CreateCampaign(b.ctx, "same", 5) })
 	for _, err := range errs {
 		require.NoError(t, err)
 	}
-	concurrently(n, func(i int) { _, errs[i] = b.client.CreateCampaign(b.ctx, "different", int64(i+1)) })
+	concurrently(n, func(i int) { _, errs[i] = b.operator.CreateCampaign(b.ctx, "different", int64(i+1)) })
 	won := 0
 	for _, err := range errs {
 		if err == nil {

@@ -310,7 +310,7 @@ func TestDefineQuotaTimeZone(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, qs, 1)
 
-	_, err = b.client.DefineQuota(b.ctx, quota.Definition{Name: "q", Window: quota.WindowDay, TimeZone: "Nowhere/Special"})
+	_, err = b.operator.DefineQuota(b.ctx, quota.Definition{Name: "q", Window: quota.WindowDay, TimeZone: "Nowhere/Special"})
 	var ie *quota.InputError
 	require.ErrorAs(t, err, &ie)
 	require.Equal(t, "time zone", ie.Field)

@@ -16,17 +16,23 @@ import (
 )
 
 // EnvAppRole names the environment variable that, set to 1, makes Connect
-// and NewPool connect as OperatorLogin, a LOGIN role whose only privileges
-// come from membership in migrations.OperatorRole (itself a member of
-// migrations.AppRole and migrations.RelayRole): no DML on any pgquota
-// table, no internal function, only the SECURITY DEFINER functions of the
-// three roles' allowlists and SELECT. Databases are still created and
-// migrated as the server URL's role (through pgtestdb's owner). It proves
-// that every call works through the functions alone; the split between
-// the three roles is proven by tests that connect as AppLogin (AppURL) and
-// RelayLogin (RelayURL). Tests that run DDL or DML on purpose (migrating,
-// attaching a fence guard, pinning pgquota.clock, rewinding a lease) use
-// ConnectOwner for it.
+// and NewPool connect as AppLogin, a LOGIN role whose only privileges come
+// from membership in migrations.AppRole: no DML on any pgquota table, no
+// internal function, only the SECURITY DEFINER functions of the
+// application's allowlist (the 'pgquota_app' rows of
+// pgquota.function_grant) and SELECT on every pgquota table except
+// pgquota.fence_secret. Operator work (defining quotas and campaigns,
+// member limits, importing codes, bumping the lease epoch, guarding a
+// table, reaping leases and the ledger) goes through ConnectOperator, which
+// then connects as OperatorLogin (a member of migrations.OperatorRole), and
+// the relay's work (claiming, marking and reaping outbox events) through
+// ConnectRelay, which then connects as RelayLogin (a member of
+// migrations.RelayRole only). Databases are still created and migrated as
+// the server URL's role (through pgtestdb's owner). It proves that every
+// call works through the functions its role may execute alone. Tests that
+// run DDL or DML on purpose (migrating, attaching a fence guard, pinning
+// pgquota.clock, rewinding a lease) use ConnectOwner for it. Unset, every
+// one of these connects as the server URL's role.
 const EnvAppRole = "PGQUOTA_TEST_APP_ROLE"
 
 // AppLogin is a LOGIN role that is a member of migrations.AppRole only.
@@ -37,8 +43,9 @@ const AppLogin = "pgquota_test_app"
 // RelayLogin is a LOGIN role that is a member of migrations.RelayRole only.
 const RelayLogin = "pgquota_test_relay"
 
-// OperatorLogin is the LOGIN role of EnvAppRole mode, a member of
-// migrations.OperatorRole.
+// OperatorLogin is a LOGIN role that is a member of
+// migrations.OperatorRole (itself a member of migrations.AppRole and
+// migrations.RelayRole): ConnectOperator's role in EnvAppRole mode.
 const OperatorLogin = "pgquota_test_operator"
 
 // appLoginPassword is the test logins' password, for servers that do not trust
@@ -127,7 +134,7 @@ func OperatorURL(tb testing.TB, dbURL string) string {
 	return loginURL(tb, dbURL, OperatorLogin)
 }
 
-// SuiteURL returns the URL Connect connects to for dbURL: OperatorURL in
+// SuiteURL returns the URL Connect connects to for dbURL: AppURL in
 // EnvAppRole mode, dbURL otherwise, or when dbURL already names one of the
 // test logins.
 func SuiteURL(tb testing.TB, dbURL string) string {
@@ -141,7 +148,30 @@ func SuiteURL(tb testing.TB, dbURL string) string {
 			return dbURL
 		}
 	}
-	return OperatorURL(tb, dbURL)
+	return AppURL(tb, dbURL)
+}
+
+// ConnectOperator opens a pool on dbURL for operator work, closed when the
+// test ends: as OperatorLogin in EnvAppRole mode (whatever role dbURL
+// names), as dbURL's role otherwise. maxConns bounds it as for Connect.
+func ConnectOperator(tb testing.TB, dbURL string, maxConns int32) *pgxpool.Pool {
+	tb.Helper()
+	if AppRoleMode() {
+		dbURL = OperatorURL(tb, dbURL)
+	}
+	return connect(tb, dbURL, maxConns)
+}
+
+// ConnectRelay opens a pool on dbURL for the outbox relay's work, closed
+// when the test ends: as RelayLogin in EnvAppRole mode (whatever role
+// dbURL names), as dbURL's role otherwise. maxConns bounds it as for
+// Connect.
+func ConnectRelay(tb testing.TB, dbURL string, maxConns int32) *pgxpool.Pool {
+	tb.Helper()
+	if AppRoleMode() {
+		dbURL = RelayURL(tb, dbURL)
+	}
+	return connect(tb, dbURL, maxConns)
 }
 
 func loginURL(tb testing.TB, dbURL, login string) string {

@@ -195,8 +195,8 @@ func NewPool(tb testing.TB, maxConns int32) *pgxpool.Pool {
 
 // Connect opens a pool on dbURL, closed when the test ends. It connects
 // where dbURL says, also under PGQUOTA_TEST_POOLER (see PoolURL); with
-// EnvAppRole=1 it connects as OperatorLogin instead (see SuiteURL,
-// ConnectOwner).
+// EnvAppRole=1 it connects as AppLogin instead (see SuiteURL,
+// ConnectOperator, ConnectRelay, ConnectOwner).
 func Connect(tb testing.TB, dbURL string, maxConns int32) *pgxpool.Pool {
 	tb.Helper()
 	dbURL = SuiteURL(tb, dbURL)
