@@ -6,7 +6,7 @@ SQLC        := go run github.com/sqlc-dev/sqlc/cmd/sqlc@$(SQLC_VERSION)
 STATICCHECK := go run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 # The server tests run against (they create a template database and one
-# database per test); see README.md. Set it to use another server.
+# database per test); see docs/development.md. Set it to use another server.
 PGQUOTA_TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:$(or $(PGPORT),5432)/postgres?sslmode=disable
 export PGQUOTA_TEST_DATABASE_URL
 

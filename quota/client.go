@@ -114,7 +114,7 @@ type Config struct {
 	// MeterProvider, when not nil, receives pgquota's OpenTelemetry metrics:
 	// grants by outcome, fenced writes, lease calls and renewal margins,
 	// outbox deliveries and gauges, retries, outcome-unknown errors, call
-	// durations (metrics.go; README.md, "Metrics", lists every
+	// durations (metrics.go; docs/metrics.md lists every
 	// instrument). Defaults to nil: nothing is recorded, at no cost.
 	MeterProvider metric.MeterProvider
 

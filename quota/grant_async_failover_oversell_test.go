@@ -12,7 +12,7 @@ import (
 )
 
 // TestAsyncFailoverOversellsEachLimitByTheGrantsItLost pins the figure the
-// README gives for grants across a failover to an asynchronous standby, on
+// docs/failover.md gives for grants across a failover to an asynchronous standby, on
 // real clusters: every member of a lifetime quota with limit 5 has 3 units
 // the standby received (kept); the standby is cut off, and the old primary
 // grants member m<i> i more units (lost), then crashes; the promoted

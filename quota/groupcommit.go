@@ -59,8 +59,8 @@ import (
 // groupInFlight is how many statements of one lane a Client keeps in
 // flight at once. Two let the server run one group's statement while it
 // flushes the other's commit, where one would leave it idle between
-// flushes; more only split the groups (see the README's group commit
-// figures).
+// flushes; more only split the groups (see the group commit figures in
+// docs/limits.md).
 const groupInFlight = 8
 
 // groupLane is one queue of grouped calls: the unkeyed ones, or the keyed.

@@ -196,7 +196,7 @@ func TestLeaseEpochBumpUnconfirmedLetsAPromotedStandbyIssueLowerTokens(t *testin
 }
 
 // TestBaseBackupStartedAsItsOwnClusterNeedsAMinEpochAboveTheSource proves
-// what the README tells an operator who starts a base backup (or a
+// what docs/failover.md tells an operator who starts a base backup (or a
 // file-system snapshot) as a cluster of its own while the source goes on:
 // the copy keeps the source's system identifier and timeline, so it issues
 // tokens in the epoch of the backup, below the source's once the source

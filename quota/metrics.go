@@ -20,8 +20,8 @@ import (
 //
 // Names, units and attributes follow the OpenTelemetry semantic
 // conventions' style (dotted lower-case names under the pgquota namespace,
-// UCUM units, annotations in braces for counts: "{request}"). README.md
-// ("Metrics") lists every instrument in one table; keep it in step.
+// UCUM units, annotations in braces for counts: "{request}"). docs/metrics.md
+// lists every instrument in one table; keep it in step.
 
 // MeterName is the instrumentation scope pgquota's instruments are created
 // under (metric.MeterProvider.Meter).
@@ -32,7 +32,7 @@ const (
 	// AttrOperation is the public call: "grant", "grant_tx", "acquire", ...
 	AttrOperation = "pgquota.operation"
 	// AttrOutcome is how the call ended; its values depend on the
-	// instrument (README.md, "Metrics").
+	// instrument (docs/metrics.md).
 	AttrOutcome = "pgquota.outcome"
 	// AttrQuota is the quota name, on the grant instruments only when
 	// Config.MetricsQuotaName is set.

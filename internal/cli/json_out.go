@@ -10,7 +10,7 @@ import (
 // names that differ between commands. The library's own JSON tags stay as
 // they are (time.Duration in nanoseconds, for Go callers); the CLI prints
 // every duration as whole milliseconds under a key ending in _ms, and one
-// name per concept (README.md, "JSON output").
+// name per concept (docs/json-output.md).
 
 // msWait is a wait in whole milliseconds, rounded up, so that a script
 // sleeping it never retries early; quota.Never (no wait helps) is -1.
