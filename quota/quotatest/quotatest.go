@@ -23,7 +23,7 @@
 //
 // How it works: the first call for a build of pgquota migrates a template
 // database, pgquotatest_tpl_<hash of the migration files>, with the
-// embedded migrations (migrations.Up: goose's Provider, under pgquota's
+// embedded migrations (migrations.UpPool: goose's Provider, under pgquota's
 // migration lock), once per server whatever the number of test processes
 // (they queue on an advisory lock); each NewDatabase then copies it
 // (CREATE DATABASE ... TEMPLATE), which takes milliseconds, under a
@@ -52,7 +52,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/pgquota/pgquota/migrations"
 )
@@ -215,7 +214,7 @@ func ensureTemplate(ctx context.Context, admin *pgx.Conn, base *url.URL) (string
 }
 
 // migrate applies every pgquota migration to the database at u, through
-// goose's Provider (migrations.Up), on one connection that it closes.
+// goose's Provider (migrations.UpPool), on one connection that it closes.
 func migrate(ctx context.Context, u *url.URL) error {
 	cfg, err := pgxpool.ParseConfig(u.String())
 	if err != nil {
@@ -227,9 +226,7 @@ func migrate(ctx context.Context, u *url.URL) error {
 		return err
 	}
 	defer pool.Close()
-	sqlDB := stdlib.OpenDBFromPool(pool)
-	defer sqlDB.Close()
-	_, err = migrations.Up(ctx, sqlDB)
+	_, err = migrations.UpPool(ctx, pool)
 	return err
 }
 
