@@ -2,8 +2,9 @@
 //
 // The migrations create and change the tables of the pgquota schema. They are
 // plain goose SQL files embedded in FS, so a host application can apply them
-// with its own tooling; NewProvider returns a goose Provider configured the
-// way pgquota needs it:
+// with its own tooling; Up applies them on a *sql.DB and UpPool on the
+// *pgxpool.Pool that quota.New takes; NewProvider returns a goose Provider
+// configured the way pgquota needs it:
 //
 //   - goose's version table is pgquota.pgquota_migrations (VersionTable). No
 //     migration tool uses that name by default, so an application that runs

@@ -267,9 +267,7 @@ func (c *Client) Migrate(ctx context.Context) error {
 		return inputError("Config.Pooler", "is %s: Migrate takes a session-level advisory lock (goose's), which a transaction-mode pooler does not keep; "+
 			"migrate through a client on a direct connection to PostgreSQL or a session-mode pooler", PoolerTransaction)
 	}
-	sqlDB := stdlib.OpenDBFromPool(c.pool)
-	defer sqlDB.Close()
-	_, err := migrations.Up(ctx, sqlDB)
+	_, err := migrations.UpPool(ctx, c.pool)
 	return err
 }
 

@@ -52,9 +52,7 @@ func (c *Client) NewElection(name string, opts ElectionOptions) (*Election, erro
 	if err := checkName("lease name", name); err != nil {
 		return nil, err
 	}
-	if opts.Holder == "" {
-		opts.Holder = DefaultHolder()
-	}
+	opts.Holder = holderOrDefault(opts.Holder)
 	if err := checkName("holder", opts.Holder); err != nil {
 		return nil, err
 	}

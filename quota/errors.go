@@ -128,8 +128,8 @@ const SQLStateQuotaNotFound = "PQ010"
 // CreateCampaign,
 // CreateShardedCampaign, ImportCodes, DefineQuota, SetMemberLimit,
 // ClearMemberLimit, Acquire, AcquireWait, Renew, Release, WriteFencedRow,
-// GuardTable, Enqueue, ReapLedger, ReapOutbox, and RunInTx (for its
-// COMMIT). pgquota never retries such an error blindly. Learn the outcome
+// GuardTable, Enqueue, ReapLedger, ReapOutbox, and RunInTx and FencedTx
+// (for their COMMIT). pgquota never retries such an error blindly. Learn the outcome
 // by repeating the call with the same idempotency key where it takes one
 // (GrantRequest.Idempotency, RevokeRequest.Idempotency, the WithKey claims:
 // the repeat returns the first outcome and changes nothing more), by
@@ -221,8 +221,8 @@ var (
 	// SetLeasePayload, SetLeasePayloadTx and Leadership.Proclaim when the
 	// lease is no longer held with the given token (it expired by
 	// the database clock, was released, or another holder took it over), by
-	// WriteFencedRow, WriteFencedRowTx and PresentTokenTx when the
-	// lease the write is checked against is not held with the token
+	// WriteFencedRow, WriteFencedRowTx, PresentTokenTx and FencedTx when
+	// the lease the write is checked against is not held with the token
 	// (SQLSTATE PQ002), and is the cause of Keeper.Context (and so of the
 	// contexts Do and Campaign give) when a renewal found the lease lost. A deposed
 	// holder can neither extend, end, nor write under its successor's lease.
@@ -236,24 +236,24 @@ var (
 	// row of that key.
 	ErrFencedRowNotFound = errors.New("pgquota: fenced row not found")
 
-	// ErrStaleToken is returned by WriteFencedRow, WriteFencedRowTx and
-	// PresentTokenTx, and by MapFenceError for an error from a guarded
+	// ErrStaleToken is returned by WriteFencedRow, WriteFencedRowTx,
+	// PresentTokenTx and FencedTx, and by MapFenceError for an error from a guarded
 	// application table, when
 	// the write's fencing token is below the highest token seen for the
 	// resource (or below the token of the lease it is checked against). It
 	// is wrapped in a *StaleTokenError. Nothing was written.
 	ErrStaleToken = errors.New("pgquota: stale fencing token")
 
-	// ErrTokenNotPresented is returned by MapFenceError for an error from a
-	// table guarded by GuardTable (SQLSTATE PQ003) when the statement
+	// ErrTokenNotPresented is returned by MapFenceError (and FencedTx, for
+	// fn's statements) for an error from a table guarded by GuardTable (SQLSTATE PQ003) when the statement
 	// ran in a transaction that presented no fencing token for the table's
 	// resource (PresentTokenTx or SELECT pgquota.present_token(...) first,
 	// in the same transaction), or one that pgquota.present_token did not
 	// admit. Nothing of the statement was written.
 	ErrTokenNotPresented = errors.New("pgquota: no fencing token presented in this transaction")
 
-	// ErrWrongLease is returned (through MapFenceError, SQLSTATE PQ004,
-	// SQLStateWrongLease) when a fencing token is presented or written for
+	// ErrWrongLease is returned (by FencedTx, and through MapFenceError,
+	// SQLSTATE PQ004, SQLStateWrongLease) when a fencing token is presented or written for
 	// a resource bound to another lease or semaphore than the one that
 	// issued it, or with a lease name for a resource that takes external
 	// tokens only (see GuardTableRequest). Nothing was written and no mark

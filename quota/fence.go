@@ -719,6 +719,9 @@ type PresentTokenRequest struct {
 // transaction-mode pooler and gone after commit or rollback; a savepoint
 // rolled back takes a presentation made inside it away.
 //
+// FencedTx does the whole sequence (begin, present, run, commit) in one
+// call.
+//
 // Errors: *InputError (ErrInvalidInput) for a bad resource, token or lease
 // name, nothing sent; *StaleTokenError (ErrStaleToken, SQLSTATE PQ001) when
 // the token is below the highest seen for the resource or below the token
@@ -730,17 +733,11 @@ type PresentTokenRequest struct {
 // predates pgquota.present_token; database errors. Every rejection aborts
 // tx, as any failed statement does, so nothing of it commits.
 func (c *Client) PresentTokenTx(ctx context.Context, tx pgx.Tx, req PresentTokenRequest) error {
-	if err := checkName("resource", req.Resource); err != nil {
-		return err
-	}
-	if err := checkToken(req.Token); err != nil {
+	if err := checkPresentToken(req); err != nil {
 		return err
 	}
 	var lease pgtype.Text
 	if req.Lease != "" {
-		if err := checkName("lease name", req.Lease); err != nil {
-			return err
-		}
 		lease = pgtype.Text{String: req.Lease, Valid: true}
 	}
 	_, err := c.queries.FencePresentToken(ctx, tx, db.FencePresentTokenParams{Resource: req.Resource, Token: req.Token, Lease: lease})

@@ -21,9 +21,10 @@ type GrantRequest struct {
 	// is no default: an amount computed as 0 is reported as an error rather
 	// than turned into a grant. (The CLI's --amount defaults to 1.)
 	Amount int64
-	// Limit, when not nil, is the limit for this call: at least 0 (0 denies
-	// every grant), at most MaxUnits. When nil, the member's own limit
-	// applies (SetMemberLimit), else the quota's default limit.
+	// Limit, when not nil, is the limit for this call (set it with
+	// Limit(n)): at least 0 (0 denies every grant), at most MaxUnits. When
+	// nil, the member's own limit applies (SetMemberLimit), else the
+	// quota's default limit.
 	Limit *int64
 	// Idempotency, when its Key is set, makes the grant safe to repeat: it
 	// is recorded in the grant ledger under a grant id, and a repeat with

@@ -59,7 +59,9 @@ type AcquireRequest struct {
 	// Holder names the process asking, for people reading `pgquota lease
 	// show` (a host name and pid, a pod name). It is not an identity: two
 	// processes with the same Holder are still two acquisitions with two
-	// tokens. 1 to MaxNameBytes bytes, no control characters. Required.
+	// tokens. 1 to MaxNameBytes bytes, no control characters. Defaults to
+	// DefaultHolder() (host:pid, as the CLI's --holder and DoRequest.Holder)
+	// when empty.
 	Holder string
 	// TTL is how long the lease lasts from the database clock's current
 	// instant unless renewed: at least MinLeaseTTL, at most MaxLeaseTTL.
@@ -189,6 +191,7 @@ func checkAcquire(req *AcquireRequest) error {
 	if err := checkName("lease name", req.Name); err != nil {
 		return err
 	}
+	req.Holder = holderOrDefault(req.Holder)
 	if err := checkName("holder", req.Holder); err != nil {
 		return err
 	}

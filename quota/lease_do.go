@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 )
 
@@ -36,13 +37,29 @@ type DoRequest struct {
 	OnReleaseError func(Lease, error)
 }
 
-// DefaultHolder names this process for AcquireRequest.Holder: host:pid.
-func DefaultHolder() string {
+// DefaultHolder names this process for AcquireRequest.Holder: the host
+// name (os.Hostname, or "pgquota" when it has none), a colon and the
+// process id, e.g. "web-7f9c:4121". It is what an empty Holder of
+// AcquireRequest, SlotRequest, DoRequest and ElectionOptions becomes, and
+// what the CLI's --holder defaults to. The host name is read once per
+// process.
+func DefaultHolder() string { return defaultHolder() }
+
+var defaultHolder = sync.OnceValue(func() string {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
 		host = "pgquota"
 	}
 	return fmt.Sprintf("%s:%d", host, os.Getpid())
+})
+
+// holderOrDefault returns holder, or DefaultHolder() when it is empty: the
+// one place where every acquire path fills in a missing holder.
+func holderOrDefault(holder string) string {
+	if holder == "" {
+		return DefaultHolder()
+	}
+	return holder
 }
 
 // leaseContextKey is the context key under which Do and Campaign store
@@ -144,9 +161,6 @@ func (c *Client) releaseAfter(ctx context.Context, l Lease) (Lease, error) {
 func (c *Client) holdLease(ctx, keepCtx context.Context, name, holder string, ttl time.Duration, wait bool,
 	wopts *WaitOptions, kopts *KeepaliveOptions, payload string,
 ) (*Keeper, Lease, error) {
-	if holder == "" {
-		holder = DefaultHolder()
-	}
 	req := AcquireRequest{Name: name, Holder: holder, TTL: ttl, Payload: payload}
 	if err := checkAcquire(&req); err != nil {
 		return nil, Lease{}, err

@@ -96,7 +96,7 @@ func TestLeaseInputValidation(t *testing.T) {
 		{"unit mistake", quota.AcquireRequest{Name: "n", Holder: "h", TTL: 30}, "ttl"},
 		{"ttl too long", quota.AcquireRequest{Name: "n", Holder: "h", TTL: 25 * time.Hour}, "ttl"},
 		{"no name", quota.AcquireRequest{Holder: "h", TTL: time.Second}, "lease name"},
-		{"no holder", quota.AcquireRequest{Name: "n", TTL: time.Second}, "holder"},
+		{"control character in holder", quota.AcquireRequest{Name: "n", Holder: "h\x00", TTL: time.Second}, "holder"},
 		{"control character", quota.AcquireRequest{Name: "n\x00", Holder: "h", TTL: time.Second}, "lease name"},
 	}
 	for _, tc := range cases {

@@ -40,6 +40,20 @@ func (w Window) valid() bool {
 	return false
 }
 
+// Limit returns a pointer to n, for the optional limits that are *int64:
+// Definition.DefaultLimit and GrantRequest.Limit. They are pointers
+// because nil means "not given" (a grant's nil Limit lets the member's
+// limit, then the quota's default apply; a nil DefaultLimit means no
+// default), while Limit(0) is a limit of 0, which denies every grant.
+//
+//	client.DefineQuota(ctx, quota.Definition{Name: "api", Window: quota.WindowHour, DefaultLimit: quota.Limit(100)})
+//	client.Grant(ctx, quota.GrantRequest{Quota: "api", Member: key, Amount: 1, Limit: quota.Limit(5)})
+//
+// It is the same as Go 1.26's new(int64(n)), and as the Int64 helpers of
+// other SDKs (aws.Int64). It checks nothing: the call that takes the limit
+// does (at least 0, at most MaxUnits).
+func Limit(n int64) *int64 { return &n }
+
 // Definition describes a quota for DefineQuota.
 type Definition struct {
 	// Name identifies the quota: 1 to MaxNameBytes bytes, no control
@@ -53,8 +67,9 @@ type Definition struct {
 	// to "UTC".
 	TimeZone string
 	// DefaultLimit is the limit for members without an override when a
-	// grant names none. nil means no default: such grants fail with
-	// ErrNoLimit. 0 is a valid limit that denies every grant.
+	// grant names none (set it with Limit(n)). nil means no default: such
+	// grants fail with ErrNoLimit. 0 is a valid limit that denies every
+	// grant.
 	DefaultLimit *int64
 	// Period is, for WindowRate, the time in which DefaultLimit units are
 	// granted (10 per second: DefaultLimit 10, Period 1s); for WindowFixed

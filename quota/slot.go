@@ -86,7 +86,8 @@ type SlotRequest struct {
 	// semaphore should state the same limit (as with Curator's maxLeases);
 	// the last one stated is shown by Semaphore.
 	Limit int
-	// Holder names the process asking, as AcquireRequest.Holder. Required.
+	// Holder names the process asking, as AcquireRequest.Holder. Defaults
+	// to DefaultHolder() (host:pid) when empty.
 	Holder string
 	// TTL is how long the slot is held from the database clock's current
 	// instant unless renewed: MinLeaseTTL to MaxLeaseTTL.
@@ -153,6 +154,7 @@ func checkSlotRequest(req *SlotRequest) error {
 	if req.Limit < 1 || req.Limit > MaxSlotLimit {
 		return inputError("limit", "must be between 1 and %d, got %d", MaxSlotLimit, req.Limit)
 	}
+	req.Holder = holderOrDefault(req.Holder)
 	if err := checkName("holder", req.Holder); err != nil {
 		return err
 	}

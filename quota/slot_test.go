@@ -205,7 +205,7 @@ func TestSlotBadInputNamesTheFieldAndWritesNothing(t *testing.T) {
 		{"TTL below MinLeaseTTL", func(r *quota.SlotRequest) { r.TTL = quota.MinLeaseTTL - time.Microsecond }, "ttl"},
 		{"zero TTL", func(r *quota.SlotRequest) { r.TTL = 0 }, "ttl"},
 		{"TTL above MaxLeaseTTL", func(r *quota.SlotRequest) { r.TTL = quota.MaxLeaseTTL + time.Second }, "ttl"},
-		{"empty holder", func(r *quota.SlotRequest) { r.Holder = "" }, "holder"},
+		{"control character in holder", func(r *quota.SlotRequest) { r.Holder = "h\n" }, "holder"},
 	}
 	ctx := context.Background()
 	for _, tc := range cases {

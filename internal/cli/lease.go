@@ -3,7 +3,6 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"os"
 	"text/tabwriter"
 	"time"
 
@@ -177,14 +176,9 @@ func (a *app) printLease(l quota.Lease, acquired bool) error {
 	})
 }
 
-// defaultHolder names this process: host:pid.
-func defaultHolder() string {
-	host, err := os.Hostname()
-	if err != nil || host == "" {
-		host = "pgquota"
-	}
-	return fmt.Sprintf("%s:%d", host, os.Getpid())
-}
+// defaultHolder names this process: host:pid (quota.DefaultHolder, the
+// library's default for an empty holder).
+func defaultHolder() string { return quota.DefaultHolder() }
 
 func trimPrefix(s string) string {
 	const p = "pgquota: "

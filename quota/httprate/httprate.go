@@ -13,6 +13,15 @@
 //	if httprate.Deny(w, res) {
 //		return // 429 Too Many Requests written, with Retry-After
 //	}
+//
+// Or in front of a handler, one grant per request (Middleware):
+//
+//	mw, err := httprate.Middleware(client, httprate.MiddlewareConfig{
+//		Quota: "api",
+//		Key:   func(r *http.Request) (string, error) { return r.Header.Get("X-API-Key"), nil },
+//	})
+//	if err != nil { ... }
+//	http.Handle("/v1/", mw(apiHandler))
 package httprate
 
 import (
