@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 	"github.com/pgquota/pgquota/internal/dbutil"
 	"github.com/pgquota/pgquota/internal/errtext"
 )
@@ -107,7 +108,7 @@ const maxKeyedRuns = 10
 // batch with the same keys to learn each outcome; an unkeyed repeat may
 // grant twice (read the counters with Usage instead).
 func (c *Client) GrantBatch(ctx context.Context, reqs []GrantRequest) (outs []BatchOutcome, err error) {
-	defer c.m.batchDone(ctx, opGrantBatch, c.m.now(), reqs, &outs, &err)
+	defer c.batchDone(ctx, core.OpGrantBatch, c.m.Now(), reqs, &outs, &err)
 	return c.grantBatchOwn(ctx, reqs)
 }
 
@@ -116,10 +117,10 @@ func (c *Client) GrantBatch(ctx context.Context, reqs []GrantRequest) (outs []Ba
 // the start after a serialization failure or deadlock.
 func (c *Client) grantBatchOwn(ctx context.Context, reqs []GrantRequest) ([]BatchOutcome, error) {
 	if !anyKeyed(reqs) {
-		return c.grantBatch(ctx, ownTx{c.db.pool}, reqs)
+		return c.grantBatch(ctx, ownTx{c.db.Pool}, reqs)
 	}
 	for run := 1; ; run++ {
-		outs, err := retry(ctx, c.policy, func() ([]BatchOutcome, error) {
+		outs, err := core.Retry(ctx, c.policy, func() ([]BatchOutcome, error) {
 			return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) ([]BatchOutcome, error) {
 				return c.grantBatch(ctx, tx, reqs)
 			})
@@ -138,7 +139,7 @@ func batchError(err error) error {
 	if err == nil || strings.HasPrefix(err.Error(), errtext.Prefix) {
 		return err
 	}
-	return dbError("grant batch", err)
+	return core.DBError("grant batch", err)
 }
 
 // GrantBatchTx is GrantBatch inside the caller's transaction: every grant
@@ -149,7 +150,7 @@ func batchError(err error) error {
 // With keyed requests the batch writes ledger rows before it grants: when
 // it returns an error, roll tx back.
 func (c *Client) GrantBatchTx(ctx context.Context, tx pgx.Tx, reqs []GrantRequest) (outs []BatchOutcome, err error) {
-	defer c.m.batchDone(ctx, opGrantBatchTx, c.m.now(), reqs, &outs, &err)
+	defer c.batchDone(ctx, core.OpGrantBatchTx, c.m.Now(), reqs, &outs, &err)
 	return c.grantBatch(ctx, tx, reqs)
 }
 
@@ -169,7 +170,7 @@ func (c *Client) grantBatch(ctx context.Context, x db.DBTX, reqs []GrantRequest)
 	multi := make(map[groupCounter]bool) // the counters grants against several quotas name
 	for i, req := range reqs {
 		out[i].Quota, out[i].Member, out[i].Amount = req.Quota, req.Member, req.Amount
-		shaped, err := c.shapedRouteErr(ctx, readsOf(x), req)
+		shaped, err := c.shapedRouteErr(ctx, core.ReadsOf(x), req)
 		if err != nil {
 			// A database error (a privilege the role lacks, a lost
 			// connection): in a transaction it aborted it, and the
@@ -216,7 +217,7 @@ func (c *Client) grantBatch(ctx context.Context, x db.DBTX, reqs []GrantRequest)
 	if _, own := x.(ownTx); own && len(todo) > 0 && len(lb.todo) > 0 {
 		// Two statements: one transaction, so that the batch commits (or
 		// fails) as a whole, run again after a serialization failure.
-		_, err := retry(ctx, c.policy, func() (struct{}, error) {
+		_, err := core.Retry(ctx, c.policy, func() (struct{}, error) {
 			return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (struct{}, error) {
 				if err := c.grantLimitsBatch(ctx, tx, reqs, lb, out); err != nil {
 					return struct{}{}, err
@@ -246,17 +247,17 @@ func (c *Client) grantBatchDecide(ctx context.Context, x db.DBTX, reqs []GrantRe
 
 // checkGrantRequest validates a grant request as Grant does.
 func checkGrantRequest(req GrantRequest) error {
-	if err := checkName("quota name", req.Quota); err != nil {
+	if err := core.CheckName("quota name", req.Quota); err != nil {
 		return err
 	}
-	if err := checkName("member", req.Member); err != nil {
+	if err := core.CheckName("member", req.Member); err != nil {
 		return err
 	}
-	if err := checkUnits("amount", req.Amount, 1); err != nil {
+	if err := core.CheckUnits("amount", req.Amount, 1); err != nil {
 		return err
 	}
 	if req.Limit != nil {
-		if err := checkUnits("limit", *req.Limit, 0); err != nil {
+		if err := core.CheckUnits("limit", *req.Limit, 0); err != nil {
 			return err
 		}
 	}
@@ -340,24 +341,24 @@ func (c *Client) grantBatchStatement(ctx context.Context, x db.DBTX, reqs []Gran
 		// failure or deadlock (possible when the database's default
 		// isolation is REPEATABLE READ or SERIALIZABLE) it rolled back as a
 		// whole and runs again.
-		rows, err = retry(ctx, c.policy, run)
+		rows, err = core.Retry(ctx, c.policy, run)
 	} else {
 		rows, err = run()
 	}
 	if err != nil {
-		return dbError("grant batch", err)
+		return core.DBError("grant batch", err)
 	}
 	for _, r := range rows {
 		n := int(r.CounterIndex) - 1
 		if n < 0 || n >= len(order) || order[n].found {
-			return errorf("pgquota: grant batch: the database reported counter %d of %d twice or out of range", r.CounterIndex, len(order))
+			return core.Errorf("pgquota: grant batch: the database reported counter %d of %d twice or out of range", r.CounterIndex, len(order))
 		}
 		order[n].row, order[n].found = r, true
 	}
 	for _, bc := range order {
 		if !bc.found {
 			for _, i := range bc.reqs {
-				out[i].Err = errorf("%w: %q", ErrQuotaNotFound, reqs[i].Quota)
+				out[i].Err = core.Errorf("%w: %q", ErrQuotaNotFound, reqs[i].Quota)
 			}
 			continue
 		}
@@ -373,7 +374,7 @@ func (c *Client) grantBatchStatement(ctx context.Context, x db.DBTX, reqs []Gran
 			}
 			if limit == nil {
 				out[i].GrantResult = GrantResult{Quota: reqs[i].Quota, Member: reqs[i].Member, Amount: reqs[i].Amount}
-				out[i].Err = errorf("%w (quota %q, member %q)", ErrNoLimit, reqs[i].Quota, reqs[i].Member)
+				out[i].Err = core.Errorf("%w (quota %q, member %q)", ErrNoLimit, reqs[i].Quota, reqs[i].Member)
 				continue
 			}
 			granted := false
@@ -384,7 +385,7 @@ func (c *Client) grantBatchStatement(ctx context.Context, x db.DBTX, reqs []Gran
 			out[i].windowStart, out[i].windowEnd = bc.row.WindowStart, bc.row.WindowEnd
 		}
 		if used != bc.row.UsedAfter {
-			return errorf("pgquota: grant batch: counter (%q, %q) went from %d to %d, the requests replay to %d",
+			return core.Errorf("pgquota: grant batch: counter (%q, %q) went from %d to %d, the requests replay to %d",
 				reqs[bc.reqs[0]].Quota, reqs[bc.reqs[0]].Member, bc.row.UsedBefore, bc.row.UsedAfter, used)
 		}
 	}
@@ -409,13 +410,13 @@ func batchResult(req GrantRequest, r db.UsageGrantBatchRow, limit *int64, grante
 		Member:      req.Member,
 		Amount:      req.Amount,
 		Used:        used,
-		WindowStart: timeFromPG(r.WindowStart),
-		WindowEnd:   timeFromPG(r.WindowEnd),
+		WindowStart: core.TimeFromPG(r.WindowStart),
+		WindowEnd:   core.TimeFromPG(r.WindowEnd),
 	}
 	if limit != nil {
 		res.Limit = *limit
 		res.Remaining = max(*limit-used, 0)
-		res.DecidedAt = timeFromPG(r.DecidedAt)
+		res.DecidedAt = core.TimeFromPG(r.DecidedAt)
 		res.RetryAfter, res.ResetAfter = calendarWaits(granted, req.Amount, *limit, r.WindowEnd, r.DecidedAt)
 	}
 	return res

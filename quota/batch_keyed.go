@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // Keyed batches: GrantBatch requests (and coalesced Grant calls) that carry
@@ -73,11 +74,11 @@ func grantFromEntry(e db.PgquotaLedgerEntry) GrantResult {
 		Used:        e.Used,
 		Limit:       e.LimitValue,
 		Remaining:   max(e.LimitValue-e.Used, 0),
-		WindowStart: timeFromPG(e.WindowStart),
-		WindowEnd:   timeFromPG(e.WindowEnd),
+		WindowStart: core.TimeFromPG(e.WindowStart),
+		WindowEnd:   core.TimeFromPG(e.WindowEnd),
 		RetryAfter:  retry,
 		ResetAfter:  reset,
-		DecidedAt:   timeFromPG(e.DecidedAt),
+		DecidedAt:   core.TimeFromPG(e.DecidedAt),
 		Keyed:       keyedFromEntry(e),
 	}
 }
@@ -147,7 +148,7 @@ func (c *Client) grantBatchKeyed(ctx context.Context, x db.DBTX, reqs []GrantReq
 	// 1. The ledger rows.
 	recorded, err := c.queries.LedgerBatchInsert(ctx, x, ins)
 	if err != nil {
-		return dbError("grant batch", err)
+		return core.DBError("grant batch", err)
 	}
 	grantIDs := make(map[keyName]int64, len(recorded))
 	for _, r := range recorded {
@@ -167,7 +168,7 @@ func (c *Client) grantBatchKeyed(ctx context.Context, x db.DBTX, reqs []GrantReq
 	if len(prior.Keys) > 0 {
 		rows, err := c.queries.LedgerBatchEntries(ctx, x, prior)
 		if err != nil {
-			return dbError("grant batch: read ledger", err)
+			return core.DBError("grant batch: read ledger", err)
 		}
 		for _, e := range rows {
 			entries[keyName{e.Scope, e.IdempotencyKey}] = e
@@ -224,7 +225,7 @@ func (c *Client) grantBatchKeyed(ctx context.Context, x db.DBTX, reqs []GrantReq
 			// A recorded key must get an outcome: the quota or the
 			// member's limit changed since the key was recorded. The
 			// whole batch fails (and its transaction must roll back).
-			return errorf("pgquota: grant batch: keyed request (key %q) could not be decided: %w: %w", fps[i].key.Key, errKeyedUndecided, out[i].Err)
+			return core.Errorf("pgquota: grant batch: keyed request (key %q) could not be decided: %w: %w", fps[i].key.Key, errKeyedUndecided, out[i].Err)
 		}
 		out[i].Keyed = Keyed{GrantID: id, IdempotencyScope: fps[i].key.Scope, IdempotencyKey: fps[i].key.Key}
 	}
@@ -236,7 +237,7 @@ func (c *Client) grantBatchKeyed(ctx context.Context, x db.DBTX, reqs []GrantReq
 	// Copies of a key within the batch replay its first copy.
 	for i, f := range dupOf {
 		if diff := sameRequest(fps[f], fps[i]); diff != "" {
-			out[i].Err = errorf("%w: key %q in scope %q is another request of the batch, made with %s",
+			out[i].Err = core.Errorf("%w: key %q in scope %q is another request of the batch, made with %s",
 				ErrIdempotencyKeyReused, fps[i].key.Key, fps[i].key.Scope, diff)
 			continue
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // The requests of a batch (GrantBatch, a coalesced or grouped statement)
@@ -56,18 +57,18 @@ func (c *Client) grantLimitsBatch(ctx context.Context, x db.DBTX, reqs []GrantRe
 	var rows []db.LimitsGrantBatchRow
 	var err error
 	if _, own := x.(ownTx); own {
-		rows, err = retry(ctx, c.policy, run)
+		rows, err = core.Retry(ctx, c.policy, run)
 	} else {
 		rows, err = run()
 	}
 	if err != nil {
-		return dbError("grant batch", err)
+		return core.DBError("grant batch", err)
 	}
 	per := make([][]db.LimitsGrantRow, len(lb.todo))
 	for _, r := range rows {
 		k := int(r.ReqIndex) - 1
 		if k < 0 || k >= len(lb.todo) {
-			return errorf("pgquota: grant batch: the database reported request %d of %d", r.ReqIndex, len(lb.todo))
+			return core.Errorf("pgquota: grant batch: the database reported request %d of %d", r.ReqIndex, len(lb.todo))
 		}
 		per[k] = append(per[k], db.LimitsGrantRow{
 			Ord: r.Ord, QuotaName: r.QuotaName, Kind: r.Kind, Found: r.Found, Decided: r.Decided,

@@ -3,11 +3,13 @@ package quota
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // ClaimRequest asks for one voucher of a campaign for a member.
@@ -30,10 +32,10 @@ type ClaimRequest struct {
 // checkClaimRequest validates a claim request, once, and returns its
 // fingerprint (the key with its default scope filled in).
 func checkClaimRequest(req ClaimRequest) (request, error) {
-	if err := checkName("campaign", req.Campaign); err != nil {
+	if err := core.CheckName("campaign", req.Campaign); err != nil {
 		return request{}, err
 	}
-	if err := checkName("member", req.Member); err != nil {
+	if err := core.CheckName("member", req.Member); err != nil {
 		return request{}, err
 	}
 	key := req.Idempotency
@@ -89,7 +91,7 @@ func checkClaimRequest(req ClaimRequest) (request, error) {
 // any): a member holds at most one voucher, so the repeat returns the first
 // claim (Repeat, or Replayed with a key) or claims once.
 func (c *Client) Claim(ctx context.Context, req ClaimRequest) (cl ClaimResult, err error) {
-	defer c.m.claimDone(ctx, opClaim, c.m.now(), &cl, &err)
+	defer c.claimDone(ctx, core.OpClaim, c.m.Now(), &cl, &err)
 	return c.claim(ctx, c.db, req)
 }
 
@@ -101,7 +103,7 @@ func (c *Client) Claim(ctx context.Context, req ClaimRequest) (cl ClaimResult, e
 // Serialization failures and deadlocks are returned unchanged, as for
 // GrantTx.
 func (c *Client) ClaimTx(ctx context.Context, tx pgx.Tx, req ClaimRequest) (cl ClaimResult, err error) {
-	defer c.m.claimDone(ctx, opClaimTx, c.m.now(), &cl, &err)
+	defer c.claimDone(ctx, core.OpClaimTx, c.m.Now(), &cl, &err)
 	return c.claim(ctx, tx, req)
 }
 
@@ -137,27 +139,27 @@ func (c *Client) claimUnkeyed(ctx context.Context, x db.DBTX, campaign, member s
 	cached, sharded := c.shardCounts.Load(campaign)
 	var row db.VoucherClaimRow
 	var err error
-	if rp, own := x.(retryPool); own && sharded {
+	if rp, own := x.(core.RetryPool); own && sharded {
 		// Each attempt passes the gate on its own: a claim that must run
 		// again (a serialization failure) gives its place up while it
 		// backs off, instead of retrying ahead of the claims waiting.
-		row, err = retry(ctx, rp.policy, func() (db.VoucherClaimRow, error) {
+		row, err = core.Retry(ctx, rp.Policy, func() (db.VoucherClaimRow, error) {
 			release, err := c.shardGate(ctx, campaign, cached.(int))
 			if err != nil {
 				return db.VoucherClaimRow{}, err
 			}
 			defer release()
-			return c.queries.VoucherClaim(ctx, rp.pool, params)
+			return c.queries.VoucherClaim(ctx, rp.Pool, params)
 		})
 	} else {
 		row, err = c.queries.VoucherClaim(ctx, x, params)
 	}
 	if err != nil {
-		return ClaimResult{}, dbError("claim voucher", err)
+		return ClaimResult{}, core.DBError("claim voucher", err)
 	}
 	switch {
 	case !row.Found:
-		return ClaimResult{}, errorf("%w: %q", ErrCampaignNotFound, campaign)
+		return ClaimResult{}, core.Errorf("%w: %q", ErrCampaignNotFound, campaign)
 	case CampaignKind(row.Kind) == KindSharded:
 		if !sharded || cached.(int) != int(row.Shards) {
 			c.shardCounts.Store(campaign, int(row.Shards))
@@ -175,7 +177,7 @@ func (c *Client) claimUnkeyed(ctx context.Context, x db.DBTX, campaign, member s
 		Repeat:    row.Repeat,
 		Seq:       row.Seq,
 		Code:      row.Code,
-		ClaimedAt: timeFromPG(row.ClaimedAt),
+		ClaimedAt: core.TimeFromPG(row.ClaimedAt),
 		Total:     row.Total,
 	}, nil
 }
@@ -192,11 +194,11 @@ func (c *Client) claimKeyed(ctx context.Context, x db.DBTX, fp request) (ClaimRe
 		})
 		switch {
 		case err != nil:
-			return ClaimResult{}, 0, dbError("claim voucher", err)
+			return ClaimResult{}, 0, core.DBError("claim voucher", err)
 		case row.PriorGrantID != 0:
 			return ClaimResult{}, row.PriorGrantID, nil
 		case !row.CampaignFound:
-			return ClaimResult{}, 0, errorf("%w: %q", ErrCampaignNotFound, campaign)
+			return ClaimResult{}, 0, core.Errorf("%w: %q", ErrCampaignNotFound, campaign)
 		case row.Busy:
 			return ClaimResult{}, 0, errCodesLocked
 		}
@@ -207,9 +209,14 @@ func (c *Client) claimKeyed(ctx context.Context, x db.DBTX, fp request) (ClaimRe
 			Repeat:    row.Repeat,
 			Seq:       row.Seq,
 			Code:      row.Code,
-			ClaimedAt: timeFromPG(row.ClaimedAt),
+			ClaimedAt: core.TimeFromPG(row.ClaimedAt),
 			Total:     row.Total,
 			Keyed:     Keyed{GrantID: row.GrantID, IdempotencyScope: key.Scope, IdempotencyKey: key.Key},
 		}, 0, nil
 	}, claimFromEntry)
+}
+
+// claimDone is the metrics hook of Claim and ClaimTx.
+func (c *Client) claimDone(ctx context.Context, o core.Op, start time.Time, cl *ClaimResult, err *error) {
+	c.m.ClaimDone(ctx, o, start, cl.Repeat, cl.Claimed, err)
 }

@@ -3,18 +3,15 @@ package quota
 import (
 	"context"
 	"errors"
-	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 	"github.com/pgquota/pgquota/migrations"
 )
 
@@ -139,18 +136,18 @@ type Client struct {
 	pool *pgxpool.Pool
 	// db runs single statements on pool and retries serialization failures
 	// and deadlocks; the calls without a Tx suffix use it. Its errors that
-	// leave the outcome unknown are marked ErrOutcomeUnknown (sentPool);
-	// read-only calls use db.reads(), whose errors are not.
-	db      retryPool
+	// leave the outcome unknown are marked ErrOutcomeUnknown (core.SentPool);
+	// read-only calls use db.Reads(), whose errors are not.
+	db      core.RetryPool
 	queries *db.Queries
 	// policy is how the calls without a Tx suffix retry (retry.go).
-	policy retryPolicy
+	policy core.RetryPolicy
 	cfg    Config
 
 	notifier leaseNotifier // AcquireWait's shared LISTEN connection (lease.go)
 
 	// m holds the instruments; nil without Config.MeterProvider (metrics.go).
-	m *metrics
+	m *core.Metrics
 
 	// coalescer queues Grant calls when Config.Coalesce is set (coalesce.go).
 	coalescer *coalescer
@@ -206,20 +203,20 @@ type Client struct {
 // mode is unsafe behind such a pooler (PoolerMode.CheckExecMode).
 func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if pool == nil {
-		return nil, inputError("pool", "must not be nil")
+		return nil, core.Invalid("pool", "must not be nil")
 	}
 	c := &Client{pool: pool, queries: db.New()}
 	if cfg != nil {
 		c.cfg = *cfg
 	}
 	if c.cfg.CodeClaimWait < 0 {
-		return nil, inputError("Config.CodeClaimWait", "must not be negative, got %s", c.cfg.CodeClaimWait)
+		return nil, core.Invalid("Config.CodeClaimWait", "must not be negative, got %s", c.cfg.CodeClaimWait)
 	}
 	if c.cfg.CodeClaimWait == 0 {
 		c.cfg.CodeClaimWait = 5 * time.Second
 	}
 	if c.cfg.RetryMaxElapsed < 0 {
-		return nil, inputError("Config.RetryMaxElapsed", "must not be negative, got %s", c.cfg.RetryMaxElapsed)
+		return nil, core.Invalid("Config.RetryMaxElapsed", "must not be negative, got %s", c.cfg.RetryMaxElapsed)
 	}
 	if c.cfg.RetryMaxElapsed == 0 {
 		c.cfg.RetryMaxElapsed = DefaultRetryMaxElapsed
@@ -231,11 +228,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 		return nil, err
 	}
 	var err error
-	if c.m, err = newMetrics(&c.cfg); err != nil {
+	if c.m, err = core.NewMetrics(c.cfg.MeterProvider, c.cfg.MetricsQuotaName); err != nil {
 		return nil, err
 	}
-	c.policy = retryPolicy{maxElapsed: c.cfg.RetryMaxElapsed, resetCaches: cacheResetter(pool), m: c.m}
-	c.db = retryPool{pool: sentPool{pool: pool}, policy: c.policy}
+	c.policy = core.RetryPolicy{MaxElapsed: c.cfg.RetryMaxElapsed, ResetCaches: core.CacheResetter(pool), M: c.m}
+	c.db = core.RetryPool{Pool: core.SentPool{Pool: pool}, Policy: c.policy}
 	if c.cfg.Coalesce {
 		c.coalescer = newCoalescer(c)
 	}
@@ -264,7 +261,7 @@ func (c *Client) Pool() *pgxpool.Pool { return c.pool }
 // through a client on a direct connection.
 func (c *Client) Migrate(ctx context.Context) error {
 	if c.cfg.Pooler == PoolerTransaction {
-		return inputError("Config.Pooler", "is %s: Migrate takes a session-level advisory lock (goose's), which a transaction-mode pooler does not keep; "+
+		return core.Invalid("Config.Pooler", "is %s: Migrate takes a session-level advisory lock (goose's), which a transaction-mode pooler does not keep; "+
 			"migrate through a client on a direct connection to PostgreSQL or a session-mode pooler", PoolerTransaction)
 	}
 	_, err := migrations.UpPool(ctx, c.pool)
@@ -286,7 +283,7 @@ func (c *Client) CheckSchema(ctx context.Context) error {
 		if migrations.IsUndefinedSchemaError(err) {
 			st = migrations.State{}
 		} else {
-			return dbError("check schema", err)
+			return core.DBError("check schema", err)
 		}
 	}
 	e := &SchemaVersionError{Have: st.Current, Want: migrations.Latest(), Unknown: st.Unknown(), Missing: st.Missing()}
@@ -296,98 +293,9 @@ func (c *Client) CheckSchema(ctx context.Context) error {
 	return nil
 }
 
-// dbError wraps a database error from operation op. A missing table,
-// column or function means the schema is missing or behind: the error then
-// also wraps ErrSchemaMissing. The original error (a *pgconn.PgError, say)
-// always stays in the chain.
-func dbError(op string, err error) error {
-	if sqlState(err) == "42501" {
-		return errorf("pgquota: %s: %w: %s: %w", op, ErrPermissionDenied, permissionAdvice(err), err)
-	}
-	if migrations.IsUndefinedSchemaError(err) {
-		return errorf("pgquota: %s: %w: %w", op, ErrSchemaMissing, err)
-	}
-	if sqlState(err) == SQLStateQuotaNotFound {
-		return errorf("pgquota: %s: %w: %w", op, ErrQuotaNotFound, err)
-	}
-	return errorf("pgquota: %s: %w", op, err)
-}
-
-// permissionAdvice says, for a permission error (42501), which privileges
-// pgquota needs on the object PostgreSQL names, which of pgquota's roles
-// holds them and how to grant that role (the one place a 42501 becomes
-// advice: the CLI prints it as it is).
-func permissionAdvice(err error) string {
-	var pgErr *pgconn.PgError
-	errors.As(err, &pgErr)
-	kind, name, _ := strings.Cut(strings.TrimPrefix(pgErr.Message, "permission denied for "), " ")
-	need := map[string]string{
-		"table":    "SELECT",
-		"view":     "SELECT",
-		"schema":   "USAGE",
-		"function": "EXECUTE",
-	}[kind]
-	if need == "" {
-		return fmt.Sprintf("the role lacks a privilege pgquota's calls need (%s); as the owner of schema %s run "+
-			"pgquota migrate grant-app --role ROLE (membership in %s)", pgErr.Message, migrations.Schema, migrations.AppRole)
-	}
-	obj := name
-	if kind != "schema" && !strings.Contains(name, ".") {
-		obj = migrations.Schema + "." + name
-	}
-	role, command := migrations.AppRole, "grant-app"
-	if kind == "function" {
-		switch roleOfFunction[strings.TrimPrefix(name, migrations.Schema+".")] {
-		case migrations.OperatorRole:
-			return fmt.Sprintf("%s is an operator command: it needs role %s (EXECUTE on function %s); "+
-				"as the owner of schema %s run pgquota migrate grant-operator --role ROLE, or run it as a member of %s",
-				name, migrations.OperatorRole, obj, migrations.Schema, migrations.OperatorRole)
-		case migrations.RelayRole:
-			role, command = migrations.RelayRole, "grant-relay"
-		}
-	}
-	return fmt.Sprintf("the role lacks %s on %s %s, which pgquota's calls need; as the owner of schema %s run "+
-		"pgquota migrate %s --role ROLE (membership in %s)",
-		need, kind, obj, migrations.Schema, command, role)
-}
-
-// roleOfFunction names the role of each function (migrations/00022's
-// pgquota.function_grant) that is not the application's.
-var roleOfFunction = map[string]string{
-	"quota_define": migrations.OperatorRole, "quota_shape_define": migrations.OperatorRole,
-	"quota_override_set": migrations.OperatorRole, "quota_override_delete": migrations.OperatorRole,
-	"voucher_pool_create": migrations.OperatorRole, "voucher_pool_add_codes": migrations.OperatorRole,
-	"voucher_shard_create": migrations.OperatorRole, "voucher_import_codes": migrations.OperatorRole,
-	"ledger_reap": migrations.OperatorRole, "lease_reap": migrations.OperatorRole,
-	"lease_epoch_bump": migrations.OperatorRole, "fence_guard_register": migrations.OperatorRole,
-	"lease_epoch_prepare": migrations.OperatorRole, "lease_epoch_raise": migrations.OperatorRole,
-	"lease_epoch_standbys":  migrations.OperatorRole,
-	"fence_guard_presented": migrations.OperatorRole, "fence_guard": migrations.OperatorRole,
-	"outbox_claim": migrations.RelayRole, "outbox_mark_delivered": migrations.RelayRole,
-	"outbox_mark_failed": migrations.RelayRole, "outbox_reap": migrations.RelayRole,
-}
-
 // isNoRows reports whether err is pgx's "no rows in result set".
 func isNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) }
 
-// timeFromPG converts a database timestamp to a time.Time. Infinite and NULL
-// timestamps (the bounds of a lifetime window) become the zero time.
-func timeFromPG(ts pgtype.Timestamptz) time.Time {
-	if !ts.Valid || ts.InfinityModifier != pgtype.Finite {
-		return time.Time{}
-	}
-	return ts.Time
-}
-
-// sqlState returns the SQLSTATE of a PostgreSQL error in err's chain, or "".
-func sqlState(err error) string {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		return pgErr.Code
-	}
-	return ""
-}
-
 // isForeignKeyViolation reports SQLSTATE 23503: a row referred to a quota
 // or campaign that does not exist.
-func isForeignKeyViolation(err error) bool { return sqlState(err) == "23503" }
+func isForeignKeyViolation(err error) bool { return core.SQLState(err) == "23503" }

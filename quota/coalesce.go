@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // Coalesced grants (Config.Coalesce).
@@ -201,14 +203,14 @@ func (co *coalescer) send(batch []*waiter) {
 	if hook := co.c.testHookCoalesceSend; hook != nil {
 		hook(len(batch))
 	}
-	co.c.m.statementSizeOf(batch[0].ctx, pathCoalesce, len(batch))
+	co.c.m.StatementSizeOf(batch[0].ctx, core.PathCoalesce, len(batch))
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), coalesceStatementTimeout)
 	outcomes, err := co.c.grantBatchOwn(ctx, reqs)
 	cancel()
 	if err != nil {
 		// The callers called Grant: their error says so, once prefixed,
 		// with the batch's classification (ErrOutcomeUnknown or not) kept.
-		err = errorf("pgquota: grant: coalesced statement: %w", err)
+		err = core.Errorf("pgquota: grant: coalesced statement: %w", err)
 	}
 
 	var abandoned []*waiter

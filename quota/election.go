@@ -5,6 +5,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // Leader election on a lease, as etcd's concurrency.Election and Apache
@@ -49,11 +51,11 @@ type Election struct {
 //
 // Errors: *InputError for a bad name, holder, TTL or Keepalive option.
 func (c *Client) NewElection(name string, opts ElectionOptions) (*Election, error) {
-	if err := checkName("lease name", name); err != nil {
+	if err := core.CheckName("lease name", name); err != nil {
 		return nil, err
 	}
 	opts.Holder = holderOrDefault(opts.Holder)
-	if err := checkName("holder", opts.Holder); err != nil {
+	if err := core.CheckName("holder", opts.Holder); err != nil {
 		return nil, err
 	}
 	if err := checkTTL(opts.TTL); err != nil {

@@ -1,10 +1,9 @@
 package quota
 
 import (
-	"errors"
 	"fmt"
-	"github.com/pgquota/pgquota/internal/errtext"
 
+	"github.com/pgquota/pgquota/internal/core"
 	"github.com/pgquota/pgquota/internal/dbutil"
 	"github.com/pgquota/pgquota/migrations"
 )
@@ -17,32 +16,32 @@ var (
 	// ErrInvalidInput is wrapped by every *InputError: a call was given a
 	// value it cannot accept, and nothing was written. Every call returns it
 	// for bad arguments.
-	ErrInvalidInput = errors.New("pgquota: invalid input")
+	ErrInvalidInput = core.ErrInvalidInput
 
 	// ErrQuotaNotFound is returned by Grant, GrantTx, Revoke, RevokeTx,
 	// Usage, Quota, SetMemberLimit, SetMemberLimitTx and MemberLimits when no
 	// quota of that name has been defined, and is the error of a GrantBatch
 	// or GrantBatchTx request (in its BatchOutcome) that names one.
-	ErrQuotaNotFound = errors.New("pgquota: quota not found")
+	ErrQuotaNotFound = core.ErrQuotaNotFound
 
 	// ErrQuotaKindChange is returned by DefineQuota and DefineQuotaTx when
 	// the quota exists with another kind (Window: day and rate, say) and
 	// Definition.ReplaceKind is false. Nothing is written. The message
 	// says what a change of kind does to the counters (ReplaceKind deletes
 	// them all) and how to ask for it.
-	ErrQuotaKindChange = errors.New("pgquota: redefinition changes the quota's kind")
+	ErrQuotaKindChange = core.ErrQuotaKindChange
 
 	// ErrNoLimit is returned by Grant and GrantTx, and is the error of a
 	// GrantBatch or GrantBatchTx request (in its BatchOutcome), when the
 	// call gives no limit, the member has no override and the quota has no
 	// default limit. Nothing is written. (Usage reports the same case as
 	// HasLimit false.)
-	ErrNoLimit = errors.New("pgquota: no limit: give one in the call, set a member limit, or define the quota with a default limit")
+	ErrNoLimit = core.ErrNoLimit
 
 	// ErrCampaignNotFound is returned by Claim, ClaimTx
 	// and Campaign when no campaign of that name
 	// exists.
-	ErrCampaignNotFound = errors.New("pgquota: voucher campaign not found")
+	ErrCampaignNotFound = core.ErrCampaignNotFound
 
 	// ErrCampaignExists is returned by CreateCampaign and
 	// CreateCampaignTx when the campaign already exists with another
@@ -51,14 +50,14 @@ var (
 	// ImportCodes and ImportCodesTx when the campaign exists as a counted or
 	// sharded pool. A repeated create with the same total (and shards) is
 	// not an error.
-	ErrCampaignExists = errors.New("pgquota: voucher campaign already exists")
+	ErrCampaignExists = core.ErrCampaignExists
 
 	// ErrSchemaMissing is returned by every call that reaches the database
 	// when the pgquota schema is missing or older than this build needs
 	// (the PostgreSQL error stays in the chain). Run `pgquota migrate up`
 	// or Client.Migrate. CheckSchema returns it wrapped in a
 	// *SchemaVersionError.
-	ErrSchemaMissing = errors.New("pgquota: schema is missing or behind: run `pgquota migrate up`")
+	ErrSchemaMissing = core.ErrSchemaMissing
 
 	// ErrSchemaNewer is wrapped by CheckSchema's *SchemaVersionError, and by
 	// the error of Migrate (a *migrations.SchemaError, which then applies
@@ -90,7 +89,7 @@ var (
 	// relay's (Relay.Run, Relay.RunOnce, ReapOutbox) migrations.RelayRole (`grant-relay`); the
 	// message then names that role and command (docs/trust-model.md).
 	// Nothing was written.
-	ErrPermissionDenied = errors.New("pgquota: permission denied")
+	ErrPermissionDenied = core.ErrPermissionDenied
 
 	// ErrIdempotencyKeyReused is returned by Grant, GrantTx, Revoke,
 	// RevokeTx, Claim and ClaimTx when the idempotency key (in its scope) was
@@ -98,20 +97,20 @@ var (
 	// campaign, member, amount or limit. Nothing is written. The message
 	// names the first request's grant id and the field that differs. (The
 	// "Idempotency-Key" IETF draft answers this case with 422.)
-	ErrIdempotencyKeyReused = errors.New("pgquota: idempotency key reused with a different request")
+	ErrIdempotencyKeyReused = core.ErrIdempotencyKeyReused
 
 	// ErrGrantNotFound is returned by CompensateGrant and CompensateGrantTx when no
 	// keyed grant has that grant id (grants without an idempotency key have
 	// none, and reaped ledger rows are gone: see ReapLedger), and by
 	// LedgerEntry and LedgerEntryByKey when no ledger entry matches.
-	ErrGrantNotFound = errors.New("pgquota: grant not found in the ledger")
+	ErrGrantNotFound = core.ErrGrantNotFound
 )
 
 // SQLStateQuotaNotFound is the SQLSTATE pgquota.grant, pgquota.grant_keyed
 // and pgquota.limit_usage raise for a quota that does not exist
 // (migrations/00021_sql_errors.sql; docs/sql.md). Every call maps it to
 // ErrQuotaNotFound, with the *pgconn.PgError kept in the chain.
-const SQLStateQuotaNotFound = "PQ010"
+const SQLStateQuotaNotFound = core.SQLStateQuotaNotFound
 
 // ErrOutcomeUnknown marks an error after which it is unknown whether a
 // state-changing call took effect: its statement, or the COMMIT of the
@@ -146,25 +145,11 @@ const SQLStateQuotaNotFound = "PQ010"
 // caller's own COMMIT decides, and pgx reports its error.
 var ErrOutcomeUnknown = dbutil.ErrOutcomeUnknown
 
-// InputError describes a rejected argument. It wraps ErrInvalidInput.
-type InputError struct {
-	// Field names the argument, as in the call's documentation ("member",
-	// "amount", "limit", "time zone", ...).
-	Field string
-	// Reason says what is wrong with it, in a few words.
-	Reason string
-}
-
-func (e *InputError) Error() string {
-	return fmt.Sprintf("pgquota: invalid %s: %s", e.Field, e.Reason)
-}
-
-// Unwrap returns ErrInvalidInput.
-func (e *InputError) Unwrap() error { return ErrInvalidInput }
-
-func inputError(field, format string, args ...any) error {
-	return &InputError{Field: field, Reason: fmt.Sprintf(format, args...)}
-}
+// InputError describes a rejected argument: Field names the argument, as
+// in the call's documentation ("member", "amount", "limit", "time zone",
+// ...), and Reason says what is wrong with it, in a few words. Its Error
+// reads "pgquota: invalid FIELD: REASON". It wraps ErrInvalidInput.
+type InputError = core.InputError
 
 // SchemaVersionError is returned by CheckSchema when the database's pgquota
 // schema is not at the version this build needs. It wraps ErrSchemaMissing
@@ -215,7 +200,7 @@ var (
 	// wrapped in a *LeaseHeldError that names the holder and the expiry.
 	// AcquireWait, Do with Wait and Election.Campaign return it only when
 	// their context ends first.
-	ErrLeaseHeld = errors.New("pgquota: lease is held")
+	ErrLeaseHeld = core.ErrLeaseHeld
 
 	// ErrLeaseLost is returned by Renew, RenewTx, Release, ReleaseTx,
 	// SetLeasePayload, SetLeasePayloadTx and Leadership.Proclaim when the
@@ -226,15 +211,15 @@ var (
 	// (SQLSTATE PQ002), and is the cause of Keeper.Context (and so of the
 	// contexts Do and Campaign give) when a renewal found the lease lost. A deposed
 	// holder can neither extend, end, nor write under its successor's lease.
-	ErrLeaseLost = errors.New("pgquota: lease lost")
+	ErrLeaseLost = core.ErrLeaseLost
 
 	// ErrLeaseNotFound is returned by Lease when no lease of that name was
 	// ever acquired, or its row was deleted by ReapLeases.
-	ErrLeaseNotFound = errors.New("pgquota: lease not found")
+	ErrLeaseNotFound = core.ErrLeaseNotFound
 
 	// ErrFencedRowNotFound is returned by FencedRow when the resource has no
 	// row of that key.
-	ErrFencedRowNotFound = errors.New("pgquota: fenced row not found")
+	ErrFencedRowNotFound = core.ErrFencedRowNotFound
 
 	// ErrStaleToken is returned by WriteFencedRow, WriteFencedRowTx,
 	// PresentTokenTx and FencedTx, and by MapFenceError for an error from a guarded
@@ -242,7 +227,7 @@ var (
 	// the write's fencing token is below the highest token seen for the
 	// resource (or below the token of the lease it is checked against). It
 	// is wrapped in a *StaleTokenError. Nothing was written.
-	ErrStaleToken = errors.New("pgquota: stale fencing token")
+	ErrStaleToken = core.ErrStaleToken
 
 	// ErrTokenNotPresented is returned by MapFenceError (and FencedTx, for
 	// fn's statements) for an error from a table guarded by GuardTable (SQLSTATE PQ003) when the statement
@@ -250,7 +235,7 @@ var (
 	// resource (PresentTokenTx or SELECT pgquota.present_token(...) first,
 	// in the same transaction), or one that pgquota.present_token did not
 	// admit. Nothing of the statement was written.
-	ErrTokenNotPresented = errors.New("pgquota: no fencing token presented in this transaction")
+	ErrTokenNotPresented = core.ErrTokenNotPresented
 
 	// ErrWrongLease is returned (by FencedTx, and through MapFenceError,
 	// SQLSTATE PQ004, SQLStateWrongLease) when a fencing token is presented or written for
@@ -258,17 +243,17 @@ var (
 	// issued it, or with a lease name for a resource that takes external
 	// tokens only (see GuardTableRequest). Nothing was written and no mark
 	// moved.
-	ErrWrongLease = errors.New("pgquota: fencing token of another lease")
+	ErrWrongLease = core.ErrWrongLease
 
 	// ErrKeepaliveStopped is the cause of a Keeper's context after
 	// Keeper.Stop.
-	ErrKeepaliveStopped = errors.New("pgquota: keepalive stopped")
+	ErrKeepaliveStopped = core.ErrKeepaliveStopped
 
 	// ErrLeaseExpiring is the cause of a Keeper's context when no renewal
 	// was confirmed in time: the context ends a safety margin before the
 	// last expiry the database confirmed. The cause also wraps the last
 	// renewal error, if any.
-	ErrLeaseExpiring = errors.New("pgquota: lease about to expire without a confirmed renewal")
+	ErrLeaseExpiring = core.ErrLeaseExpiring
 )
 
 // Sentinel errors of coalesced and batched grants (coalesce.go, batch.go).
@@ -283,13 +268,9 @@ var (
 	// Config.OnAbandonedGrant. A call whose context ends before it is sent
 	// is removed from its queue and returns the context's error alone:
 	// nothing was granted for it.
-	ErrGrantAbandoned = errors.New("pgquota: coalesced grant abandoned after it was sent; its outcome goes to Config.OnAbandonedGrant")
+	ErrGrantAbandoned = core.ErrGrantAbandoned
 )
 
 // ErrNoLeader is returned by Election.Leader when no campaigner holds the
 // election's lease (nobody ever won, or the last leader resigned or lost it).
-var ErrNoLeader = errors.New("pgquota: election has no leader")
-
-// errorf is fmt.Errorf whose message carries one "pgquota: " prefix however
-// many of the wrapped errors start with one (errtext.Errorf).
-var errorf = errtext.Errorf
+var ErrNoLeader = core.ErrNoLeader

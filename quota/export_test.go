@@ -94,7 +94,7 @@ func FencedGrantLease(quota, member string) string { return fencedGrantLease(quo
 // reads a quota's kind before its first grant on it).
 func WarmKinds(ctx context.Context, c *Client, names ...string) error {
 	for _, n := range names {
-		if _, err := c.quotaKind(ctx, c.db.reads(), n); err != nil {
+		if _, err := c.quotaKind(ctx, c.db.Reads(), n); err != nil {
 			return err
 		}
 	}

@@ -1,5 +1,7 @@
 package quota
 
+import "github.com/pgquota/pgquota/internal/core"
+
 // External fencing tokens: numbers from another lock service (an etcd
 // key's create revision, a ZooKeeper lock node's sequence number) used as
 // the Token of WriteFencedRow (with no Lease) or of PresentTokenTx on a table
@@ -44,13 +46,13 @@ const (
 // service number ("external number") when out of range.
 func ExternalToken(epoch, n int64, bits uint) (int64, error) {
 	if bits < 1 || bits > 62 {
-		return 0, inputError("bits", "must be between 1 and 62, got %d", bits)
+		return 0, core.Invalid("bits", "must be between 1 and 62, got %d", bits)
 	}
 	if epoch < 1 || epoch >= 1<<(63-bits) {
-		return 0, inputError("epoch", "must be between 1 and %d for %d-bit numbers, got %d", int64(1)<<(63-bits)-1, bits, epoch)
+		return 0, core.Invalid("epoch", "must be between 1 and %d for %d-bit numbers, got %d", int64(1)<<(63-bits)-1, bits, epoch)
 	}
 	if n < 0 || n >= 1<<bits {
-		return 0, inputError("external number", "must be between 0 and %d (%d bits), got %d: bump the epoch and restart the service's numbers, or widen bits", int64(1)<<bits-1, bits, n)
+		return 0, core.Invalid("external number", "must be between 0 and %d (%d bits), got %d: bump the epoch and restart the service's numbers, or widen bits", int64(1)<<bits-1, bits, n)
 	}
 	return epoch<<bits + n, nil
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 	"github.com/pgquota/pgquota/internal/dbutil"
 	"github.com/pgquota/pgquota/migrations"
 )
@@ -221,25 +222,25 @@ type FenceState struct {
 }
 
 func checkFenceWrite(req WriteFencedRowRequest) error {
-	if err := checkName("resource", req.Resource); err != nil {
+	if err := core.CheckName("resource", req.Resource); err != nil {
 		return err
 	}
-	if err := checkName("key", req.Key); err != nil {
+	if err := core.CheckName("key", req.Key); err != nil {
 		return err
 	}
 	switch {
 	case len(req.Value) > MaxFenceValueBytes:
-		return inputError("value", "is %d bytes long, the limit is %d", len(req.Value), MaxFenceValueBytes)
+		return core.Invalid("value", "is %d bytes long, the limit is %d", len(req.Value), MaxFenceValueBytes)
 	case !utf8.ValidString(req.Value):
-		return inputError("value", "is not valid UTF-8")
+		return core.Invalid("value", "is not valid UTF-8")
 	case strings.IndexByte(req.Value, 0) >= 0:
-		return inputError("value", "must not contain NUL")
+		return core.Invalid("value", "must not contain NUL")
 	}
 	if err := checkToken(req.Token); err != nil {
 		return err
 	}
 	if req.Lease != "" {
-		return checkName("lease name", req.Lease)
+		return core.CheckName("lease name", req.Lease)
 	}
 	return nil
 }
@@ -267,7 +268,7 @@ func checkFenceWrite(req WriteFencedRowRequest) error {
 // applied; to learn the outcome, read the row (FencedRow), or repeat the
 // write with the same token and value.
 func (c *Client) WriteFencedRow(ctx context.Context, req WriteFencedRowRequest) (_ FencedRow, err error) {
-	defer c.m.fenceDone(ctx, c.m.now(), &err)
+	defer c.m.FenceDone(ctx, c.m.Now(), &err)
 	return c.fenceWrite(ctx, c.db, req)
 }
 
@@ -279,7 +280,7 @@ func (c *Client) WriteFencedRow(ctx context.Context, req WriteFencedRowRequest) 
 // renewals do not wait), so keep such transactions short. A rejection aborts
 // tx, as any failed statement does.
 func (c *Client) WriteFencedRowTx(ctx context.Context, tx pgx.Tx, req WriteFencedRowRequest) (_ FencedRow, err error) {
-	defer c.m.fenceDone(ctx, c.m.now(), &err)
+	defer c.m.FenceDone(ctx, c.m.Now(), &err)
 	return c.fenceWrite(ctx, tx, req)
 }
 
@@ -311,11 +312,11 @@ func fenceDBError(op string, err error) error {
 	if mapped := MapFenceError(err); mapped != err {
 		return mapped
 	}
-	return dbError(op, err)
+	return core.DBError(op, err)
 }
 
 func fencedRowFrom(r db.PgquotaFencedRow) FencedRow {
-	return FencedRow{Resource: r.Resource, Key: r.Key, Value: r.Value, Token: r.FenceToken, UpdatedAt: timeFromPG(r.UpdatedAt)}
+	return FencedRow{Resource: r.Resource, Key: r.Key, Value: r.Value, Token: r.FenceToken, UpdatedAt: core.TimeFromPG(r.UpdatedAt)}
 }
 
 // FencedRow reads one fenced row.
@@ -323,18 +324,18 @@ func fencedRowFrom(r db.PgquotaFencedRow) FencedRow {
 // Errors: *InputError for a bad resource or key; ErrFencedRowNotFound;
 // ErrSchemaMissing; database errors.
 func (c *Client) FencedRow(ctx context.Context, resource, key string) (FencedRow, error) {
-	if err := checkName("resource", resource); err != nil {
+	if err := core.CheckName("resource", resource); err != nil {
 		return FencedRow{}, err
 	}
-	if err := checkName("key", key); err != nil {
+	if err := core.CheckName("key", key); err != nil {
 		return FencedRow{}, err
 	}
-	r, err := c.queries.FencedRowGet(ctx, c.db.reads(), db.FencedRowGetParams{Resource: resource, Key: key})
+	r, err := c.queries.FencedRowGet(ctx, c.db.Reads(), db.FencedRowGetParams{Resource: resource, Key: key})
 	if isNoRows(err) {
-		return FencedRow{}, errorf("%w: resource %q, key %q", ErrFencedRowNotFound, resource, key)
+		return FencedRow{}, core.Errorf("%w: resource %q, key %q", ErrFencedRowNotFound, resource, key)
 	}
 	if err != nil {
-		return FencedRow{}, dbError("read fenced row", err)
+		return FencedRow{}, core.DBError("read fenced row", err)
 	}
 	return fencedRowFrom(r), nil
 }
@@ -344,12 +345,12 @@ func (c *Client) FencedRow(ctx context.Context, resource, key string) (FencedRow
 // Errors: *InputError for a bad resource; ErrSchemaMissing; database
 // errors.
 func (c *Client) FencedRows(ctx context.Context, resource string) ([]FencedRow, error) {
-	if err := checkName("resource", resource); err != nil {
+	if err := core.CheckName("resource", resource); err != nil {
 		return nil, err
 	}
-	rows, err := retry(ctx, c.policy, func() ([]db.PgquotaFencedRow, error) { return c.queries.FencedRowList(ctx, c.pool, resource) })
+	rows, err := core.Retry(ctx, c.policy, func() ([]db.PgquotaFencedRow, error) { return c.queries.FencedRowList(ctx, c.pool, resource) })
 	if err != nil {
-		return nil, dbError("list fenced rows", err)
+		return nil, core.DBError("list fenced rows", err)
 	}
 	out := make([]FencedRow, len(rows))
 	for i, r := range rows {
@@ -364,17 +365,17 @@ func (c *Client) FencedRows(ctx context.Context, resource string) ([]FencedRow, 
 // Errors: *InputError for a bad resource; ErrSchemaMissing; database
 // errors.
 func (c *Client) FenceState(ctx context.Context, resource string) (FenceState, error) {
-	if err := checkName("resource", resource); err != nil {
+	if err := core.CheckName("resource", resource); err != nil {
 		return FenceState{}, err
 	}
-	r, err := c.queries.FenceGet(ctx, c.db.reads(), resource)
+	r, err := c.queries.FenceGet(ctx, c.db.Reads(), resource)
 	if isNoRows(err) {
 		return FenceState{Resource: resource}, nil
 	}
 	if err != nil {
-		return FenceState{}, dbError("read fence", err)
+		return FenceState{}, core.DBError("read fence", err)
 	}
-	return FenceState{Resource: r.Resource, Highest: r.MaxToken, UpdatedAt: timeFromPG(r.UpdatedAt)}, nil
+	return FenceState{Resource: r.Resource, Highest: r.MaxToken, UpdatedAt: core.TimeFromPG(r.UpdatedAt)}, nil
 }
 
 // Names of the triggers GuardTable creates. The row trigger keeps the
@@ -510,7 +511,7 @@ type GuardedTable struct {
 // applied; to learn the outcome, repeat the call (attaching again replaces
 // the triggers).
 func (c *Client) GuardTable(ctx context.Context, req GuardTableRequest) (GuardedTable, error) {
-	return retry(ctx, c.policy, func() (GuardedTable, error) {
+	return core.Retry(ctx, c.policy, func() (GuardedTable, error) {
 		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (GuardedTable, error) {
 			return c.attachFenceGuard(ctx, tx, req)
 		})
@@ -525,19 +526,19 @@ func (c *Client) GuardTableTx(ctx context.Context, tx pgx.Tx, req GuardTableRequ
 
 func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTableRequest) (GuardedTable, error) {
 	table, column := req.Table, req.Column
-	if err := checkName("table", table); err != nil {
+	if err := core.CheckName("table", table); err != nil {
 		return GuardedTable{}, err
 	}
-	if err := checkName("column", column); err != nil {
+	if err := core.CheckName("column", column); err != nil {
 		return GuardedTable{}, err
 	}
 	switch {
 	case req.External && (req.Lease != "" || req.Semaphore != ""):
-		return GuardedTable{}, inputError("external", "excludes a lease or a semaphore: a table takes tokens of one source")
+		return GuardedTable{}, core.Invalid("external", "excludes a lease or a semaphore: a table takes tokens of one source")
 	case req.Lease != "" && req.Semaphore != "":
-		return GuardedTable{}, inputError("semaphore", "excludes a lease: a table is bound to one lease or one semaphore")
+		return GuardedTable{}, core.Invalid("semaphore", "excludes a lease: a table is bound to one lease or one semaphore")
 	case req.Lease != "":
-		if err := checkName("lease name", req.Lease); err != nil {
+		if err := core.CheckName("lease name", req.Lease); err != nil {
 			return GuardedTable{}, err
 		}
 	case req.Semaphore != "":
@@ -552,22 +553,22 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTable
 		FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
 		WHERE c.oid = to_regclass($1) AND c.relkind IN ('r', 'p')`, table).Scan(&nsp, &rel, &resource, &found)
 	if isNoRows(err) {
-		return GuardedTable{}, inputError("table", "%q is not a table the database knows", table)
+		return GuardedTable{}, core.Invalid("table", "%q is not a table the database knows", table)
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42602" || pgErr.Code == "42601" || pgErr.Code == "0A000") {
 		// to_regclass parses the name: a syntax error (42602 invalid name
 		// syntax, 42601 too many dotted names) or a cross-database
 		// reference (0A000) is bad input, not a database failure.
-		return GuardedTable{}, inputError("table", "%q is not a valid table name: %s", table, pgErr.Message)
+		return GuardedTable{}, core.Invalid("table", "%q is not a valid table name: %s", table, pgErr.Message)
 	}
 	if err != nil {
-		return GuardedTable{}, dbError("attach fence guard", err)
+		return GuardedTable{}, core.DBError("attach fence guard", err)
 	}
 	if nsp == migrations.Schema {
 		// pgquota.fence_admit writes pgquota's own tables: a guard on one
 		// of them would call itself on every fenced write.
-		return GuardedTable{}, inputError("table", "%s is one of pgquota's own tables", resource)
+		return GuardedTable{}, core.Invalid("table", "%s is one of pgquota's own tables", resource)
 	}
 	var typ string
 	err = tx.QueryRow(ctx, `
@@ -575,15 +576,15 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTable
 		WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND a.attnum > 0 AND NOT a.attisdropped`,
 		table, column).Scan(&typ)
 	if isNoRows(err) {
-		return GuardedTable{}, inputError("column", "%q is not a column of %s", column, resource)
+		return GuardedTable{}, core.Invalid("column", "%q is not a column of %s", column, resource)
 	}
 	if err != nil {
-		return GuardedTable{}, dbError("attach fence guard", err)
+		return GuardedTable{}, core.DBError("attach fence guard", err)
 	}
 	if typ != "bigint" {
 		// Fencing tokens are 64-bit: a lease token need not fit a smaller
 		// column.
-		return GuardedTable{}, inputError("column", "%s.%s is of type %s, it must be bigint (fencing tokens are 64-bit)", resource, column, typ)
+		return GuardedTable{}, core.Invalid("column", "%s.%s is of type %s, it must be bigint (fencing tokens are 64-bit)", resource, column, typ)
 	}
 	// Inheritance children: a statement on the parent reads and writes
 	// their rows, and a statement on a child bypasses the parent's triggers.
@@ -599,10 +600,10 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTable
 		children, err = pgx.CollectRows(crows, pgx.RowTo[string])
 	}
 	if err != nil {
-		return GuardedTable{}, dbError("attach fence guard", err)
+		return GuardedTable{}, core.DBError("attach fence guard", err)
 	}
 	if len(children) > 0 {
-		return GuardedTable{}, inputError("table", "%s takes part in table inheritance (INHERITS: %s): statements on a parent change its children's rows, "+
+		return GuardedTable{}, core.Invalid("table", "%s takes part in table inheritance (INHERITS: %s): statements on a parent change its children's rows, "+
 			"and the guard cannot cover them; guard a table without INHERITS children or parents, or use declarative partitioning",
 			resource, strings.Join(children, ", "))
 	}
@@ -621,7 +622,7 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTable
 		old, err = pgx.CollectRows(rows, pgx.RowTo[string])
 	}
 	if err != nil {
-		return GuardedTable{}, dbError("attach fence guard", err)
+		return GuardedTable{}, core.DBError("attach fence guard", err)
 	}
 	for _, name := range old {
 		if _, err := tx.Exec(ctx, `DROP TRIGGER `+pgx.Identifier{name}.Sanitize()+` ON `+ident); err != nil {
@@ -654,7 +655,7 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTable
 	_, err = tx.Exec(ctx, `SELECT pgquota.fence_guard_register($1::text, $2::boolean, $3::text, $4::text)`,
 		resource, req.External, bindLease, bindSemaphore)
 	if err != nil {
-		return GuardedTable{}, dbError("attach fence guard", err)
+		return GuardedTable{}, core.DBError("attach fence guard", err)
 	}
 	return GuardedTable{
 		Table: ident, Column: column, Resource: resource, External: req.External,
@@ -673,12 +674,12 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTable
 func guardTriggerError(resource string, err error) error {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42501" && !strings.Contains(pgErr.Message, " function ") {
-		return errorf("pgquota: attach fence guard: %w: attaching a guard creates triggers on %s, which needs the TRIGGER privilege on it "+
+		return core.Errorf("pgquota: attach fence guard: %w: attaching a guard creates triggers on %s, which needs the TRIGGER privilege on it "+
 			"(replacing an older guard needs its ownership): as its owner run GRANT TRIGGER ON %s TO ROLE, or attach the guard as the table's owner; "+
 			"the role must also be a member of %s: %w",
 			ErrPermissionDenied, resource, resource, migrations.OperatorRole, err)
 	}
-	return dbError("attach fence guard", err)
+	return core.DBError("attach fence guard", err)
 }
 
 // PresentTokenRequest is a fencing token presented for the statements of

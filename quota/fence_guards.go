@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // ErrGuardNotFiring is returned by CheckGuards when the guard of a table
@@ -41,7 +42,7 @@ type GuardStatus struct {
 //
 // Errors: ErrSchemaMissing; database errors.
 func (c *Client) GuardedTables(ctx context.Context) ([]GuardStatus, error) {
-	out, err := retry(ctx, c.policy, func() ([]GuardStatus, error) {
+	out, err := core.Retry(ctx, c.policy, func() ([]GuardStatus, error) {
 		rows, err := c.pool.Query(ctx, `SELECT table_name, coalesce(resource, ''), fires, coalesce(problem, '') FROM pgquota.fence_guards()`)
 		if err != nil {
 			return nil, err
@@ -53,7 +54,7 @@ func (c *Client) GuardedTables(ctx context.Context) ([]GuardStatus, error) {
 		})
 	})
 	if err != nil {
-		return nil, dbError("list guarded tables", err)
+		return nil, core.DBError("list guarded tables", err)
 	}
 	return out, nil
 }

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/pgquota/pgquota/internal/core"
 	"github.com/pgquota/pgquota/internal/dbutil"
 )
 
@@ -91,13 +92,13 @@ type FencedTxRequest struct {
 //     gone.
 func (c *Client) FencedTx(ctx context.Context, req FencedTxRequest, fn func(tx pgx.Tx) error) error {
 	if fn == nil {
-		return inputError("fn", "must not be nil")
+		return core.Invalid("fn", "must not be nil")
 	}
 	present := PresentTokenRequest{Resource: req.Resource, Token: req.Token, Lease: req.Lease}
 	if err := checkPresentToken(present); err != nil {
 		return err
 	}
-	_, err := retry(ctx, c.policy, func() (struct{}, error) {
+	_, err := core.Retry(ctx, c.policy, func() (struct{}, error) {
 		return struct{}{}, dbutil.WithTxOptions(ctx, c.pool, req.TxOptions, func(tx pgx.Tx) error {
 			if err := c.PresentTokenTx(ctx, tx, present); err != nil {
 				return err
@@ -111,14 +112,14 @@ func (c *Client) FencedTx(ctx context.Context, req FencedTxRequest, fn func(tx p
 // checkPresentToken checks a PresentTokenRequest's fields, naming the bad
 // one, before anything is sent.
 func checkPresentToken(req PresentTokenRequest) error {
-	if err := checkName("resource", req.Resource); err != nil {
+	if err := core.CheckName("resource", req.Resource); err != nil {
 		return err
 	}
 	if err := checkToken(req.Token); err != nil {
 		return err
 	}
 	if req.Lease != "" {
-		return checkName("lease name", req.Lease)
+		return core.CheckName("lease name", req.Lease)
 	}
 	return nil
 }

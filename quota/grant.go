@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // GrantRequest asks for units of a quota for a member.
@@ -148,14 +149,14 @@ type GrantResult struct {
 // error; database errors (SQLSTATE kept); ErrOutcomeUnknown, as above. On
 // any other error nothing was written.
 func (c *Client) Grant(ctx context.Context, req GrantRequest) (res GrantResult, err error) {
-	defer c.m.grantDone(ctx, opGrant, c.m.now(), &req, &res, &err)
+	defer c.grantDone(ctx, core.OpGrant, c.m.Now(), &req, &res, &err)
 	// Several quotas at once take pgquota.grant_limits (grant_multi.go),
 	// which checks its request; so do rates, fixed durations and rolling
 	// windows where the group commit or the coalescer takes the call (their
 	// batches go through pgquota.grant_limits_batch, batch_limits.go). The
 	// plain path needs no kind: pgquota.grant serves every kind,
 	// pgquota.grant_keyed reports it.
-	if (len(req.Quotas) > 0 || c.grouper != nil || c.coalescer != nil) && c.shapedRoute(ctx, c.db.reads(), req) {
+	if (len(req.Quotas) > 0 || c.grouper != nil || c.coalescer != nil) && c.shapedRoute(ctx, c.db.Reads(), req) {
 		if _, err := checkLimitsRequest(req); err != nil {
 			return GrantResult{}, err
 		}
@@ -183,7 +184,7 @@ func (c *Client) Grant(ctx context.Context, req GrantRequest) (res GrantResult, 
 // concurrent call with the same key waits for tx, then replays its outcome
 // if tx committed, or grants itself if tx rolled back.
 func (c *Client) GrantTx(ctx context.Context, tx pgx.Tx, req GrantRequest) (res GrantResult, err error) {
-	defer c.m.grantDone(ctx, opGrantTx, c.m.now(), &req, &res, &err)
+	defer c.grantDone(ctx, core.OpGrantTx, c.m.Now(), &req, &res, &err)
 	if len(req.Quotas) > 0 {
 		return c.grantLimits(ctx, tx, req)
 	}
@@ -215,21 +216,21 @@ func (c *Client) grant(ctx context.Context, x db.DBTX, req GrantRequest) (GrantR
 		LimitValue: limit,
 	})
 	if err != nil {
-		return GrantResult{}, dbError("grant", err)
+		return GrantResult{}, core.DBError("grant", err)
 	}
 	if !row.Found {
 		c.kinds.Delete(req.Quota)
-		return GrantResult{}, errorf("%w: %q", ErrQuotaNotFound, req.Quota)
+		return GrantResult{}, core.Errorf("%w: %q", ErrQuotaNotFound, req.Quota)
 	}
 	w := Window(row.Kind)
 	c.kinds.Store(req.Quota, w)
 	switch {
 	case !row.HasLimit:
-		return GrantResult{}, errorf("%w (quota %q, member %q)", ErrNoLimit, req.Quota, req.Member)
+		return GrantResult{}, core.Errorf("%w (quota %q, member %q)", ErrNoLimit, req.Quota, req.Member)
 	case !row.DecidedAt.Valid && w == WindowRolling && row.LimitValue > MaxRollingLimit:
-		return GrantResult{}, inputError("limit", "of rolling quota %q for member %q is %d, at most %d is supported", req.Quota, req.Member, row.LimitValue, MaxRollingLimit)
+		return GrantResult{}, core.Invalid("limit", "of rolling quota %q for member %q is %d, at most %d is supported", req.Quota, req.Member, row.LimitValue, MaxRollingLimit)
 	case !row.DecidedAt.Valid:
-		return GrantResult{}, errorf("pgquota: grant: quota %q of kind %s has no shape row", req.Quota, row.Kind)
+		return GrantResult{}, core.Errorf("pgquota: grant: quota %q of kind %s has no shape row", req.Quota, row.Kind)
 	}
 	res := GrantResult{
 		Granted:     row.Granted,
@@ -239,11 +240,11 @@ func (c *Client) grant(ctx context.Context, x db.DBTX, req GrantRequest) (GrantR
 		Used:        row.Used,
 		Limit:       row.LimitValue,
 		Remaining:   row.Remaining,
-		WindowStart: timeFromPG(row.WindowStart),
-		WindowEnd:   timeFromPG(row.WindowEnd),
+		WindowStart: core.TimeFromPG(row.WindowStart),
+		WindowEnd:   core.TimeFromPG(row.WindowEnd),
 		RetryAfter:  usDuration(row.RetryAfterUs),
 		ResetAfter:  usDuration(row.ResetAfterUs),
-		DecidedAt:   timeFromPG(row.DecidedAt),
+		DecidedAt:   core.TimeFromPG(row.DecidedAt),
 	}
 	if w.Shaped() {
 		// As grantLimits reports a grant against one quota.
@@ -303,7 +304,7 @@ type RevokeResult struct {
 // ended (it may have committed: repeat with the same idempotency key, or
 // read the state, to learn the outcome). On any other error nothing was written.
 func (c *Client) Revoke(ctx context.Context, req RevokeRequest) (_ RevokeResult, err error) {
-	defer c.m.done(ctx, opRevoke, c.m.now(), &err)
+	defer c.m.Done(ctx, core.OpRevoke, c.m.Now(), &err)
 	return c.revoke(ctx, c.db, req)
 }
 
@@ -314,13 +315,13 @@ func (c *Client) RevokeTx(ctx context.Context, tx pgx.Tx, req RevokeRequest) (Re
 }
 
 func (c *Client) revoke(ctx context.Context, x db.DBTX, req RevokeRequest) (RevokeResult, error) {
-	if err := checkName("quota name", req.Quota); err != nil {
+	if err := core.CheckName("quota name", req.Quota); err != nil {
 		return RevokeResult{}, err
 	}
-	if err := checkName("member", req.Member); err != nil {
+	if err := core.CheckName("member", req.Member); err != nil {
 		return RevokeResult{}, err
 	}
-	if err := checkUnits("amount", req.Amount, 1); err != nil {
+	if err := core.CheckUnits("amount", req.Amount, 1); err != nil {
 		return RevokeResult{}, err
 	}
 	if req.Idempotency.Key != "" {
@@ -330,10 +331,10 @@ func (c *Client) revoke(ctx context.Context, x db.DBTX, req RevokeRequest) (Revo
 		QuotaName: req.Quota, Member: req.Member, Amount: req.Amount,
 	})
 	if err != nil {
-		return RevokeResult{}, dbError("revoke", err)
+		return RevokeResult{}, core.DBError("revoke", err)
 	}
 	if !row.Found {
-		return RevokeResult{}, errorf("%w: %q", ErrQuotaNotFound, req.Quota)
+		return RevokeResult{}, core.Errorf("%w: %q", ErrQuotaNotFound, req.Quota)
 	}
 	if w := Window(row.Kind); w.Shaped() {
 		return RevokeResult{}, calendarOnlyError("revoke", req.Quota, w)
@@ -344,8 +345,8 @@ func (c *Client) revoke(ctx context.Context, x db.DBTX, req RevokeRequest) (Revo
 		Amount:      req.Amount,
 		Revoked:     row.UsedBefore - row.UsedAfter,
 		Used:        row.UsedAfter,
-		WindowStart: timeFromPG(row.WindowStart),
-		WindowEnd:   timeFromPG(row.WindowEnd),
+		WindowStart: core.TimeFromPG(row.WindowStart),
+		WindowEnd:   core.TimeFromPG(row.WindowEnd),
 	}, nil
 }
 
@@ -404,18 +405,18 @@ type Usage struct {
 // Errors: *InputError for a bad quota name or member; ErrQuotaNotFound;
 // ErrSchemaMissing; database errors.
 func (c *Client) Usage(ctx context.Context, quota, member string) (Usage, error) {
-	if err := checkName("quota name", quota); err != nil {
+	if err := core.CheckName("quota name", quota); err != nil {
 		return Usage{}, err
 	}
-	if err := checkName("member", member); err != nil {
+	if err := core.CheckName("member", member); err != nil {
 		return Usage{}, err
 	}
-	row, err := c.queries.UsageGet(ctx, c.db.reads(), db.UsageGetParams{QuotaName: quota, Member: member})
+	row, err := c.queries.UsageGet(ctx, c.db.Reads(), db.UsageGetParams{QuotaName: quota, Member: member})
 	if isNoRows(err) {
-		return Usage{}, errorf("%w: %q", ErrQuotaNotFound, quota)
+		return Usage{}, core.Errorf("%w: %q", ErrQuotaNotFound, quota)
 	}
 	if err != nil {
-		return Usage{}, dbError("usage", err)
+		return Usage{}, core.DBError("usage", err)
 	}
 	return Usage{
 		Quota:       quota,
@@ -425,12 +426,12 @@ func (c *Client) Usage(ctx context.Context, quota, member string) (Usage, error)
 		Limit:       row.LimitValue,
 		HasLimit:    row.HasLimit,
 		Remaining:   row.Remaining,
-		WindowStart: timeFromPG(row.WindowStart),
-		WindowEnd:   timeFromPG(row.WindowEnd),
+		WindowStart: core.TimeFromPG(row.WindowStart),
+		WindowEnd:   core.TimeFromPG(row.WindowEnd),
 		Burst:       row.Burst,
 		Period:      time.Duration(row.PeriodUs) * time.Microsecond,
 		ResetAfter:  usDuration(row.ResetAfterUs),
 		RefillAfter: usDuration(row.RefillAfterUs),
-		DBNow:       timeFromPG(row.ReadAt),
+		DBNow:       core.TimeFromPG(row.ReadAt),
 	}, nil
 }

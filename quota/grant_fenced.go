@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // defaultFencedGrantTTL is the lease TTL grantFenced uses when given 0.
@@ -74,19 +75,19 @@ func fencedGrantLease(quota, member string) string {
 // ErrLeaseLost when the write was fenced off 5 times in a row; an error
 // saying the counter changed when it did 50 times in a row.
 func (c *Client) grantFenced(ctx context.Context, req GrantRequest, ttl time.Duration) (res GrantResult, err error) {
-	defer c.m.grantDone(ctx, opGrantFenced, c.m.now(), &req, &res, &err)
-	if err := checkName("quota name", req.Quota); err != nil {
+	defer c.grantDone(ctx, core.OpGrantFenced, c.m.Now(), &req, &res, &err)
+	if err := core.CheckName("quota name", req.Quota); err != nil {
 		return GrantResult{}, err
 	}
-	if err := checkName("member", req.Member); err != nil {
+	if err := core.CheckName("member", req.Member); err != nil {
 		return GrantResult{}, err
 	}
-	if err := checkUnits("amount", req.Amount, 1); err != nil {
+	if err := core.CheckUnits("amount", req.Amount, 1); err != nil {
 		return GrantResult{}, err
 	}
 	var limit pgtype.Int8
 	if req.Limit != nil {
-		if err := checkUnits("limit", *req.Limit, 0); err != nil {
+		if err := core.CheckUnits("limit", *req.Limit, 0); err != nil {
 			return GrantResult{}, err
 		}
 		limit = pgtype.Int8{Int64: *req.Limit, Valid: true}
@@ -163,17 +164,17 @@ const maxCounterMoves = 50
 
 // grantFencedDecide reads the counter, decides, and writes under lease l.
 func (c *Client) grantFencedDecide(ctx context.Context, req GrantRequest, limit pgtype.Int8, l Lease) (res GrantResult, err error) {
-	row, err := c.queries.UsageFencedRead(ctx, c.db.reads(), db.UsageFencedReadParams{
+	row, err := c.queries.UsageFencedRead(ctx, c.db.Reads(), db.UsageFencedReadParams{
 		QuotaName: req.Quota, Member: req.Member, LimitValue: limit,
 	})
 	if isNoRows(err) {
-		return GrantResult{}, errorf("%w: %q", ErrQuotaNotFound, req.Quota)
+		return GrantResult{}, core.Errorf("%w: %q", ErrQuotaNotFound, req.Quota)
 	}
 	if err != nil {
-		return GrantResult{}, dbError("fenced grant: read", err)
+		return GrantResult{}, core.DBError("fenced grant: read", err)
 	}
 	if !row.HasLimit {
-		return GrantResult{}, errorf("%w (quota %q, member %q)", ErrNoLimit, req.Quota, req.Member)
+		return GrantResult{}, core.Errorf("%w (quota %q, member %q)", ErrNoLimit, req.Quota, req.Member)
 	}
 	res = GrantResult{
 		Quota:       req.Quota,
@@ -181,8 +182,8 @@ func (c *Client) grantFencedDecide(ctx context.Context, req GrantRequest, limit 
 		Amount:      req.Amount,
 		Used:        row.Used,
 		Limit:       row.LimitValue,
-		WindowStart: timeFromPG(row.WindowStart),
-		WindowEnd:   timeFromPG(row.WindowEnd),
+		WindowStart: core.TimeFromPG(row.WindowStart),
+		WindowEnd:   core.TimeFromPG(row.WindowEnd),
 	}
 	if row.Used+req.Amount > row.LimitValue {
 		res.Remaining = max(row.LimitValue-row.Used, 0)
@@ -209,7 +210,7 @@ func (c *Client) grantFencedDecide(ctx context.Context, req GrantRequest, limit 
 	res.Granted = true
 	res.Used = w.Used
 	res.Remaining = max(row.LimitValue-w.Used, 0)
-	res.WindowStart = timeFromPG(w.WindowStart)
-	res.WindowEnd = timeFromPG(w.WindowEnd)
+	res.WindowStart = core.TimeFromPG(w.WindowStart)
+	res.WindowEnd = core.TimeFromPG(w.WindowEnd)
 	return res, nil
 }

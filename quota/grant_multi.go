@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // Never is the RetryAfter (or ResetAfter) of a state that no wait changes:
@@ -62,10 +63,10 @@ func checkLimitsRequest(req GrantRequest) ([]string, error) {
 	if len(names) == 0 {
 		names = []string{req.Quota}
 	} else if req.Quota != "" {
-		return nil, inputError("quota", "set Quota or Quotas, not both")
+		return nil, core.Invalid("quota", "set Quota or Quotas, not both")
 	}
 	if len(names) > MaxQuotasPerGrant {
-		return nil, inputError("quotas", "at most %d quotas per grant, got %d", MaxQuotasPerGrant, len(names))
+		return nil, core.Invalid("quotas", "at most %d quotas per grant, got %d", MaxQuotasPerGrant, len(names))
 	}
 	seen := make(map[string]bool, len(names))
 	for i, n := range names {
@@ -73,25 +74,25 @@ func checkLimitsRequest(req GrantRequest) ([]string, error) {
 		if len(req.Quotas) > 0 {
 			field = fmt.Sprintf("quotas[%d]", i)
 		}
-		if err := checkName(field, n); err != nil {
+		if err := core.CheckName(field, n); err != nil {
 			return nil, err
 		}
 		if seen[n] {
-			return nil, inputError(field, "names quota %q twice", n)
+			return nil, core.Invalid(field, "names quota %q twice", n)
 		}
 		seen[n] = true
 	}
-	if err := checkName("member", req.Member); err != nil {
+	if err := core.CheckName("member", req.Member); err != nil {
 		return nil, err
 	}
-	if err := checkUnits("amount", req.Amount, 1); err != nil {
+	if err := core.CheckUnits("amount", req.Amount, 1); err != nil {
 		return nil, err
 	}
 	if req.Limit != nil {
 		if len(req.Quotas) > 0 {
-			return nil, inputError("limit", "a call's limit is not accepted with several quotas (set member limits instead)")
+			return nil, core.Invalid("limit", "a call's limit is not accepted with several quotas (set member limits instead)")
 		}
-		if err := checkUnits("limit", *req.Limit, 0); err != nil {
+		if err := core.CheckUnits("limit", *req.Limit, 0); err != nil {
 			return nil, err
 		}
 	}
@@ -105,7 +106,7 @@ func checkLimitsRequest(req GrantRequest) ([]string, error) {
 // quota of kind rate, fixed or rolling (pgquota.grant_keyed writes nothing
 // for those kinds and reports the kind).
 func errKeyedShaped() error {
-	return inputError("idempotency key", "not supported for a grant against several quotas or a quota of kind rate, fixed or rolling (only calendar quotas record keyed grants)")
+	return core.Invalid("idempotency key", "not supported for a grant against several quotas or a quota of kind rate, fixed or rolling (only calendar quotas record keyed grants)")
 }
 
 // shapedRoute reports whether req is decided by pgquota.grant_limits: a
@@ -129,7 +130,7 @@ func (c *Client) shapedRouteErr(ctx context.Context, x db.DBTX, req GrantRequest
 	if len(req.Quotas) > 0 {
 		return true, nil
 	}
-	if checkName("quota name", req.Quota) != nil {
+	if core.CheckName("quota name", req.Quota) != nil {
 		return false, nil
 	}
 	if w, ok := c.kinds.Load(req.Quota); ok && w.Shaped() && req.Idempotency.Key != "" {
@@ -150,8 +151,8 @@ func (c *Client) shapedRouteErr(ctx context.Context, x db.DBTX, req GrantRequest
 // a serialization failure or deadlock is retried, as for a calendar grant
 // (retry); in the caller's transaction it is returned unchanged.
 func (c *Client) grantLimits(ctx context.Context, x db.DBTX, req GrantRequest) (GrantResult, error) {
-	if p, ok := x.(retryPool); ok {
-		return retry(ctx, c.policy, func() (GrantResult, error) { return c.grantLimitsOnce(ctx, p.pool, req) })
+	if p, ok := x.(core.RetryPool); ok {
+		return core.Retry(ctx, c.policy, func() (GrantResult, error) { return c.grantLimitsOnce(ctx, p.Pool, req) })
 	}
 	return c.grantLimitsOnce(ctx, x, req)
 }
@@ -169,7 +170,7 @@ func (c *Client) grantLimitsOnce(ctx context.Context, x db.DBTX, req GrantReques
 		QuotaNames: names, Member: req.Member, Amount: req.Amount, LimitValue: limit,
 	})
 	if err != nil {
-		return GrantResult{}, dbError("grant", err)
+		return GrantResult{}, core.DBError("grant", err)
 	}
 	return c.limitsOutcome(req, names, rows)
 }
@@ -180,12 +181,12 @@ func (c *Client) grantLimitsOnce(ctx context.Context, x db.DBTX, req GrantReques
 // Grant and the batch statement (batch_limits.go) share it.
 func (c *Client) limitsOutcome(req GrantRequest, names []string, rows []db.LimitsGrantRow) (GrantResult, error) {
 	if len(rows) != len(names) {
-		return GrantResult{}, errorf("pgquota: grant: %d rows for %d quotas", len(rows), len(names))
+		return GrantResult{}, core.Errorf("pgquota: grant: %d rows for %d quotas", len(rows), len(names))
 	}
 	for _, r := range rows {
 		if !r.Found {
 			c.kinds.Delete(r.QuotaName)
-			return GrantResult{}, errorf("%w: %q", ErrQuotaNotFound, r.QuotaName)
+			return GrantResult{}, core.Errorf("%w: %q", ErrQuotaNotFound, r.QuotaName)
 		}
 		c.kinds.Store(r.QuotaName, Window(r.Kind))
 	}
@@ -193,18 +194,18 @@ func (c *Client) limitsOutcome(req GrantRequest, names []string, rows []db.Limit
 		switch {
 		case r.Decided:
 		case !r.HasLimit:
-			return GrantResult{}, errorf("%w (quota %q, member %q)", ErrNoLimit, r.QuotaName, req.Member)
+			return GrantResult{}, core.Errorf("%w (quota %q, member %q)", ErrNoLimit, r.QuotaName, req.Member)
 		case Window(r.Kind) == WindowRolling && r.LimitValue > MaxRollingLimit:
-			return GrantResult{}, inputError("limit", "of rolling quota %q for member %q is %d, at most %d is supported", r.QuotaName, req.Member, r.LimitValue, MaxRollingLimit)
+			return GrantResult{}, core.Invalid("limit", "of rolling quota %q for member %q is %d, at most %d is supported", r.QuotaName, req.Member, r.LimitValue, MaxRollingLimit)
 		case r.PeriodUs == 0 && Window(r.Kind).Shaped():
-			return GrantResult{}, errorf("pgquota: grant: quota %q of kind %s has no shape row", r.QuotaName, r.Kind)
+			return GrantResult{}, core.Errorf("pgquota: grant: quota %q of kind %s has no shape row", r.QuotaName, r.Kind)
 		}
 	}
 	res := GrantResult{
 		Member:    req.Member,
 		Amount:    req.Amount,
 		Granted:   rows[0].Granted,
-		DecidedAt: timeFromPG(rows[0].DecidedAt),
+		DecidedAt: core.TimeFromPG(rows[0].DecidedAt),
 		Limits:    make([]LimitResult, len(rows)),
 	}
 	bind := -1 // the binding limit: the refusing one with the longest wait, else the one with the least room
@@ -218,8 +219,8 @@ func (c *Client) limitsOutcome(req GrantRequest, names []string, rows []db.Limit
 			Remaining:   r.Remaining,
 			Burst:       r.Burst,
 			Period:      time.Duration(r.PeriodUs) * time.Microsecond,
-			WindowStart: timeFromPG(r.WindowStart),
-			WindowEnd:   timeFromPG(r.WindowEnd),
+			WindowStart: core.TimeFromPG(r.WindowStart),
+			WindowEnd:   core.TimeFromPG(r.WindowEnd),
 			RetryAfter:  usDuration(r.RetryAfterUs),
 			ResetAfter:  usDuration(r.ResetAfterUs),
 		}

@@ -3,6 +3,8 @@ package quota
 import (
 	"context"
 	"sync"
+
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // Group commit across counters (Config.GroupCommit).
@@ -163,7 +165,7 @@ func (g *grouper) grant(ctx context.Context, req GrantRequest) (GrantResult, err
 // abandonedError is the error of a grouped or coalesced call whose caller
 // gave up after the call was sent.
 func abandonedError(ctx context.Context) error {
-	return errorf("%w (%w): %w", ErrGrantAbandoned, ErrOutcomeUnknown, ctx.Err())
+	return core.Errorf("%w (%w): %w", ErrGrantAbandoned, ErrOutcomeUnknown, ctx.Err())
 }
 
 // run sends the groups of lane ln, one at a time, each of the calls waiting
@@ -217,7 +219,7 @@ func (g *grouper) send(ln *groupLane, batch []*waiter) {
 	// contexts may cancel it (context.WithoutCancel keeps the first one's
 	// values, for tracing).
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), coalesceStatementTimeout)
-	g.c.m.statementSizeOf(batch[0].ctx, pathGroup, len(batch))
+	g.c.m.StatementSizeOf(batch[0].ctx, core.PathGroup, len(batch))
 	outcomes := make([]BatchOutcome, len(batch))
 	var err error
 	if len(batch) == 1 {
@@ -227,7 +229,7 @@ func (g *grouper) send(ln *groupLane, batch []*waiter) {
 	} else {
 		outcomes, err = g.c.grantBatchOwn(ctx, reqs)
 		if err != nil {
-			err = errorf("pgquota: grant: group commit: %w", err)
+			err = core.Errorf("pgquota: grant: group commit: %w", err)
 		}
 	}
 	cancel()

@@ -8,6 +8,7 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"github.com/jackc/pgx/v5"
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // KeepaliveOptions tunes Keepalive. The zero value (or nil) is ready to
@@ -103,7 +104,7 @@ type Keeper struct {
 // Errors: *InputError for a lease without name or token, or bad options;
 // the errors of Renew from that first renewal.
 func (c *Client) Keepalive(ctx context.Context, l Lease, opts *KeepaliveOptions) (*Keeper, error) {
-	if err := checkName("lease name", l.Name); err != nil {
+	if err := core.CheckName("lease name", l.Name); err != nil {
 		return nil, err
 	}
 	if err := checkToken(l.Token); err != nil {
@@ -125,21 +126,21 @@ func (c *Client) Keepalive(ctx context.Context, l Lease, opts *KeepaliveOptions)
 		k.margin = k.ttl / 10
 	}
 	if k.margin < 0 || k.margin >= k.ttl {
-		return nil, inputError("margin", "must be at least 0 and below the TTL %s, got %s", k.ttl, k.margin)
+		return nil, core.Invalid("margin", "must be at least 0 and below the TTL %s, got %s", k.ttl, k.margin)
 	}
 	k.every = k.opts.Interval
 	if k.every == 0 {
 		k.every = k.ttl / 3
 	}
 	if k.every <= 0 || k.every >= k.ttl-k.margin {
-		return nil, inputError("interval", "must be positive and below TTL - margin (%s), got %s", k.ttl-k.margin, k.every)
+		return nil, core.Invalid("interval", "must be positive and below TTL - margin (%s), got %s", k.ttl-k.margin, k.every)
 	}
 	k.attempt = k.opts.AttemptTimeout
 	if k.attempt == 0 {
 		k.attempt = k.every / 2
 	}
 	if k.attempt <= 0 || k.attempt >= k.ttl-k.margin {
-		return nil, inputError("attempt timeout", "must be positive and below TTL - margin (%s), got %s", k.ttl-k.margin, k.attempt)
+		return nil, core.Invalid("attempt timeout", "must be positive and below TTL - margin (%s), got %s", k.ttl-k.margin, k.attempt)
 	}
 
 	if l.ValidUntil().Add(-k.margin).Before(time.Now()) {
@@ -200,12 +201,12 @@ func (k *Keeper) deadline(l Lease) time.Time {
 func (k *Keeper) expire() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	cause := errorf("%w: lease %q, token %d: no renewal confirmed %s before its expiry at %s",
+	cause := core.Errorf("%w: lease %q, token %d: no renewal confirmed %s before its expiry at %s",
 		ErrLeaseExpiring, k.name, k.token, k.margin, k.lease.ExpiresAt.UTC().Format(time.RFC3339Nano))
 	if k.lastErr != nil {
-		cause = errorf("%w (last renewal error: %w)", cause, k.lastErr)
+		cause = core.Errorf("%w (last renewal error: %w)", cause, k.lastErr)
 	}
-	k.c.m.keepaliveExpired()
+	k.c.m.KeepaliveExpired()
 	k.cancel(cause)
 }
 
@@ -228,7 +229,7 @@ func (k *Keeper) renewOnNewConn(ctx context.Context) (Lease, error) {
 	}
 	conn, err := pgx.ConnectConfig(ctx, k.c.pool.Config().ConnConfig.Copy())
 	if err != nil {
-		return Lease{}, errorf("pgquota: renew lease %q: connect: %w", k.name, err)
+		return Lease{}, core.Errorf("pgquota: renew lease %q: connect: %w", k.name, err)
 	}
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)

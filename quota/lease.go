@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // The fenced lock (after Martin Kleppmann, "How to do
@@ -167,18 +168,18 @@ func (e *LeaseHeldError) Unwrap() error { return ErrLeaseHeld }
 func checkTTL(ttl time.Duration) error {
 	switch {
 	case ttl <= 0:
-		return inputError("ttl", "must be positive, got %s", ttl)
+		return core.Invalid("ttl", "must be positive, got %s", ttl)
 	case ttl < MinLeaseTTL:
-		return inputError("ttl", "must be at least %s, got %s (a unit mistake?)", MinLeaseTTL, ttl)
+		return core.Invalid("ttl", "must be at least %s, got %s (a unit mistake?)", MinLeaseTTL, ttl)
 	case ttl > MaxLeaseTTL:
-		return inputError("ttl", "must be at most %s, got %s", MaxLeaseTTL, ttl)
+		return core.Invalid("ttl", "must be at most %s, got %s", MaxLeaseTTL, ttl)
 	}
 	return nil
 }
 
 func checkToken(token int64) error {
 	if token < 1 {
-		return inputError("token", "must be positive, got %d", token)
+		return core.Invalid("token", "must be positive, got %d", token)
 	}
 	return nil
 }
@@ -188,11 +189,11 @@ func intervalOf(d time.Duration) pgtype.Interval {
 }
 
 func checkAcquire(req *AcquireRequest) error {
-	if err := checkName("lease name", req.Name); err != nil {
+	if err := core.CheckName("lease name", req.Name); err != nil {
 		return err
 	}
 	req.Holder = holderOrDefault(req.Holder)
-	if err := checkName("holder", req.Holder); err != nil {
+	if err := core.CheckName("holder", req.Holder); err != nil {
 		return err
 	}
 	if err := checkTTL(req.TTL); err != nil {
@@ -204,7 +205,7 @@ func checkAcquire(req *AcquireRequest) error {
 	if err := checkPayload(req.Payload); err != nil {
 		return err
 	}
-	return checkName("attempt", req.Attempt)
+	return core.CheckName("attempt", req.Attempt)
 }
 
 // Acquire takes the lease req.Name for req.TTL when it is free (never
@@ -234,18 +235,18 @@ func checkAcquire(req *AcquireRequest) error {
 // (set it with NewAttempt before the first call): it returns the lease when
 // that attempt took it; with a random Attempt, read it with Lease.
 func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (_ Lease, err error) {
-	defer c.m.leaseDone(ctx, opAcquire, c.m.now(), &err)
+	defer c.m.LeaseDone(ctx, core.OpAcquire, c.m.Now(), &err)
 	if err := checkAcquire(&req); err != nil {
 		return Lease{}, err
 	}
-	return retry(ctx, c.policy, func() (Lease, error) { return c.acquire(ctx, c.db.pool, req) })
+	return core.Retry(ctx, c.policy, func() (Lease, error) { return c.acquire(ctx, c.db.Pool, req) })
 }
 
 // AcquireTx is Acquire inside the caller's transaction: the lease is taken
 // when tx commits, and other acquirers wait for tx meanwhile. Its TTL runs
 // from the statement, not from the commit.
 func (c *Client) AcquireTx(ctx context.Context, tx pgx.Tx, req AcquireRequest) (_ Lease, err error) {
-	defer c.m.leaseDone(ctx, opAcquire, c.m.now(), &err)
+	defer c.m.LeaseDone(ctx, core.OpAcquire, c.m.Now(), &err)
 	if err := checkAcquire(&req); err != nil {
 		return Lease{}, err
 	}
@@ -264,7 +265,7 @@ func (c *Client) acquire(ctx context.Context, x db.DBTX, req AcquireRequest) (Le
 			Name: req.Name, Holder: req.Holder, Attempt: req.Attempt, Ttl: intervalOf(req.TTL),
 		})
 		if err != nil {
-			return Lease{}, dbError("acquire lease", err)
+			return Lease{}, core.DBError("acquire lease", err)
 		}
 		if len(rows) == 0 {
 			continue
@@ -291,10 +292,10 @@ func leaseFrom(r db.PgquotaLease, dbNow pgtype.Timestamptz, sent time.Time) Leas
 		Holder:     r.Holder,
 		Attempt:    r.Attempt,
 		Token:      r.Token,
-		AcquiredAt: timeFromPG(r.AcquiredAt),
-		RenewedAt:  timeFromPG(r.RenewedAt),
-		ExpiresAt:  timeFromPG(r.ExpiresAt),
-		DBNow:      timeFromPG(dbNow),
+		AcquiredAt: core.TimeFromPG(r.AcquiredAt),
+		RenewedAt:  core.TimeFromPG(r.RenewedAt),
+		ExpiresAt:  core.TimeFromPG(r.ExpiresAt),
+		DBNow:      core.TimeFromPG(dbNow),
 		sent:       sent,
 	}
 	l.Held = l.ExpiresAt.After(l.DBNow)
@@ -329,8 +330,8 @@ func (c *Client) RenewTx(ctx context.Context, tx pgx.Tx, name string, token int6
 }
 
 func (c *Client) renew(ctx context.Context, x db.DBTX, name string, token int64, ttl time.Duration) (_ Lease, err error) {
-	defer c.m.leaseDone(ctx, opRenew, c.m.now(), &err)
-	if err := checkName("lease name", name); err != nil {
+	defer c.m.LeaseDone(ctx, core.OpRenew, c.m.Now(), &err)
+	if err := core.CheckName("lease name", name); err != nil {
 		return Lease{}, err
 	}
 	if err := checkToken(token); err != nil {
@@ -345,9 +346,9 @@ func (c *Client) renew(ctx context.Context, x db.DBTX, name string, token int64,
 		return Lease{}, c.leaseLost(ctx, x, "renew", name, token)
 	}
 	if err != nil {
-		return Lease{}, dbError("renew lease", err)
+		return Lease{}, core.DBError("renew lease", err)
 	}
-	c.m.renewed(ctx, r.PrevExpiresAt, r.DbNow)
+	c.m.Renewed(ctx, r.PrevExpiresAt, r.DbNow)
 	return leaseFrom(db.PgquotaLease{
 		Name: r.Name, Holder: r.Holder, Attempt: r.Attempt, Token: r.Token,
 		AcquiredAt: r.AcquiredAt, RenewedAt: r.RenewedAt, ExpiresAt: r.ExpiresAt,
@@ -357,20 +358,20 @@ func (c *Client) renew(ctx context.Context, x db.DBTX, name string, token int64,
 // leaseLost builds the ErrLeaseLost error for a renew or release that
 // matched no row, saying what became of the lease.
 func (c *Client) leaseLost(ctx context.Context, x db.DBTX, op, name string, token int64) error {
-	r, err := c.queries.LeaseGet(ctx, readsOf(x), name)
+	r, err := c.queries.LeaseGet(ctx, core.ReadsOf(x), name)
 	switch {
 	case isNoRows(err):
-		return errorf("%w: cannot %s lease %q with token %d: it does not exist", ErrLeaseLost, op, name, token)
+		return core.Errorf("%w: cannot %s lease %q with token %d: it does not exist", ErrLeaseLost, op, name, token)
 	case err != nil:
-		return errorf("%w: cannot %s lease %q with token %d (%w)", ErrLeaseLost, op, name, token, dbError("read lease", err))
+		return core.Errorf("%w: cannot %s lease %q with token %d (%w)", ErrLeaseLost, op, name, token, core.DBError("read lease", err))
 	case r.Token != token && r.ExpiresAt.Time.After(r.DbNow.Time):
-		return errorf("%w: cannot %s lease %q with token %d: %q holds it with token %d", ErrLeaseLost, op, name, token, r.Holder, r.Token)
+		return core.Errorf("%w: cannot %s lease %q with token %d: %q holds it with token %d", ErrLeaseLost, op, name, token, r.Holder, r.Token)
 	case r.Token != token:
-		return errorf("%w: cannot %s lease %q with token %d: it was acquired since with token %d", ErrLeaseLost, op, name, token, r.Token)
+		return core.Errorf("%w: cannot %s lease %q with token %d: it was acquired since with token %d", ErrLeaseLost, op, name, token, r.Token)
 	default:
 		// Release ends a lease by setting its expiry to the release time,
 		// so the row cannot tell a release from an expiry.
-		return errorf("%w: cannot %s lease %q with token %d: it was released or expired at %s", ErrLeaseLost, op, name, token, r.ExpiresAt.Time.UTC().Format(time.RFC3339Nano))
+		return core.Errorf("%w: cannot %s lease %q with token %d: it was released or expired at %s", ErrLeaseLost, op, name, token, r.ExpiresAt.Time.UTC().Format(time.RFC3339Nano))
 	}
 }
 
@@ -391,19 +392,19 @@ func (c *Client) leaseLost(ctx context.Context, x db.DBTX, op, name string, toke
 // applied; to learn the outcome, repeat the call (releasing again with the
 // token is harmless).
 func (c *Client) Release(ctx context.Context, name string, token int64) (_ Lease, err error) {
-	defer c.m.leaseDone(ctx, opRelease, c.m.now(), &err)
+	defer c.m.LeaseDone(ctx, core.OpRelease, c.m.Now(), &err)
 	return c.release(ctx, c.db, name, token)
 }
 
 // ReleaseTx is Release inside the caller's transaction: the lease is free
 // to others once tx commits.
 func (c *Client) ReleaseTx(ctx context.Context, tx pgx.Tx, name string, token int64) (_ Lease, err error) {
-	defer c.m.leaseDone(ctx, opRelease, c.m.now(), &err)
+	defer c.m.LeaseDone(ctx, core.OpRelease, c.m.Now(), &err)
 	return c.release(ctx, tx, name, token)
 }
 
 func (c *Client) release(ctx context.Context, x db.DBTX, name string, token int64) (Lease, error) {
-	if err := checkName("lease name", name); err != nil {
+	if err := core.CheckName("lease name", name); err != nil {
 		return Lease{}, err
 	}
 	if err := checkToken(token); err != nil {
@@ -415,7 +416,7 @@ func (c *Client) release(ctx context.Context, x db.DBTX, name string, token int6
 		return Lease{}, c.leaseLost(ctx, x, "release", name, token)
 	}
 	if err != nil {
-		return Lease{}, dbError("release lease", err)
+		return Lease{}, core.DBError("release lease", err)
 	}
 	return leaseFrom(db.PgquotaLease{
 		Name: r.Name, Holder: r.Holder, Attempt: r.Attempt, Token: r.Token,
@@ -429,16 +430,16 @@ func (c *Client) release(ctx context.Context, x db.DBTX, name string, token int6
 // Errors: *InputError for a bad name; ErrLeaseNotFound when it was never
 // acquired; ErrSchemaMissing; database errors.
 func (c *Client) Lease(ctx context.Context, name string) (Lease, error) {
-	if err := checkName("lease name", name); err != nil {
+	if err := core.CheckName("lease name", name); err != nil {
 		return Lease{}, err
 	}
 	sent := time.Now()
-	r, err := c.queries.LeaseRead(ctx, c.db.reads(), name)
+	r, err := c.queries.LeaseRead(ctx, c.db.Reads(), name)
 	if isNoRows(err) {
-		return Lease{}, errorf("%w: %q", ErrLeaseNotFound, name)
+		return Lease{}, core.Errorf("%w: %q", ErrLeaseNotFound, name)
 	}
 	if err != nil {
-		return Lease{}, dbError("get lease", err)
+		return Lease{}, core.DBError("get lease", err)
 	}
 	l := leaseFrom(db.PgquotaLease{
 		Name: r.Name, Holder: r.Holder, Attempt: r.Attempt, Token: r.Token,
@@ -492,7 +493,7 @@ type WaitOptions struct {
 // Errors: those of Acquire except ErrLeaseHeld; when ctx ends first, an
 // error wrapping both ctx's cause and the last *LeaseHeldError or error.
 func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *WaitOptions) (_ Lease, err error) {
-	defer c.m.leaseDone(ctx, opAcquireWait, c.m.now(), &err)
+	defer c.m.LeaseDone(ctx, core.OpAcquireWait, c.m.Now(), &err)
 	if err := checkAcquire(&req); err != nil {
 		return Lease{}, err
 	}
@@ -537,7 +538,7 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 			wakeup = notified()
 			waiter.register(ctx)
 		}
-		l, err := retry(ctx, c.policy, func() (Lease, error) { return c.acquire(ctx, c.db.pool, req) })
+		l, err := core.Retry(ctx, c.policy, func() (Lease, error) { return c.acquire(ctx, c.db.Pool, req) })
 		var held *LeaseHeldError
 		pause := jitter(interval)
 		switch {
@@ -547,7 +548,7 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 			if errors.Is(err, ErrLeaseHeld) {
 				lastHeld = nil
 			}
-			return Lease{}, errorf("pgquota: acquire lease %q: %w", req.Name, errors.Join(context.Cause(ctx), lastHeld, err))
+			return Lease{}, core.Errorf("pgquota: acquire lease %q: %w", req.Name, errors.Join(context.Cause(ctx), lastHeld, err))
 		case errors.As(err, &held):
 			lastHeld = err
 			failures = 0
@@ -577,7 +578,7 @@ func (c *Client) AcquireWait(ctx context.Context, req AcquireRequest, opts *Wait
 		}
 		t.Stop()
 		if ctx.Err() != nil {
-			return Lease{}, errorf("pgquota: acquire lease %q: %w", req.Name, errors.Join(context.Cause(ctx), lastHeld))
+			return Lease{}, core.Errorf("pgquota: acquire lease %q: %w", req.Name, errors.Join(context.Cause(ctx), lastHeld))
 		}
 		interval = min(2*interval, o.MaxInterval)
 	}

@@ -6,6 +6,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // DoRequest names the lease Do holds while it runs its function.
@@ -131,7 +133,7 @@ const releaseTimeout = 5 * time.Second
 //     ErrSchemaMissing; database errors. fn did not run.
 func (c *Client) Do(ctx context.Context, req DoRequest, fn func(ctx context.Context) error) error {
 	if fn == nil {
-		return inputError("fn", "must not be nil")
+		return core.Invalid("fn", "must not be nil")
 	}
 	k, l, err := c.holdLease(ctx, ctx, req.Name, req.Holder, req.TTL, req.Wait, req.WaitOptions, req.Keepalive, req.Payload)
 	if err != nil {
@@ -204,14 +206,14 @@ func checkKeepaliveOptions(o KeepaliveOptions) error {
 		margin = o.TTL / 10
 	}
 	if margin < 0 || margin >= o.TTL {
-		return inputError("margin", "must be at least 0 and below the TTL %s, got %s", o.TTL, margin)
+		return core.Invalid("margin", "must be at least 0 and below the TTL %s, got %s", o.TTL, margin)
 	}
 	every := o.Interval
 	if every == 0 {
 		every = o.TTL / 3
 	}
 	if every <= 0 || every >= o.TTL-margin {
-		return inputError("interval", "must be positive and below TTL - margin (%s), got %s", o.TTL-margin, every)
+		return core.Invalid("interval", "must be positive and below TTL - margin (%s), got %s", o.TTL-margin, every)
 	}
 	return nil
 }

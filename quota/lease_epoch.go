@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // Lease tokens are (epoch << LeaseTokenEpochShift) + n: n comes from one
@@ -77,7 +79,7 @@ type LeaseEpochStandby struct {
 func (c *Client) LeaseEpoch(ctx context.Context) (LeaseEpoch, error) {
 	r, err := c.queries.LeaseEpochGet(ctx, c.db)
 	if err != nil {
-		return LeaseEpoch{}, dbError("read lease epoch", err)
+		return LeaseEpoch{}, core.DBError("read lease epoch", err)
 	}
 	return LeaseEpoch{Epoch: r.Epoch, Timeline: r.Timeline, Offset: r.TimelineOffset, Recorded: r.RecordedEpoch,
 		Ceiling: r.Ceiling, Pending: r.PendingEpoch}, nil
@@ -216,13 +218,13 @@ func orNone(s string) string {
 // ctx's error when it ends during the wait (nothing raised).
 func (c *Client) BumpLeaseEpoch(ctx context.Context, req BumpLeaseEpochRequest) (LeaseEpoch, error) {
 	if req.MinEpoch < 0 || req.MinEpoch > MaxLeaseEpoch {
-		return LeaseEpoch{}, inputError("minimum epoch", "must be between 0 and %d, got %d", int64(MaxLeaseEpoch), req.MinEpoch)
+		return LeaseEpoch{}, core.Invalid("minimum epoch", "must be between 0 and %d, got %d", int64(MaxLeaseEpoch), req.MinEpoch)
 	}
 	if req.Timeout < 0 {
-		return LeaseEpoch{}, inputError("timeout", "must not be negative, got %s", req.Timeout)
+		return LeaseEpoch{}, core.Invalid("timeout", "must not be negative, got %s", req.Timeout)
 	}
 	if req.Standbys < 0 {
-		return LeaseEpoch{}, inputError("standbys", "must not be negative, got %d", req.Standbys)
+		return LeaseEpoch{}, core.Invalid("standbys", "must not be negative, got %d", req.Standbys)
 	}
 	timeout := req.Timeout
 	if timeout == 0 {
@@ -230,11 +232,11 @@ func (c *Client) BumpLeaseEpoch(ctx context.Context, req BumpLeaseEpochRequest) 
 	}
 	epoch, err := c.queries.LeaseEpochPrepare(ctx, c.db, req.MinEpoch)
 	if err != nil {
-		return LeaseEpoch{}, dbError("bump lease epoch", err)
+		return LeaseEpoch{}, core.DBError("bump lease epoch", err)
 	}
-	lsn, err := c.queries.CurrentWALLSN(ctx, c.db.reads())
+	lsn, err := c.queries.CurrentWALLSN(ctx, c.db.Reads())
 	if err != nil {
-		return LeaseEpoch{}, dbError("bump lease epoch: read WAL position", err)
+		return LeaseEpoch{}, core.DBError("bump lease epoch: read WAL position", err)
 	}
 	required := req.Standbys
 	if required == 0 && !req.NoStandbys {
@@ -248,7 +250,7 @@ func (c *Client) BumpLeaseEpoch(ctx context.Context, req BumpLeaseEpochRequest) 
 		return LeaseEpoch{}, &LeaseEpochUnconfirmedError{Epoch: epoch, LSN: lsn, Standbys: standbys, Required: required, Timeout: timeout}
 	}
 	if _, err := c.queries.LeaseEpochRaise(ctx, c.db, epoch); err != nil {
-		return LeaseEpoch{}, dbError("bump lease epoch", err)
+		return LeaseEpoch{}, core.DBError("bump lease epoch", err)
 	}
 	e, err := c.LeaseEpoch(ctx)
 	e.Standbys = standbys
@@ -260,9 +262,9 @@ func (c *Client) BumpLeaseEpoch(ctx context.Context, req BumpLeaseEpochRequest) 
 func (c *Client) awaitStandbys(ctx context.Context, lsn string, required int, timeout time.Duration) ([]LeaseEpochStandby, error) {
 	deadline := time.Now().Add(timeout)
 	for {
-		rows, err := c.queries.LeaseEpochStandbys(ctx, c.db.reads(), lsn)
+		rows, err := c.queries.LeaseEpochStandbys(ctx, c.db.Reads(), lsn)
 		if err != nil {
-			return nil, dbError("bump lease epoch: read standbys", err)
+			return nil, core.DBError("bump lease epoch: read standbys", err)
 		}
 		standbys := make([]LeaseEpochStandby, len(rows))
 		for i, r := range rows {

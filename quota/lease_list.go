@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // Limits of Leases.
@@ -46,18 +47,18 @@ type LeaseFilter struct {
 // ErrSchemaMissing; database errors.
 func (c *Client) Leases(ctx context.Context, f LeaseFilter) ([]Lease, error) {
 	if f.Prefix != "" {
-		if err := checkName("prefix", f.Prefix); err != nil {
+		if err := core.CheckName("prefix", f.Prefix); err != nil {
 			return nil, err
 		}
 	}
 	if f.After != "" {
-		if err := checkName("after", f.After); err != nil {
+		if err := core.CheckName("after", f.After); err != nil {
 			return nil, err
 		}
 	}
 	switch {
 	case f.Limit < 0 || f.Limit > MaxLeaseListLimit:
-		return nil, inputError("limit", "must be between 1 and %d (0 for %d), got %d", MaxLeaseListLimit, DefaultLeaseListLimit, f.Limit)
+		return nil, core.Invalid("limit", "must be between 1 and %d (0 for %d), got %d", MaxLeaseListLimit, DefaultLeaseListLimit, f.Limit)
 	case f.Limit == 0:
 		f.Limit = DefaultLeaseListLimit
 	}
@@ -66,7 +67,7 @@ func (c *Client) Leases(ctx context.Context, f LeaseFilter) ([]Lease, error) {
 		Prefix: f.Prefix, After: f.After, HeldOnly: f.HeldOnly, MaxRows: int32(f.Limit),
 	})
 	if err != nil {
-		return nil, dbError("list leases", err)
+		return nil, core.DBError("list leases", err)
 	}
 	out := make([]Lease, len(rows))
 	for i, r := range rows {

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 	"github.com/pgquota/pgquota/internal/dbutil"
 )
 
@@ -27,11 +28,11 @@ const MaxLeasePayloadBytes = 64 << 10
 func checkPayload(p string) error {
 	switch {
 	case len(p) > MaxLeasePayloadBytes:
-		return inputError("payload", "is %d bytes long, the limit is %d", len(p), MaxLeasePayloadBytes)
+		return core.Invalid("payload", "is %d bytes long, the limit is %d", len(p), MaxLeasePayloadBytes)
 	case !utf8.ValidString(p):
-		return inputError("payload", "is not valid UTF-8")
+		return core.Invalid("payload", "is not valid UTF-8")
 	case strings.IndexByte(p, 0) >= 0:
-		return inputError("payload", "must not contain NUL")
+		return core.Invalid("payload", "must not contain NUL")
 	}
 	return nil
 }
@@ -54,7 +55,7 @@ func (c *Client) acquireWithPayload(ctx context.Context, x db.DBTX, req AcquireR
 			Name: l.Name, Token: l.Token, Payload: pgtype.Text{String: payload, Valid: true}, RequireHeld: false,
 		})
 		if err != nil {
-			return Lease{}, dbError("store lease payload", err)
+			return Lease{}, core.DBError("store lease payload", err)
 		}
 		l.Payload = r.Payload
 		return l, nil
@@ -66,12 +67,12 @@ func (c *Client) acquireWithPayload(ctx context.Context, x db.DBTX, req AcquireR
 	switch p := x.(type) {
 	case *pgxpool.Pool:
 		return dbutil.WithTxResult(ctx, p, func(tx pgx.Tx) (Lease, error) { return run(tx) })
-	case sentPool:
-		return dbutil.WithTxResult(ctx, p.pool, func(tx pgx.Tx) (Lease, error) { return run(tx) })
+	case core.SentPool:
+		return dbutil.WithTxResult(ctx, p.Pool, func(tx pgx.Tx) (Lease, error) { return run(tx) })
 	case pgx.Tx:
 		return run(p)
 	default:
-		return Lease{}, errorf("pgquota: acquire with a payload needs a pool or a transaction, got %T", x)
+		return Lease{}, core.Errorf("pgquota: acquire with a payload needs a pool or a transaction, got %T", x)
 	}
 }
 
@@ -96,7 +97,7 @@ func (c *Client) SetLeasePayloadTx(ctx context.Context, tx pgx.Tx, name string, 
 }
 
 func (c *Client) setLeasePayload(ctx context.Context, x db.DBTX, name string, token int64, payload string) (Lease, error) {
-	if err := checkName("lease name", name); err != nil {
+	if err := core.CheckName("lease name", name); err != nil {
 		return Lease{}, err
 	}
 	if err := checkToken(token); err != nil {
@@ -112,7 +113,7 @@ func (c *Client) setLeasePayload(ctx context.Context, x db.DBTX, name string, to
 		return Lease{}, c.leaseLost(ctx, x, "set the payload of", name, token)
 	}
 	if err != nil {
-		return Lease{}, dbError("set lease payload", err)
+		return Lease{}, core.DBError("set lease payload", err)
 	}
 	l := leaseFrom(db.PgquotaLease{
 		Name: r.Name, Holder: r.Holder, Attempt: r.Attempt, Token: r.Token,

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // MinLeaseReapAge is the smallest ReapLeasesRequest.OlderThan accepted: a
@@ -86,30 +87,30 @@ type ReapedLease struct {
 func (c *Client) ReapLeases(ctx context.Context, req ReapLeasesRequest) ([]ReapedLease, error) {
 	switch {
 	case req.OlderThan < 0:
-		return nil, inputError("older than", "must not be negative, got %s", req.OlderThan)
+		return nil, core.Invalid("older than", "must not be negative, got %s", req.OlderThan)
 	case req.OlderThan < MinLeaseReapAge:
-		return nil, inputError("older than", "must be at least %s, got %s", MinLeaseReapAge, req.OlderThan)
+		return nil, core.Invalid("older than", "must be at least %s, got %s", MinLeaseReapAge, req.OlderThan)
 	case req.Limit < 0:
-		return nil, inputError("limit", "must not be negative, got %d", req.Limit)
+		return nil, core.Invalid("limit", "must not be negative, got %d", req.Limit)
 	}
 	var out []ReapedLease
 	for {
-		batch := reapBatch
+		batch := core.ReapBatch
 		if req.Limit > 0 {
 			batch = min(batch, req.Limit-len(out))
 		}
 		// One statement, its own implicit transaction: run again whole on
 		// a serialization failure or deadlock.
-		rows, err := retry(ctx, c.policy, func() ([]db.LeaseReapRow, error) {
-			return c.queries.LeaseReap(ctx, c.db.pool, db.LeaseReapParams{
+		rows, err := core.Retry(ctx, c.policy, func() ([]db.LeaseReapRow, error) {
+			return c.queries.LeaseReap(ctx, c.db.Pool, db.LeaseReapParams{
 				OlderThanUs: req.OlderThan.Microseconds(), BatchSize: int32(batch), Fences: req.Fences,
 			})
 		})
 		if err != nil {
-			return out, dbError("reap leases", err)
+			return out, core.DBError("reap leases", err)
 		}
 		for _, r := range rows {
-			out = append(out, ReapedLease{Name: r.Name, Token: r.Token, ExpiresAt: timeFromPG(r.ExpiresAt), FenceDeleted: r.FenceDeleted})
+			out = append(out, ReapedLease{Name: r.Name, Token: r.Token, ExpiresAt: core.TimeFromPG(r.ExpiresAt), FenceDeleted: r.FenceDeleted})
 		}
 		if len(rows) < batch || (req.Limit > 0 && len(out) >= req.Limit) {
 			return out, nil

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // IdempotencyKey names one logical operation, so that the operation can be
@@ -76,13 +77,13 @@ const (
 
 // checkKey validates an idempotency key and fills in its default scope.
 func checkKey(k IdempotencyKey, defaultScope string) (IdempotencyKey, error) {
-	if err := checkName("idempotency key", k.Key); err != nil {
+	if err := core.CheckName("idempotency key", k.Key); err != nil {
 		return k, err
 	}
 	if k.Scope == "" {
 		k.Scope = defaultScope
 	}
-	if err := checkName("idempotency scope", k.Scope); err != nil {
+	if err := core.CheckName("idempotency scope", k.Scope); err != nil {
 		return k, err
 	}
 	return k, nil
@@ -118,7 +119,7 @@ func (r request) check(e db.PgquotaLedgerEntry) error {
 	default:
 		return nil
 	}
-	return errorf("%w: key %q in scope %q is grant %d, made with %s",
+	return core.Errorf("%w: key %q in scope %q is grant %d, made with %s",
 		ErrIdempotencyKeyReused, r.key.Key, r.key.Scope, e.GrantID, diff)
 }
 
@@ -146,12 +147,12 @@ func runKeyed[T any](ctx context.Context, c *Client, x db.DBTX, req request,
 		if err != nil || prior == 0 {
 			return res, err
 		}
-		e, err := c.queries.LedgerGet(ctx, readsOf(x), prior)
+		e, err := c.queries.LedgerGet(ctx, core.ReadsOf(x), prior)
 		if isNoRows(err) {
 			continue
 		}
 		if err != nil {
-			return zero, dbError("read ledger", err)
+			return zero, core.DBError("read ledger", err)
 		}
 		if err := req.check(e); err != nil {
 			return zero, err
@@ -180,12 +181,12 @@ func (c *Client) grantKeyed(ctx context.Context, x db.DBTX, fp request) (GrantRe
 		})
 		switch {
 		case err != nil:
-			return GrantResult{}, 0, dbError("grant", err)
+			return GrantResult{}, 0, core.DBError("grant", err)
 		case row.PriorGrantID != 0:
 			return GrantResult{}, row.PriorGrantID, nil
 		case !row.QuotaFound:
 			c.kinds.Delete(req.Quota)
-			return GrantResult{}, 0, errorf("%w: %q", ErrQuotaNotFound, req.Quota)
+			return GrantResult{}, 0, core.Errorf("%w: %q", ErrQuotaNotFound, req.Quota)
 		}
 		w := Window(row.Kind)
 		c.kinds.Store(req.Quota, w)
@@ -193,7 +194,7 @@ func (c *Client) grantKeyed(ctx context.Context, x db.DBTX, fp request) (GrantRe
 		case w.Shaped():
 			return GrantResult{}, 0, errKeyedShaped() // nothing was written
 		case !row.HasLimit:
-			return GrantResult{}, 0, errorf("%w (quota %q, member %q)", ErrNoLimit, req.Quota, req.Member)
+			return GrantResult{}, 0, core.Errorf("%w (quota %q, member %q)", ErrNoLimit, req.Quota, req.Member)
 		}
 		return GrantResult{
 			Granted:     row.Granted,
@@ -203,11 +204,11 @@ func (c *Client) grantKeyed(ctx context.Context, x db.DBTX, fp request) (GrantRe
 			Used:        row.Used,
 			Limit:       row.LimitValue,
 			Remaining:   max(row.LimitValue-row.Used, 0),
-			WindowStart: timeFromPG(row.WindowStart),
-			WindowEnd:   timeFromPG(row.WindowEnd),
+			WindowStart: core.TimeFromPG(row.WindowStart),
+			WindowEnd:   core.TimeFromPG(row.WindowEnd),
 			RetryAfter:  usDuration(row.RetryAfterUs),
 			ResetAfter:  usDuration(row.ResetAfterUs),
-			DecidedAt:   timeFromPG(row.DecidedAt),
+			DecidedAt:   core.TimeFromPG(row.DecidedAt),
 			Keyed:       Keyed{GrantID: row.GrantID, IdempotencyScope: key.Scope, IdempotencyKey: key.Key},
 		}, 0, nil
 	}, grantFromEntry)
@@ -229,11 +230,11 @@ func (c *Client) revokeKeyed(ctx context.Context, x db.DBTX, req RevokeRequest) 
 		})
 		switch {
 		case err != nil:
-			return RevokeResult{}, 0, dbError("revoke", err)
+			return RevokeResult{}, 0, core.DBError("revoke", err)
 		case row.PriorGrantID != 0:
 			return RevokeResult{}, row.PriorGrantID, nil
 		case !row.QuotaFound:
-			return RevokeResult{}, 0, errorf("%w: %q", ErrQuotaNotFound, req.Quota)
+			return RevokeResult{}, 0, core.Errorf("%w: %q", ErrQuotaNotFound, req.Quota)
 		case Window(row.Kind).Shaped():
 			return RevokeResult{}, 0, calendarOnlyError("revoke", req.Quota, Window(row.Kind)) // nothing was written
 		}
@@ -243,8 +244,8 @@ func (c *Client) revokeKeyed(ctx context.Context, x db.DBTX, req RevokeRequest) 
 			Amount:      req.Amount,
 			Revoked:     row.Revoked,
 			Used:        row.Used,
-			WindowStart: timeFromPG(row.WindowStart),
-			WindowEnd:   timeFromPG(row.WindowEnd),
+			WindowStart: core.TimeFromPG(row.WindowStart),
+			WindowEnd:   core.TimeFromPG(row.WindowEnd),
 			Keyed:       Keyed{GrantID: row.GrantID, IdempotencyScope: key.Scope, IdempotencyKey: key.Key},
 		}, 0, nil
 	}, func(e db.PgquotaLedgerEntry) RevokeResult {
@@ -254,8 +255,8 @@ func (c *Client) revokeKeyed(ctx context.Context, x db.DBTX, req RevokeRequest) 
 			Amount:      e.Amount,
 			Revoked:     e.Revoked,
 			Used:        e.Used,
-			WindowStart: timeFromPG(e.WindowStart),
-			WindowEnd:   timeFromPG(e.WindowEnd),
+			WindowStart: core.TimeFromPG(e.WindowStart),
+			WindowEnd:   core.TimeFromPG(e.WindowEnd),
 			Keyed:       keyedFromEntry(e),
 		}
 	})
@@ -269,7 +270,7 @@ func claimFromEntry(e db.PgquotaLedgerEntry) ClaimResult {
 		Repeat:    e.Repeat,
 		Seq:       e.Seq,
 		Code:      e.Code,
-		ClaimedAt: timeFromPG(e.ClaimedAt),
+		ClaimedAt: core.TimeFromPG(e.ClaimedAt),
 		Total:     e.LimitValue,
 		Keyed:     keyedFromEntry(e),
 	}
@@ -336,22 +337,22 @@ func (c *Client) CompensateGrantTx(ctx context.Context, tx pgx.Tx, grantID int64
 
 func (c *Client) revokeGrant(ctx context.Context, x db.DBTX, grantID int64) (CompensateGrantResult, error) {
 	if grantID < 1 {
-		return CompensateGrantResult{}, inputError("grant id", "must be at least 1, got %d", grantID)
+		return CompensateGrantResult{}, core.Invalid("grant id", "must be at least 1, got %d", grantID)
 	}
 	row, err := c.queries.LedgerRevokeGrant(ctx, x, grantID)
 	if isNoRows(err) {
-		return CompensateGrantResult{}, errorf("%w: no keyed grant has id %d", ErrGrantNotFound, grantID)
+		return CompensateGrantResult{}, core.Errorf("%w: no keyed grant has id %d", ErrGrantNotFound, grantID)
 	}
 	if err != nil {
-		return CompensateGrantResult{}, dbError("revoke grant", err)
+		return CompensateGrantResult{}, core.DBError("revoke grant", err)
 	}
 	res := CompensateGrantResult{
 		GrantID:     row.GrantID,
 		Quota:       row.Target,
 		Member:      row.Member,
 		Granted:     row.Granted,
-		WindowStart: timeFromPG(row.WindowStart),
-		WindowEnd:   timeFromPG(row.WindowEnd),
+		WindowStart: core.TimeFromPG(row.WindowStart),
+		WindowEnd:   core.TimeFromPG(row.WindowEnd),
 	}
 	if row.Granted {
 		res.Amount = row.Amount
@@ -360,10 +361,10 @@ func (c *Client) revokeGrant(ctx context.Context, x db.DBTX, grantID int64) (Com
 		if row.Compensated > 0 && row.WrittenUsed != row.CompensatedUsed {
 			// Cannot happen: the counter row stays locked from the read
 			// the compensation was computed from to the write.
-			return CompensateGrantResult{}, errorf("pgquota: revoke grant %d: the counter was written as %d, the compensation recorded %d",
+			return CompensateGrantResult{}, core.Errorf("pgquota: revoke grant %d: the counter was written as %d, the compensation recorded %d",
 				grantID, row.WrittenUsed, row.CompensatedUsed)
 		}
-		res.Revoked, res.Used, res.RevokedAt = row.Compensated, row.CompensatedUsed, timeFromPG(row.CompensatedAt)
+		res.Revoked, res.Used, res.RevokedAt = row.Compensated, row.CompensatedUsed, core.TimeFromPG(row.CompensatedAt)
 		return res, nil
 	}
 	// An earlier revoke marked the grant: one that committed before this
@@ -375,13 +376,13 @@ func (c *Client) revokeGrant(ctx context.Context, x db.DBTX, grantID int64) (Com
 	if isNoRows(err) {
 		// Reaped while the statement above waited for its outcome row:
 		// nothing was given back.
-		return CompensateGrantResult{}, errorf("%w: no keyed grant has id %d", ErrGrantNotFound, grantID)
+		return CompensateGrantResult{}, core.Errorf("%w: no keyed grant has id %d", ErrGrantNotFound, grantID)
 	}
 	if err != nil {
-		return CompensateGrantResult{}, dbError("revoke grant", err)
+		return CompensateGrantResult{}, core.DBError("revoke grant", err)
 	}
 	res.Replayed = true
-	res.Revoked, res.Used, res.RevokedAt = e.Compensated.Int64, e.CompensatedUsed.Int64, timeFromPG(e.CompensatedAt)
+	res.Revoked, res.Used, res.RevokedAt = e.Compensated.Int64, e.CompensatedUsed.Int64, core.TimeFromPG(e.CompensatedAt)
 	return res, nil
 }
 
@@ -446,24 +447,24 @@ func entryFromRow(e db.PgquotaLedgerEntry) LedgerEntry {
 		Target:           e.Target,
 		Member:           e.Member,
 		Amount:           e.Amount,
-		CreatedAt:        timeFromPG(e.CreatedAt),
+		CreatedAt:        core.TimeFromPG(e.CreatedAt),
 		Granted:          e.Granted,
 		Used:             e.Used,
 		Limit:            e.LimitValue,
 		Revoked:          e.Revoked,
-		WindowStart:      timeFromPG(e.WindowStart),
-		WindowEnd:        timeFromPG(e.WindowEnd),
+		WindowStart:      core.TimeFromPG(e.WindowStart),
+		WindowEnd:        core.TimeFromPG(e.WindowEnd),
 		Seq:              e.Seq,
 		Code:             e.Code,
 		Repeat:           e.Repeat,
-		ClaimedAt:        timeFromPG(e.ClaimedAt),
-		DecidedAt:        timeFromPG(e.DecidedAt),
+		ClaimedAt:        core.TimeFromPG(e.ClaimedAt),
+		DecidedAt:        core.TimeFromPG(e.DecidedAt),
 	}
 	if e.RequestLimit.Valid {
 		out.RequestLimit = &e.RequestLimit.Int64
 	}
 	if e.CompensatedAt.Valid {
-		out.Compensation = &Compensation{Revoked: e.Compensated.Int64, Used: e.CompensatedUsed.Int64, At: timeFromPG(e.CompensatedAt)}
+		out.Compensation = &Compensation{Revoked: e.Compensated.Int64, Used: e.CompensatedUsed.Int64, At: core.TimeFromPG(e.CompensatedAt)}
 	}
 	return out
 }
@@ -474,14 +475,14 @@ func entryFromRow(e db.PgquotaLedgerEntry) LedgerEntry {
 // ErrSchemaMissing; database errors.
 func (c *Client) LedgerEntry(ctx context.Context, grantID int64) (LedgerEntry, error) {
 	if grantID < 1 {
-		return LedgerEntry{}, inputError("grant id", "must be at least 1, got %d", grantID)
+		return LedgerEntry{}, core.Invalid("grant id", "must be at least 1, got %d", grantID)
 	}
-	e, err := c.queries.LedgerGet(ctx, c.db.reads(), grantID)
+	e, err := c.queries.LedgerGet(ctx, c.db.Reads(), grantID)
 	if isNoRows(err) {
-		return LedgerEntry{}, errorf("%w: grant id %d", ErrGrantNotFound, grantID)
+		return LedgerEntry{}, core.Errorf("%w: grant id %d", ErrGrantNotFound, grantID)
 	}
 	if err != nil {
-		return LedgerEntry{}, dbError("read ledger", err)
+		return LedgerEntry{}, core.DBError("read ledger", err)
 	}
 	return entryFromRow(e), nil
 }
@@ -492,24 +493,21 @@ func (c *Client) LedgerEntry(ctx context.Context, grantID int64) (LedgerEntry, e
 // Errors: *InputError for a bad key or scope; ErrGrantNotFound;
 // ErrSchemaMissing; database errors.
 func (c *Client) LedgerEntryByKey(ctx context.Context, key IdempotencyKey) (LedgerEntry, error) {
-	if err := checkName("idempotency scope", key.Scope); err != nil {
+	if err := core.CheckName("idempotency scope", key.Scope); err != nil {
 		return LedgerEntry{}, err
 	}
-	if err := checkName("idempotency key", key.Key); err != nil {
+	if err := core.CheckName("idempotency key", key.Key); err != nil {
 		return LedgerEntry{}, err
 	}
-	e, err := c.queries.LedgerGetByKey(ctx, c.db.reads(), db.LedgerGetByKeyParams{Scope: key.Scope, IdempotencyKey: key.Key})
+	e, err := c.queries.LedgerGetByKey(ctx, c.db.Reads(), db.LedgerGetByKeyParams{Scope: key.Scope, IdempotencyKey: key.Key})
 	if isNoRows(err) {
-		return LedgerEntry{}, errorf("%w: key %q in scope %q", ErrGrantNotFound, key.Key, key.Scope)
+		return LedgerEntry{}, core.Errorf("%w: key %q in scope %q", ErrGrantNotFound, key.Key, key.Scope)
 	}
 	if err != nil {
-		return LedgerEntry{}, dbError("read ledger", err)
+		return LedgerEntry{}, core.DBError("read ledger", err)
 	}
 	return entryFromRow(e), nil
 }
-
-// reapBatch is the number of rows one reaping statement deletes.
-const reapBatch = 5000
 
 // ReapLedger deletes ledger entries created more than olderThan ago by the
 // database clock, and returns how many it deleted. It deletes in batches of
@@ -533,27 +531,9 @@ const reapBatch = 5000
 // applied; to learn the outcome, repeat the call.
 func (c *Client) ReapLedger(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan < time.Second {
-		return 0, inputError("older than", "must be at least 1s, got %s", olderThan)
+		return 0, core.Invalid("older than", "must be at least 1s, got %s", olderThan)
 	}
-	return reap(ctx, func() (int64, error) {
-		return c.queries.LedgerReap(ctx, c.db, db.LedgerReapParams{OlderThanUs: olderThan.Microseconds(), BatchSize: reapBatch})
+	return core.Reap(ctx, func() (int64, error) {
+		return c.queries.LedgerReap(ctx, c.db, db.LedgerReapParams{OlderThanUs: olderThan.Microseconds(), BatchSize: core.ReapBatch})
 	}, "reap ledger")
-}
-
-// reap runs one batch deletion until it deletes less than a full batch.
-func reap(ctx context.Context, batch func() (int64, error), op string) (int64, error) {
-	var total int64
-	for {
-		n, err := batch()
-		if err != nil {
-			return total, dbError(op, err)
-		}
-		total += n
-		if n < reapBatch {
-			return total, nil
-		}
-		if err := ctx.Err(); err != nil {
-			return total, err
-		}
-	}
 }

@@ -7,19 +7,20 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/pgquota/pgquota/internal/core"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
-func internalMeter(t *testing.T, cfg Config) (*metrics, *sdkmetric.ManualReader) {
+func internalMeter(t *testing.T, cfg Config) (*core.Metrics, *sdkmetric.ManualReader) {
 	t.Helper()
 	rd := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(rd))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 	cfg.MeterProvider = mp
-	m, err := newMetrics(&cfg)
+	m, err := core.NewMetrics(cfg.MeterProvider, cfg.MetricsQuotaName)
 	require.NoError(t, err)
 	return m, rd
 }
@@ -54,7 +55,7 @@ func counter(t *testing.T, rd *sdkmetric.ManualReader, name string, want ...attr
 func TestRetryMetricsCountRunsAgainByOutcome(t *testing.T) {
 	t.Parallel()
 	m, rd := internalMeter(t, Config{})
-	p := retryPolicy{maxElapsed: time.Minute, m: m}
+	p := core.RetryPolicy{MaxElapsed: time.Minute, M: m}
 	ctx := context.Background()
 	fails := func(codes ...string) func() (int, error) {
 		i := 0
@@ -69,14 +70,14 @@ func TestRetryMetricsCountRunsAgainByOutcome(t *testing.T) {
 			return 1, nil
 		}
 	}
-	_, err := retry(ctx, p, fails())
+	_, err := core.Retry(ctx, p, fails())
 	require.NoError(t, err)
-	_, err = retry(ctx, p, fails("40001", "40001", "40001"))
+	_, err = core.Retry(ctx, p, fails("40001", "40001", "40001"))
 	require.NoError(t, err)
-	_, err = retry(ctx, p, fails("40P01", "boom"))
+	_, err = core.Retry(ctx, p, fails("40P01", "boom"))
 	require.EqualError(t, err, "boom")
-	short := retryPolicy{maxElapsed: 20 * time.Millisecond, m: m}
-	_, err = retry(ctx, short, func() (int, error) { return 0, &pgconn.PgError{Code: "40001"} })
+	short := core.RetryPolicy{MaxElapsed: 20 * time.Millisecond, M: m}
+	_, err = core.Retry(ctx, short, func() (int, error) { return 0, &pgconn.PgError{Code: "40001"} })
 	require.True(t, IsRetryable(err))
 
 	outcome := func(o, code string) int64 {
@@ -90,27 +91,28 @@ func TestRetryMetricsCountRunsAgainByOutcome(t *testing.T) {
 
 // Without a MeterProvider the hooks allocate nothing and read no clock.
 func TestMetricsHooksAllocateNothingWithoutMeterProvider(t *testing.T) {
-	var m *metrics
+	var m *core.Metrics
 	ctx := context.Background()
 	req := GrantRequest{Quota: "q", Member: "m", Amount: 1}
 	var res GrantResult
 	var err error
 	var cl ClaimResult
 	var outs []BatchOutcome
+	c := &Client{m: m}
 	allocs := testing.AllocsPerRun(100, func() {
-		start := m.now()
+		start := m.Now()
 		if !start.IsZero() {
 			t.Fatal("clock read without metrics")
 		}
-		m.grantDone(ctx, opGrant, start, &req, &res, &err)
-		m.batchDone(ctx, opGrantBatch, start, []GrantRequest{req}, &outs, &err)
-		m.leaseDone(ctx, opRenew, start, &err)
-		m.fenceDone(ctx, start, &err)
-		m.claimDone(ctx, opClaim, start, &cl, &err)
-		m.done(ctx, opEnqueue, start, &err)
-		m.statementSizeOf(ctx, pathCoalesce, 3)
-		m.retried(ctx, 2, nil, nil)
-		m.keepaliveExpired()
+		c.grantDone(ctx, core.OpGrant, start, &req, &res, &err)
+		c.batchDone(ctx, core.OpGrantBatch, start, []GrantRequest{req}, &outs, &err)
+		m.LeaseDone(ctx, core.OpRenew, start, &err)
+		m.FenceDone(ctx, start, &err)
+		c.claimDone(ctx, core.OpClaim, start, &cl, &err)
+		m.Done(ctx, core.OpEnqueue, start, &err)
+		m.StatementSizeOf(ctx, core.PathCoalesce, 3)
+		m.Retried(ctx, 2, nil, nil)
+		m.KeepaliveExpired()
 	})
 	require.Zero(t, allocs)
 }
@@ -123,9 +125,10 @@ func TestMetricsGrantHookAllocatesAtMostTwo(t *testing.T) {
 	req := GrantRequest{Quota: "q", Member: "m", Amount: 1}
 	res := GrantResult{Granted: true, Quota: "q", Amount: 1}
 	var err error
-	m.grantDone(ctx, opGrant, m.now(), &req, &res, &err) // the series exist
+	c := &Client{m: m}
+	c.grantDone(ctx, core.OpGrant, m.Now(), &req, &res, &err) // the series exist
 	allocs := testing.AllocsPerRun(200, func() {
-		m.grantDone(ctx, opGrant, m.now(), &req, &res, &err)
+		c.grantDone(ctx, core.OpGrant, m.Now(), &req, &res, &err)
 	})
 	require.LessOrEqual(t, allocs, 2.0)
 }
@@ -141,12 +144,12 @@ func BenchmarkMetricsGrantHook(b *testing.B) {
 			name = "meter=sdk"
 		}
 		b.Run(name, func(b *testing.B) {
-			var m *metrics
+			var m *core.Metrics
 			if metered {
 				mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
 				b.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
 				var err error
-				if m, err = newMetrics(&Config{MeterProvider: mp}); err != nil {
+				if m, err = core.NewMetrics(mp, false); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -154,10 +157,11 @@ func BenchmarkMetricsGrantHook(b *testing.B) {
 			req := GrantRequest{Quota: "q", Member: "m", Amount: 1}
 			res := GrantResult{Granted: true, Quota: "q", Amount: 1}
 			var err error
+			c := &Client{m: m}
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					m.grantDone(ctx, opGrant, m.now(), &req, &res, &err)
+					c.grantDone(ctx, core.OpGrant, m.Now(), &req, &res, &err)
 				}
 			})
 		})

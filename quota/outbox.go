@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // The transactional outbox (Chris Richardson, "Pattern: Transactional
@@ -89,7 +90,7 @@ type Event struct {
 // errors, returned unchanged (a serialization failure included, as for
 // GrantTx).
 func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, topic string, payload []byte, opts *EnqueueOpts) (_ int64, err error) {
-	defer c.m.done(ctx, opEnqueue, c.m.now(), &err)
+	defer c.m.Done(ctx, core.OpEnqueue, c.m.Now(), &err)
 	return c.enqueue(ctx, tx, topic, payload, opts)
 }
 
@@ -104,12 +105,12 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, topic string, payload
 // repeat may enqueue the event twice (consumers dedupe by IdempotencyKey
 // when set).
 func (c *Client) Enqueue(ctx context.Context, topic string, payload []byte, opts *EnqueueOpts) (_ int64, err error) {
-	defer c.m.done(ctx, opEnqueue, c.m.now(), &err)
+	defer c.m.Done(ctx, core.OpEnqueue, c.m.Now(), &err)
 	return c.enqueue(ctx, c.db, topic, payload, opts)
 }
 
 func (c *Client) enqueue(ctx context.Context, x db.DBTX, topic string, payload []byte, opts *EnqueueOpts) (int64, error) {
-	if err := checkName("topic", topic); err != nil {
+	if err := core.CheckName("topic", topic); err != nil {
 		return 0, err
 	}
 	if payload == nil {
@@ -118,16 +119,16 @@ func (c *Client) enqueue(ctx context.Context, x db.DBTX, topic string, payload [
 	p := db.OutboxEnqueueParams{Topic: topic, Payload: payload}
 	if opts != nil {
 		if opts.GrantID < 0 {
-			return 0, inputError("grant id", "must not be negative, got %d", opts.GrantID)
+			return 0, core.Invalid("grant id", "must not be negative, got %d", opts.GrantID)
 		}
 		if opts.FencingToken < 0 {
-			return 0, inputError("fencing token", "must not be negative, got %d", opts.FencingToken)
+			return 0, core.Invalid("fencing token", "must not be negative, got %d", opts.FencingToken)
 		}
 		for _, f := range []struct{ field, v string }{
 			{"idempotency scope", opts.IdempotencyScope}, {"idempotency key", opts.IdempotencyKey},
 		} {
 			if f.v != "" {
-				if err := checkName(f.field, f.v); err != nil {
+				if err := core.CheckName(f.field, f.v); err != nil {
 					return 0, err
 				}
 			}
@@ -139,7 +140,7 @@ func (c *Client) enqueue(ctx context.Context, x db.DBTX, topic string, payload [
 	}
 	row, err := c.queries.OutboxEnqueue(ctx, x, p)
 	if err != nil {
-		return 0, dbError("enqueue", err)
+		return 0, core.DBError("enqueue", err)
 	}
 	return row.ID, nil
 }
@@ -168,9 +169,9 @@ type OutboxStatus struct {
 //
 // Errors: ErrSchemaMissing; database errors.
 func (c *Client) OutboxStatus(ctx context.Context) (OutboxStatus, error) {
-	row, err := c.queries.OutboxStatus(ctx, c.db.reads())
+	row, err := c.queries.OutboxStatus(ctx, c.db.Reads())
 	if err != nil {
-		return OutboxStatus{}, dbError("outbox status", err)
+		return OutboxStatus{}, core.DBError("outbox status", err)
 	}
 	return OutboxStatus{
 		Pending:   row.Pending,
@@ -178,7 +179,7 @@ func (c *Client) OutboxStatus(ctx context.Context) (OutboxStatus, error) {
 		Delivered: row.Delivered,
 		Dead:      row.Dead,
 		Lag:       time.Duration(row.LagSeconds * float64(time.Second)),
-		At:        timeFromPG(row.Now),
+		At:        core.TimeFromPG(row.Now),
 	}, nil
 }
 
@@ -194,9 +195,9 @@ func (c *Client) OutboxStatus(ctx context.Context) (OutboxStatus, error) {
 // applied; to learn the outcome, repeat the call.
 func (c *Client) ReapOutbox(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan < time.Second {
-		return 0, inputError("older than", "must be at least 1s, got %s", olderThan)
+		return 0, core.Invalid("older than", "must be at least 1s, got %s", olderThan)
 	}
-	return reap(ctx, func() (int64, error) {
-		return c.queries.OutboxReap(ctx, c.db, db.OutboxReapParams{OlderThanUs: olderThan.Microseconds(), BatchSize: reapBatch})
+	return core.Reap(ctx, func() (int64, error) {
+		return c.queries.OutboxReap(ctx, c.db, db.OutboxReapParams{OlderThanUs: olderThan.Microseconds(), BatchSize: core.ReapBatch})
 	}, "reap outbox")
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // Outbox event states, as OutboxEvent.State holds them and OutboxFilter
@@ -85,10 +86,10 @@ func (c *Client) OutboxEvents(ctx context.Context, f OutboxFilter) ([]OutboxEven
 	case OutboxFailed:
 		p.States, p.FailedOnly = []string{OutboxPending, OutboxDead}, true
 	default:
-		return nil, inputError("state", "must be pending, retrying, dead, delivered or failed, got %q", f.State)
+		return nil, core.Invalid("state", "must be pending, retrying, dead, delivered or failed, got %q", f.State)
 	}
 	for i, t := range f.Topics {
-		if err := checkName(fmt.Sprintf("topic %d", i+1), t); err != nil {
+		if err := core.CheckName(fmt.Sprintf("topic %d", i+1), t); err != nil {
 			return nil, err
 		}
 	}
@@ -97,13 +98,13 @@ func (c *Client) OutboxEvents(ctx context.Context, f OutboxFilter) ([]OutboxEven
 	}
 	switch {
 	case f.Limit < 0 || f.Limit > 10000:
-		return nil, inputError("limit", "must be between 1 and 10000, got %d", f.Limit)
+		return nil, core.Invalid("limit", "must be between 1 and 10000, got %d", f.Limit)
 	case f.Limit > 0:
 		p.MaxEvents = int32(f.Limit)
 	}
-	rows, err := retry(ctx, c.policy, func() ([]db.PgquotaOutbox, error) { return c.queries.OutboxList(ctx, c.db.reads(), p) })
+	rows, err := core.Retry(ctx, c.policy, func() ([]db.PgquotaOutbox, error) { return c.queries.OutboxList(ctx, c.db.Reads(), p) })
 	if err != nil {
-		return nil, dbError("list outbox", err)
+		return nil, core.DBError("list outbox", err)
 	}
 	events := make([]OutboxEvent, len(rows))
 	for i, r := range rows {
@@ -118,11 +119,11 @@ func (c *Client) OutboxEvents(ctx context.Context, f OutboxFilter) ([]OutboxEven
 			State:            r.State,
 			Attempts:         int(r.Attempts),
 			LastError:        r.LastError.String,
-			CreatedAt:        timeFromPG(r.CreatedAt),
-			FinishedAt:       timeFromPG(r.FinishedAt),
+			CreatedAt:        core.TimeFromPG(r.CreatedAt),
+			FinishedAt:       core.TimeFromPG(r.FinishedAt),
 		}
 		if r.State == OutboxPending {
-			events[i].NextAttemptAt = timeFromPG(r.NextAttemptAt)
+			events[i].NextAttemptAt = core.TimeFromPG(r.NextAttemptAt)
 		}
 	}
 	return events, nil

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // PoolerMode says what sits between a Client's pool and PostgreSQL, for
@@ -48,9 +49,9 @@ func ParsePoolerMode(field, s string) (PoolerMode, error) {
 	case "transaction":
 		return PoolerTransaction, nil
 	case "statement":
-		return "", inputError(field, "statement pooling cannot run transactions of several statements, which pgquota uses: use a pooler in transaction or session mode")
+		return "", core.Invalid(field, "statement pooling cannot run transactions of several statements, which pgquota uses: use a pooler in transaction or session mode")
 	}
-	return "", inputError(field, "must be none or transaction, got %q", s)
+	return "", core.Invalid(field, "must be none or transaction, got %q", s)
 }
 
 // pollerMaxInterval is AcquireWait's default WaitOptions.MaxInterval when
@@ -98,7 +99,7 @@ func (m PoolerMode) CheckExecMode(mode pgx.QueryExecMode) error {
 	default:
 		name, why = mode.String(), "pgquota does not know it"
 	}
-	return inputError("pool's ConnConfig.DefaultQueryExecMode",
+	return core.Invalid("pool's ConnConfig.DefaultQueryExecMode",
 		"is %s, which is unsafe behind a transaction pooler (Config.Pooler = %q): %s; set pgx's DefaultQueryExecMode to pgx.QueryExecModeExec (default_query_exec_mode=exec in the connection string) or pgx.QueryExecModeSimpleProtocol",
 		name, PoolerTransaction, why)
 }
@@ -117,5 +118,5 @@ func checkPooler(m PoolerMode) error {
 	case PoolerNone, PoolerTransaction:
 		return nil
 	}
-	return inputError("Config.Pooler", "must be PoolerNone or PoolerTransaction, got %q", string(m))
+	return core.Invalid("Config.Pooler", "must be PoolerNone or PoolerTransaction, got %q", string(m))
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // Window is a quota's kind: a calendar window (hour, day, week, month),
@@ -144,31 +145,31 @@ func (c *Client) DefineQuotaTx(ctx context.Context, tx pgx.Tx, d Definition) (Qu
 }
 
 func (c *Client) defineQuota(ctx context.Context, x db.DBTX, d Definition) (Quota, error) {
-	if err := checkName("quota name", d.Name); err != nil {
+	if err := core.CheckName("quota name", d.Name); err != nil {
 		return Quota{}, err
 	}
 	if d.Window.Shaped() {
 		return c.defineShaped(ctx, x, d)
 	}
 	if d.Period != 0 || d.Burst != 0 || !d.Origin.IsZero() {
-		return Quota{}, inputError("window", "%q is a calendar window: period, burst and origin apply to windows rate, fixed and rolling", string(d.Window))
+		return Quota{}, core.Invalid("window", "%q is a calendar window: period, burst and origin apply to windows rate, fixed and rolling", string(d.Window))
 	}
 	if d.Window == "" {
-		return Quota{}, inputError("window", "is required (one of hour, day, week, month, none)")
+		return Quota{}, core.Invalid("window", "is required (one of hour, day, week, month, none)")
 	}
 	if !d.Window.valid() {
-		return Quota{}, inputError("window", "%q is not one of hour, day, week, month, none", string(d.Window))
+		return Quota{}, core.Invalid("window", "%q is not one of hour, day, week, month, none", string(d.Window))
 	}
 	tz := d.TimeZone
 	if tz == "" {
 		tz = "UTC"
 	}
-	if err := checkName("time zone", tz); err != nil {
+	if err := core.CheckName("time zone", tz); err != nil {
 		return Quota{}, err
 	}
 	var def pgtype.Int8
 	if d.DefaultLimit != nil {
-		if err := checkUnits("default limit", *d.DefaultLimit, 0); err != nil {
+		if err := core.CheckUnits("default limit", *d.DefaultLimit, 0); err != nil {
 			return Quota{}, err
 		}
 		def = pgtype.Int8{Int64: *d.DefaultLimit, Valid: true}
@@ -184,17 +185,17 @@ func (c *Client) defineQuota(ctx context.Context, x db.DBTX, d Definition) (Quot
 		// An unknown zone (bad input first), or a refused change of kind.
 		known, kerr := c.queries.QuotaTimeZoneKnown(ctx, x, tz)
 		if kerr != nil {
-			return Quota{}, dbError("define quota", kerr)
+			return Quota{}, core.DBError("define quota", kerr)
 		}
 		if known {
 			if err := c.kindChangeError(ctx, x, d); err != nil {
 				return Quota{}, err
 			}
 		}
-		return Quota{}, inputError("time zone", "%q is not an IANA time zone the database knows (see pg_timezone_names)", tz)
+		return Quota{}, core.Invalid("time zone", "%q is not an IANA time zone the database knows (see pg_timezone_names)", tz)
 	}
 	if err != nil {
-		return Quota{}, dbError("define quota", err)
+		return Quota{}, core.DBError("define quota", err)
 	}
 	c.kinds.Store(d.Name, d.Window)
 	return quotaFromRow(db.QuotaRow(row)), nil
@@ -209,12 +210,12 @@ func (c *Client) kindChangeError(ctx context.Context, x db.DBTX, d Definition) e
 		return nil
 	}
 	if err != nil {
-		return dbError("define quota", err)
+		return core.DBError("define quota", err)
 	}
 	if Window(unit) == d.Window || d.ReplaceKind {
 		return nil
 	}
-	return errorf("%w: quota %q is of kind %s, not %s; redefining its kind deletes its counters (every member starts from zero, none comes back when switched back, "+
+	return core.Errorf("%w: quota %q is of kind %s, not %s; redefining its kind deletes its counters (every member starts from zero, none comes back when switched back, "+
 		"member limits stay): set Definition.ReplaceKind (CLI: --replace-kind) to do that; nothing was changed", ErrQuotaKindChange, d.Name, unit, d.Window)
 }
 
@@ -223,15 +224,15 @@ func (c *Client) kindChangeError(ctx context.Context, x db.DBTX, d Definition) e
 // Errors: *InputError for a bad name; ErrQuotaNotFound; ErrSchemaMissing;
 // database errors.
 func (c *Client) Quota(ctx context.Context, name string) (Quota, error) {
-	if err := checkName("quota name", name); err != nil {
+	if err := core.CheckName("quota name", name); err != nil {
 		return Quota{}, err
 	}
-	row, err := c.queries.QuotaGet(ctx, c.db.reads(), name)
+	row, err := c.queries.QuotaGet(ctx, c.db.Reads(), name)
 	if isNoRows(err) {
-		return Quota{}, errorf("%w: %q", ErrQuotaNotFound, name)
+		return Quota{}, core.Errorf("%w: %q", ErrQuotaNotFound, name)
 	}
 	if err != nil {
-		return Quota{}, dbError("get quota", err)
+		return Quota{}, core.DBError("get quota", err)
 	}
 	return c.withShape(ctx, quotaFromRow(row))
 }
@@ -240,9 +241,9 @@ func (c *Client) Quota(ctx context.Context, name string) (Quota, error) {
 //
 // Errors: ErrSchemaMissing; database errors.
 func (c *Client) Quotas(ctx context.Context) ([]Quota, error) {
-	rows, err := retry(ctx, c.policy, func() ([]db.QuotaRow, error) { return c.queries.QuotaList(ctx, c.pool) })
+	rows, err := core.Retry(ctx, c.policy, func() ([]db.QuotaRow, error) { return c.queries.QuotaList(ctx, c.pool) })
 	if err != nil {
-		return nil, dbError("list quotas", err)
+		return nil, core.DBError("list quotas", err)
 	}
 	out := make([]Quota, len(rows))
 	for i, r := range rows {
@@ -256,8 +257,8 @@ func quotaFromRow(r db.QuotaRow) Quota {
 		Name:      r.Name,
 		Window:    Window(r.WindowUnit),
 		TimeZone:  r.TimeZone,
-		CreatedAt: timeFromPG(r.CreatedAt),
-		UpdatedAt: timeFromPG(r.UpdatedAt),
+		CreatedAt: core.TimeFromPG(r.CreatedAt),
+		UpdatedAt: core.TimeFromPG(r.UpdatedAt),
 	}
 	if r.DefaultLimit.Valid {
 		v := r.DefaultLimit.Int64
@@ -286,30 +287,30 @@ func (c *Client) SetMemberLimitTx(ctx context.Context, tx pgx.Tx, quota, member 
 }
 
 func (c *Client) setMemberLimit(ctx context.Context, x db.DBTX, quota, member string, limit int64) (MemberLimit, error) {
-	if err := checkName("quota name", quota); err != nil {
+	if err := core.CheckName("quota name", quota); err != nil {
 		return MemberLimit{}, err
 	}
-	if err := checkName("member", member); err != nil {
+	if err := core.CheckName("member", member); err != nil {
 		return MemberLimit{}, err
 	}
-	if err := checkUnits("limit", limit, 0); err != nil {
+	if err := core.CheckUnits("limit", limit, 0); err != nil {
 		return MemberLimit{}, err
 	}
 	row, err := c.queries.QuotaOverrideSet(ctx, x, db.QuotaOverrideSetParams{
 		QuotaName: quota, Member: member, LimitValue: limit,
 	})
 	if isNoRows(err) {
-		return MemberLimit{}, errorf("%w: %q", ErrQuotaNotFound, quota)
+		return MemberLimit{}, core.Errorf("%w: %q", ErrQuotaNotFound, quota)
 	}
 	if err != nil {
 		if isForeignKeyViolation(err) {
 			// The quota was there when the statement began: a concurrent
 			// delete. Keep the database's error in the chain.
-			return MemberLimit{}, errorf("%w: %q: %w", ErrQuotaNotFound, quota, err)
+			return MemberLimit{}, core.Errorf("%w: %q: %w", ErrQuotaNotFound, quota, err)
 		}
-		return MemberLimit{}, dbError("set member limit", err)
+		return MemberLimit{}, core.DBError("set member limit", err)
 	}
-	return MemberLimit{Quota: row.QuotaName, Member: row.Member, Limit: row.LimitValue, UpdatedAt: timeFromPG(row.UpdatedAt)}, nil
+	return MemberLimit{Quota: row.QuotaName, Member: row.Member, Limit: row.LimitValue, UpdatedAt: core.TimeFromPG(row.UpdatedAt)}, nil
 }
 
 // ClearMemberLimit removes a member's own limit, so the quota's default
@@ -331,15 +332,15 @@ func (c *Client) ClearMemberLimitTx(ctx context.Context, tx pgx.Tx, quota, membe
 }
 
 func (c *Client) clearMemberLimit(ctx context.Context, x db.DBTX, quota, member string) (bool, error) {
-	if err := checkName("quota name", quota); err != nil {
+	if err := core.CheckName("quota name", quota); err != nil {
 		return false, err
 	}
-	if err := checkName("member", member); err != nil {
+	if err := core.CheckName("member", member); err != nil {
 		return false, err
 	}
 	n, err := c.queries.QuotaOverrideDelete(ctx, x, db.QuotaOverrideDeleteParams{QuotaName: quota, Member: member})
 	if err != nil {
-		return false, dbError("clear member limit", err)
+		return false, core.DBError("clear member limit", err)
 	}
 	return n > 0, nil
 }
@@ -349,24 +350,24 @@ func (c *Client) clearMemberLimit(ctx context.Context, x db.DBTX, quota, member 
 // Errors: *InputError for a bad quota name; ErrQuotaNotFound;
 // ErrSchemaMissing; database errors.
 func (c *Client) MemberLimits(ctx context.Context, quota string) ([]MemberLimit, error) {
-	if err := checkName("quota name", quota); err != nil {
+	if err := core.CheckName("quota name", quota); err != nil {
 		return nil, err
 	}
-	rows, err := retry(ctx, c.policy, func() ([]db.PgquotaQuotaOverride, error) { return c.queries.QuotaOverrideList(ctx, c.pool, quota) })
+	rows, err := core.Retry(ctx, c.policy, func() ([]db.PgquotaQuotaOverride, error) { return c.queries.QuotaOverrideList(ctx, c.pool, quota) })
 	if err != nil {
-		return nil, dbError("list member limits", err)
+		return nil, core.DBError("list member limits", err)
 	}
 	if len(rows) == 0 {
 		// No overrides, or no quota: tell them apart.
 		if _, err := c.queries.QuotaGet(ctx, c.db, quota); isNoRows(err) {
-			return nil, errorf("%w: %q", ErrQuotaNotFound, quota)
+			return nil, core.Errorf("%w: %q", ErrQuotaNotFound, quota)
 		} else if err != nil {
-			return nil, dbError("list member limits", err)
+			return nil, core.DBError("list member limits", err)
 		}
 	}
 	out := make([]MemberLimit, len(rows))
 	for i, r := range rows {
-		out[i] = MemberLimit{Quota: r.QuotaName, Member: r.Member, Limit: r.LimitValue, UpdatedAt: timeFromPG(r.UpdatedAt)}
+		out[i] = MemberLimit{Quota: r.QuotaName, Member: r.Member, Limit: r.LimitValue, UpdatedAt: core.TimeFromPG(r.UpdatedAt)}
 	}
 	return out, nil
 }

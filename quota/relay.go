@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 	"github.com/pgquota/pgquota/internal/dbutil"
 )
 
@@ -85,10 +86,10 @@ type Relay struct {
 // inconsistent setting.
 func (c *Client) NewRelay(h Handler, cfg RelayConfig) (*Relay, error) {
 	if h == nil {
-		return nil, inputError("handler", "must not be nil")
+		return nil, core.Invalid("handler", "must not be nil")
 	}
 	for i, t := range cfg.Topics {
-		if err := checkName(fmt.Sprintf("topic %d", i+1), t); err != nil {
+		if err := core.CheckName(fmt.Sprintf("topic %d", i+1), t); err != nil {
 			return nil, err
 		}
 	}
@@ -103,7 +104,7 @@ func (c *Client) NewRelay(h Handler, cfg RelayConfig) (*Relay, error) {
 		{"RelayConfig.RetryMax", int64(cfg.RetryMax)},
 	} {
 		if f.v < 0 {
-			return nil, inputError(f.field, "must not be negative, got %d", f.v)
+			return nil, core.Invalid(f.field, "must not be negative, got %d", f.v)
 		}
 	}
 	// BatchSize and MaxAttempts go to the database as 32-bit integers.
@@ -112,7 +113,7 @@ func (c *Client) NewRelay(h Handler, cfg RelayConfig) (*Relay, error) {
 		v     int
 	}{{"RelayConfig.BatchSize", cfg.BatchSize}, {"RelayConfig.MaxAttempts", cfg.MaxAttempts}} {
 		if int64(f.v) > math.MaxInt32 {
-			return nil, inputError(f.field, "must be at most %d, got %d", math.MaxInt32, f.v)
+			return nil, core.Invalid(f.field, "must be at most %d, got %d", math.MaxInt32, f.v)
 		}
 	}
 	if cfg.BatchSize == 0 {
@@ -131,7 +132,7 @@ func (c *Client) NewRelay(h Handler, cfg RelayConfig) (*Relay, error) {
 		cfg.RetryMax = 10 * time.Minute
 	}
 	if cfg.RetryMax < cfg.RetryInitial {
-		return nil, inputError("RelayConfig.RetryMax", "must be at least RetryInitial (%s), got %s", cfg.RetryInitial, cfg.RetryMax)
+		return nil, core.Invalid("RelayConfig.RetryMax", "must be at least RetryInitial (%s), got %s", cfg.RetryInitial, cfg.RetryMax)
 	}
 	if cfg.Topics == nil {
 		cfg.Topics = []string{}
@@ -156,7 +157,7 @@ type BatchResult struct {
 // connection, say) go to RelayConfig.OnError and are retried with backoff up
 // to PollInterval apart; Run does not return them.
 func (r *Relay) Run(ctx context.Context) error {
-	defer r.c.m.observeOutbox(r.c)()
+	defer r.c.m.ObserveOutbox(r.c.outboxGauges)()
 	errWait := &backoff.ExponentialBackOff{
 		InitialInterval:     10 * time.Millisecond,
 		RandomizationFactor: 0.5,
@@ -212,22 +213,22 @@ func (r *Relay) Run(ctx context.Context) error {
 // the outcomes may have been recorded or not: delivery stays at least
 // once either way.
 func (r *Relay) RunOnce(ctx context.Context) (_ BatchResult, err error) {
-	defer r.c.m.done(ctx, opRelayBatch, r.c.m.now(), &err)
+	defer r.c.m.Done(ctx, core.OpRelayBatch, r.c.m.Now(), &err)
 	for try := 1; ; try++ {
 		tx, err := r.c.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 		if err != nil {
-			return BatchResult{}, dbError("relay", err)
+			return BatchResult{}, core.DBError("relay", err)
 		}
 		rows, err := r.c.queries.OutboxClaim(ctx, tx, db.OutboxClaimParams{Topics: r.cfg.Topics, BatchSize: int32(r.cfg.BatchSize)})
 		if err != nil {
 			dbutil.Rollback(ctx, tx, &err)
-			if try == 1 && isStaleStatementError(err) && ctx.Err() == nil {
-				if reset := r.c.policy.resetCaches; reset != nil {
+			if try == 1 && core.IsStaleStatementError(err) && ctx.Err() == nil {
+				if reset := r.c.policy.ResetCaches; reset != nil {
 					reset(ctx)
 				}
 				continue
 			}
-			return BatchResult{}, dbError("relay: claim", err)
+			return BatchResult{}, core.DBError("relay: claim", err)
 		}
 		res, err := r.batch(ctx, tx, rows)
 		if err != nil {
@@ -273,7 +274,7 @@ func (r *Relay) batch(ctx context.Context, tx pgx.Tx, rows []db.OutboxClaimRow) 
 				if ctx.Err() != nil {
 					break
 				}
-				return BatchResult{}, dbError("relay: batch lost its connection", err)
+				return BatchResult{}, core.DBError("relay: batch lost its connection", err)
 			}
 			contact = time.Now()
 		}
@@ -286,7 +287,7 @@ func (r *Relay) batch(ctx context.Context, tx pgx.Tx, rows []db.OutboxClaimRow) 
 			IdempotencyKey:   row.IdempotencyKey.String,
 			FencingToken:     row.FencingToken.Int64,
 			Attempt:          int(row.Attempts) + 1,
-			CreatedAt:        timeFromPG(row.CreatedAt),
+			CreatedAt:        core.TimeFromPG(row.CreatedAt),
 		}
 		if herr := r.call(ctx, ev); herr != nil {
 			if ctx.Err() != nil {
@@ -314,19 +315,19 @@ func (r *Relay) batch(ctx context.Context, tx pgx.Tx, rows []db.OutboxClaimRow) 
 	defer cancel()
 	if len(delivered) > 0 {
 		if _, err := r.c.queries.OutboxMarkDelivered(rctx, tx, delivered); err != nil {
-			return BatchResult{}, dbError("relay: mark delivered", err)
+			return BatchResult{}, core.DBError("relay: mark delivered", err)
 		}
 	}
 	if len(failed.Ids) > 0 {
 		failed.MaxAttempts = int32(r.cfg.MaxAttempts)
 		if _, err := r.c.queries.OutboxMarkFailed(rctx, tx, failed); err != nil {
-			return BatchResult{}, dbError("relay: mark failed", err)
+			return BatchResult{}, core.DBError("relay: mark failed", err)
 		}
 	}
 	if err := tx.Commit(rctx); err != nil {
-		return BatchResult{}, dbError("relay: commit", dbutil.MarkOutcome(err))
+		return BatchResult{}, core.DBError("relay: commit", dbutil.MarkOutcome(err))
 	}
-	r.c.m.relayCommitted(ctx, res, rows, delivered, claimed)
+	r.c.m.RelayCommitted(ctx, res.Delivered, res.Failed, res.Dead, rows, delivered, claimed)
 	return res, nil
 }
 
@@ -344,7 +345,7 @@ func (r *Relay) alive(ctx context.Context, tx pgx.Tx) error {
 func (r *Relay) call(ctx context.Context, ev Event) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = errorf("handler panicked: %v", p)
+			err = core.Errorf("handler panicked: %v", p)
 		}
 	}()
 	return r.handler(ctx, ev)
@@ -382,4 +383,13 @@ func errorText(err error) string {
 		s = s[:cut]
 	}
 	return s
+}
+
+// outboxGauges reads the outbox gauges (core.Metrics.ObserveOutbox).
+func (c *Client) outboxGauges(ctx context.Context) (int64, float64, error) {
+	row, err := c.queries.OutboxPendingGauge(ctx, c.db.Reads(), core.OutboxGaugeCap)
+	if err != nil {
+		return 0, 0, core.DBError("outbox gauges", err)
+	}
+	return row.Pending, row.OldestAgeSeconds, nil
 }

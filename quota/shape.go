@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // The kinds of quota beside the calendar windows (migrations/00011). Each
@@ -59,41 +60,41 @@ const (
 )
 
 func (c *Client) defineShaped(ctx context.Context, x db.DBTX, d Definition) (Quota, error) {
-	if err := checkName("quota name", d.Name); err != nil {
+	if err := core.CheckName("quota name", d.Name); err != nil {
 		return Quota{}, err
 	}
 	if d.TimeZone != "" && d.TimeZone != "UTC" {
-		return Quota{}, inputError("time zone", "applies to calendar windows only, not to window %q", d.Window)
+		return Quota{}, core.Invalid("time zone", "applies to calendar windows only, not to window %q", d.Window)
 	}
 	switch {
 	case d.Period == 0:
-		return Quota{}, inputError("period", "is required for window %q (the rate's period or the window's length)", d.Window)
+		return Quota{}, core.Invalid("period", "is required for window %q (the rate's period or the window's length)", d.Window)
 	case d.Period < minPeriod:
-		return Quota{}, inputError("period", "must be at least %s, got %s", minPeriod, d.Period)
+		return Quota{}, core.Invalid("period", "must be at least %s, got %s", minPeriod, d.Period)
 	case d.Period > 36525*24*time.Hour:
-		return Quota{}, inputError("period", "must be at most 36525 days, got %s", d.Period)
+		return Quota{}, core.Invalid("period", "must be at most 36525 days, got %s", d.Period)
 	case d.Period%time.Millisecond != 0:
-		return Quota{}, inputError("period", "must be a whole number of milliseconds, got %s", d.Period)
+		return Quota{}, core.Invalid("period", "must be a whole number of milliseconds, got %s", d.Period)
 	}
 	var def pgtype.Int8
 	if d.DefaultLimit != nil {
-		if err := checkUnits("default limit", *d.DefaultLimit, 0); err != nil {
+		if err := core.CheckUnits("default limit", *d.DefaultLimit, 0); err != nil {
 			return Quota{}, err
 		}
 		if d.Window == WindowRate && *d.DefaultLimit == 0 {
-			return Quota{}, inputError("rate", "must be at least 1 unit per period, got 0")
+			return Quota{}, core.Invalid("rate", "must be at least 1 unit per period, got 0")
 		}
 		if d.Window == WindowRolling && *d.DefaultLimit > MaxRollingLimit {
-			return Quota{}, inputError("default limit", "of a rolling window must be at most %d, got %d", MaxRollingLimit, *d.DefaultLimit)
+			return Quota{}, core.Invalid("default limit", "of a rolling window must be at most %d, got %d", MaxRollingLimit, *d.DefaultLimit)
 		}
 		def = pgtype.Int8{Int64: *d.DefaultLimit, Valid: true}
 	}
 	var burst pgtype.Int8
 	if d.Burst != 0 {
 		if d.Window != WindowRate {
-			return Quota{}, inputError("burst", "applies to window %q only, not to %q", WindowRate, d.Window)
+			return Quota{}, core.Invalid("burst", "applies to window %q only, not to %q", WindowRate, d.Window)
 		}
-		if err := checkUnits("burst", d.Burst, 1); err != nil {
+		if err := core.CheckUnits("burst", d.Burst, 1); err != nil {
 			return Quota{}, err
 		}
 		burst = pgtype.Int8{Int64: d.Burst, Valid: true}
@@ -101,13 +102,13 @@ func (c *Client) defineShaped(ctx context.Context, x db.DBTX, d Definition) (Quo
 	origin := time.Unix(0, 0).UTC()
 	if !d.Origin.IsZero() {
 		if d.Window != WindowFixed {
-			return Quota{}, inputError("origin", "applies to window %q only, not to %q", WindowFixed, d.Window)
+			return Quota{}, core.Invalid("origin", "applies to window %q only, not to %q", WindowFixed, d.Window)
 		}
 		if d.Origin.Year() < 1 || d.Origin.Year() > 9999 {
-			return Quota{}, inputError("origin", "must be between the years 1 and 9999, got %s", d.Origin)
+			return Quota{}, core.Invalid("origin", "must be between the years 1 and 9999, got %s", d.Origin)
 		}
 		if d.Origin.Nanosecond()%int(time.Millisecond) != 0 {
-			return Quota{}, inputError("origin", "must be a whole number of milliseconds (windows are cut in milliseconds), got %s", d.Origin.Format(time.RFC3339Nano))
+			return Quota{}, core.Invalid("origin", "must be a whole number of milliseconds (windows are cut in milliseconds), got %s", d.Origin.Format(time.RFC3339Nano))
 		}
 		origin = d.Origin
 	}
@@ -126,7 +127,7 @@ func (c *Client) defineShaped(ctx context.Context, x db.DBTX, d Definition) (Quo
 		}
 	}
 	if err != nil {
-		return Quota{}, dbError("define quota", err)
+		return Quota{}, core.DBError("define quota", err)
 	}
 	c.kinds.Store(d.Name, d.Window)
 	q := quotaFromRow(db.QuotaRow{
@@ -147,7 +148,7 @@ func applyShape(q *Quota, s db.PgquotaQuotaShape) {
 			q.Burst = *q.DefaultLimit
 		}
 	case WindowFixed:
-		q.Origin = timeFromPG(s.Origin).UTC()
+		q.Origin = core.TimeFromPG(s.Origin).UTC()
 	}
 }
 
@@ -156,12 +157,12 @@ func (c *Client) withShape(ctx context.Context, q Quota) (Quota, error) {
 	if !q.Window.Shaped() {
 		return q, nil
 	}
-	s, err := c.queries.QuotaShapeGet(ctx, c.db.reads(), q.Name)
+	s, err := c.queries.QuotaShapeGet(ctx, c.db.Reads(), q.Name)
 	if isNoRows(err) {
-		return Quota{}, errorf("%w: %q", ErrQuotaNotFound, q.Name)
+		return Quota{}, core.Errorf("%w: %q", ErrQuotaNotFound, q.Name)
 	}
 	if err != nil {
-		return Quota{}, dbError("get quota", err)
+		return Quota{}, core.DBError("get quota", err)
 	}
 	applyShape(&q, s)
 	return q, nil
@@ -176,9 +177,9 @@ func (c *Client) withShapes(ctx context.Context, qs []Quota) ([]Quota, error) {
 	if !any {
 		return qs, nil
 	}
-	rows, err := retry(ctx, c.policy, func() ([]db.PgquotaQuotaShape, error) { return c.queries.QuotaShapeList(ctx, c.pool) })
+	rows, err := core.Retry(ctx, c.policy, func() ([]db.PgquotaQuotaShape, error) { return c.queries.QuotaShapeList(ctx, c.pool) })
 	if err != nil {
-		return nil, dbError("list quotas", err)
+		return nil, core.DBError("list quotas", err)
 	}
 	byName := make(map[string]db.PgquotaQuotaShape, len(rows))
 	for _, r := range rows {
@@ -218,10 +219,10 @@ func (c *Client) quotaKind(ctx context.Context, x db.DBTX, name string) (Window,
 	}
 	unit, err := c.queries.QuotaKindGet(ctx, x, name)
 	if isNoRows(err) {
-		return "", errorf("%w: %q", ErrQuotaNotFound, name)
+		return "", core.Errorf("%w: %q", ErrQuotaNotFound, name)
 	}
 	if err != nil {
-		return "", dbError("grant", err)
+		return "", core.DBError("grant", err)
 	}
 	w := Window(unit)
 	c.kinds.Store(name, w)

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 	"github.com/pgquota/pgquota/internal/dbutil"
 )
 
@@ -53,7 +54,7 @@ func (c *Client) CreateShardedCampaign(ctx context.Context, campaign string, tot
 	if err := checkShardedPool(campaign, total, shards); err != nil {
 		return Campaign{}, err
 	}
-	return retry(ctx, c.policy, func() (Campaign, error) {
+	return core.Retry(ctx, c.policy, func() (Campaign, error) {
 		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (Campaign, error) {
 			return c.createShardedPool(ctx, tx, campaign, total, shards)
 		})
@@ -70,17 +71,17 @@ func (c *Client) CreateShardedCampaignTx(ctx context.Context, tx pgx.Tx, campaig
 }
 
 func checkShardedPool(campaign string, total int64, shards int) error {
-	if err := checkName("campaign", campaign); err != nil {
+	if err := core.CheckName("campaign", campaign); err != nil {
 		return err
 	}
-	if err := checkUnits("total", total, 1); err != nil {
+	if err := core.CheckUnits("total", total, 1); err != nil {
 		return err
 	}
 	if shards < 1 || shards > MaxShards {
-		return inputError("shards", "must be between 1 and %d, got %d", MaxShards, shards)
+		return core.Invalid("shards", "must be between 1 and %d, got %d", MaxShards, shards)
 	}
 	if int64(shards) > total {
-		return inputError("shards", "must be at most the total (%d), got %d: every shard holds at least one unit", total, shards)
+		return core.Invalid("shards", "must be at most the total (%d), got %d: every shard holds at least one unit", total, shards)
 	}
 	return nil
 }
@@ -110,22 +111,22 @@ func (c *Client) createShardedPool(ctx context.Context, tx pgx.Tx, campaign stri
 	if isNoRows(err) {
 		existing, err := c.queries.VoucherPoolStatus(ctx, tx, campaign)
 		if err != nil {
-			return Campaign{}, dbError("create sharded pool", err)
+			return Campaign{}, core.DBError("create sharded pool", err)
 		}
 		if CampaignKind(existing.Kind) != KindSharded || existing.Total != total || int(existing.Shards) != shards {
-			return Campaign{}, errorf("%w: %q is a %s campaign with total %d in %d shards", ErrCampaignExists, campaign, existing.Kind, existing.Total, existing.Shards)
+			return Campaign{}, core.Errorf("%w: %q is a %s campaign with total %d in %d shards", ErrCampaignExists, campaign, existing.Kind, existing.Total, existing.Shards)
 		}
 		return poolFromStatus(existing), nil
 	}
 	if err != nil {
-		return Campaign{}, dbError("create sharded pool", err)
+		return Campaign{}, core.DBError("create sharded pool", err)
 	}
 	ids, bases, totals := shardSplit(total, shards)
 	err = c.queries.VoucherShardCreate(ctx, tx, db.VoucherShardCreateParams{
 		Campaign: campaign, Shards: ids, Bases: bases, Totals: totals,
 	})
 	if err != nil {
-		return Campaign{}, dbError("create sharded pool", err)
+		return Campaign{}, core.DBError("create sharded pool", err)
 	}
 	p := poolFromRow(row, 0)
 	p.Shards = shards

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // Concurrency limits (semaphores): at most Limit holders of a semaphore at
@@ -138,11 +139,11 @@ func (e *SemaphoreFullError) Error() string {
 func (e *SemaphoreFullError) Unwrap() error { return ErrSemaphoreFull }
 
 func checkSemaphoreName(name string) error {
-	if err := checkName("semaphore", name); err != nil {
+	if err := core.CheckName("semaphore", name); err != nil {
 		return err
 	}
 	if len(name) > MaxSemaphoreNameBytes {
-		return inputError("semaphore", "is %d bytes long, the limit is %d", len(name), MaxSemaphoreNameBytes)
+		return core.Invalid("semaphore", "is %d bytes long, the limit is %d", len(name), MaxSemaphoreNameBytes)
 	}
 	return nil
 }
@@ -152,10 +153,10 @@ func checkSlotRequest(req *SlotRequest) error {
 		return err
 	}
 	if req.Limit < 1 || req.Limit > MaxSlotLimit {
-		return inputError("limit", "must be between 1 and %d, got %d", MaxSlotLimit, req.Limit)
+		return core.Invalid("limit", "must be between 1 and %d, got %d", MaxSlotLimit, req.Limit)
 	}
 	req.Holder = holderOrDefault(req.Holder)
-	if err := checkName("holder", req.Holder); err != nil {
+	if err := core.CheckName("holder", req.Holder); err != nil {
 		return err
 	}
 	if err := checkTTL(req.TTL); err != nil {
@@ -164,7 +165,7 @@ func checkSlotRequest(req *SlotRequest) error {
 	if req.Attempt == "" {
 		req.Attempt = NewAttempt()
 	}
-	return checkName("attempt", req.Attempt)
+	return core.CheckName("attempt", req.Attempt)
 }
 
 // AcquireSlot takes a slot of semaphore req.Semaphore for req.TTL when
@@ -188,7 +189,7 @@ func (c *Client) AcquireSlot(ctx context.Context, req SlotRequest) (Slot, error)
 	if err := checkSlotRequest(&req); err != nil {
 		return Slot{}, err
 	}
-	return retry(ctx, c.policy, func() (Slot, error) { return c.acquireSlot(ctx, c.db.pool, req) })
+	return core.Retry(ctx, c.policy, func() (Slot, error) { return c.acquireSlot(ctx, c.db.Pool, req) })
 }
 
 // AcquireSlotTx is AcquireSlot inside the caller's transaction: the slot
@@ -209,7 +210,7 @@ func (c *Client) acquireSlot(ctx context.Context, x db.DBTX, req SlotRequest) (S
 		Name: req.Semaphore, SlotLimit: int32(req.Limit), Holder: req.Holder, Attempt: req.Attempt, Ttl: intervalOf(req.TTL),
 	})
 	if err != nil {
-		return Slot{}, dbError("acquire slot", err)
+		return Slot{}, core.DBError("acquire slot", err)
 	}
 	if !r.Taken {
 		e := &SemaphoreFullError{Semaphore: req.Semaphore, Limit: req.Limit, Holders: int(r.Holders)}
@@ -256,14 +257,14 @@ func (c *Client) AcquireSlotWait(ctx context.Context, req SlotRequest, opts *Wai
 	var last error
 	failures := 0
 	for {
-		s, err := retry(ctx, c.policy, func() (Slot, error) { return c.acquireSlot(ctx, c.db.pool, req) })
+		s, err := core.Retry(ctx, c.policy, func() (Slot, error) { return c.acquireSlot(ctx, c.db.Pool, req) })
 		pause := jitter(interval)
 		var full *SemaphoreFullError
 		switch {
 		case err == nil:
 			return s, nil
 		case ctx.Err() != nil:
-			return Slot{}, errorf("pgquota: acquire a slot of semaphore %q: %w", req.Semaphore, errors.Join(context.Cause(ctx), err))
+			return Slot{}, core.Errorf("pgquota: acquire a slot of semaphore %q: %w", req.Semaphore, errors.Join(context.Cause(ctx), err))
 		case errors.As(err, &full):
 			last = err
 			failures = 0
@@ -283,7 +284,7 @@ func (c *Client) AcquireSlotWait(ctx context.Context, req SlotRequest, opts *Wai
 		}
 		t.Stop()
 		if ctx.Err() != nil {
-			return Slot{}, errorf("pgquota: acquire a slot of semaphore %q: %w", req.Semaphore, errors.Join(context.Cause(ctx), last))
+			return Slot{}, core.Errorf("pgquota: acquire a slot of semaphore %q: %w", req.Semaphore, errors.Join(context.Cause(ctx), last))
 		}
 		interval = min(2*interval, o.MaxInterval)
 	}
@@ -352,18 +353,18 @@ func (c *Client) Semaphore(ctx context.Context, name string) (SemaphoreState, er
 		return SemaphoreState{}, err
 	}
 	sent := time.Now()
-	sem, err := c.queries.SemaphoreGet(ctx, c.db.reads(), name)
+	sem, err := c.queries.SemaphoreGet(ctx, c.db.Reads(), name)
 	if isNoRows(err) {
-		return SemaphoreState{}, errorf("%w: %q", ErrSemaphoreNotFound, name)
+		return SemaphoreState{}, core.Errorf("%w: %q", ErrSemaphoreNotFound, name)
 	}
 	if err != nil {
-		return SemaphoreState{}, dbError("get semaphore", err)
+		return SemaphoreState{}, core.DBError("get semaphore", err)
 	}
-	rows, err := c.queries.SlotList(ctx, c.db.reads(), name)
+	rows, err := c.queries.SlotList(ctx, c.db.Reads(), name)
 	if err != nil {
-		return SemaphoreState{}, dbError("list slots", err)
+		return SemaphoreState{}, core.DBError("list slots", err)
 	}
-	st := SemaphoreState{Name: sem.Name, Limit: int(sem.SlotLimit), Acquisitions: sem.Acquisitions, DBNow: timeFromPG(sem.DbNow), Slots: []Slot{}}
+	st := SemaphoreState{Name: sem.Name, Limit: int(sem.SlotLimit), Acquisitions: sem.Acquisitions, DBNow: core.TimeFromPG(sem.DbNow), Slots: []Slot{}}
 	for _, r := range rows {
 		l := leaseFrom(db.PgquotaLease{
 			Name: r.Name, Holder: r.Holder, Attempt: r.Attempt, Token: r.Token,

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/core"
 	"github.com/pgquota/pgquota/internal/dbutil"
 )
 
@@ -100,10 +101,10 @@ func (c *Client) CreateCampaignTx(ctx context.Context, tx pgx.Tx, campaign strin
 }
 
 func (c *Client) createVoucherPool(ctx context.Context, x db.DBTX, campaign string, total int64) (Campaign, error) {
-	if err := checkName("campaign", campaign); err != nil {
+	if err := core.CheckName("campaign", campaign); err != nil {
 		return Campaign{}, err
 	}
-	if err := checkUnits("total", total, 1); err != nil {
+	if err := core.CheckUnits("total", total, 1); err != nil {
 		return Campaign{}, err
 	}
 	row, err := c.queries.VoucherPoolCreate(ctx, x, db.VoucherPoolCreateParams{
@@ -113,14 +114,14 @@ func (c *Client) createVoucherPool(ctx context.Context, x db.DBTX, campaign stri
 		return poolFromRow(row, row.Claimed), nil
 	}
 	if !isNoRows(err) {
-		return Campaign{}, dbError("create voucher pool", err)
+		return Campaign{}, core.DBError("create voucher pool", err)
 	}
 	existing, err := c.queries.VoucherPoolGet(ctx, x, campaign)
 	if err != nil {
-		return Campaign{}, dbError("create voucher pool", err)
+		return Campaign{}, core.DBError("create voucher pool", err)
 	}
 	if CampaignKind(existing.Kind) != KindCounted || existing.Total != total {
-		return Campaign{}, errorf("%w: %q is a %s campaign with total %d", ErrCampaignExists, campaign, existing.Kind, existing.Total)
+		return Campaign{}, core.Errorf("%w: %q is a %s campaign with total %d", ErrCampaignExists, campaign, existing.Kind, existing.Total)
 	}
 	return poolFromRow(existing, existing.Claimed), nil
 }
@@ -133,7 +134,7 @@ func poolFromRow(r db.PgquotaVoucherPool, claimed int64) Campaign {
 		Claimed:   claimed,
 		Remaining: max(r.Total-claimed, 0),
 		SoldOut:   claimed >= r.Total,
-		CreatedAt: timeFromPG(r.CreatedAt),
+		CreatedAt: core.TimeFromPG(r.CreatedAt),
 	}
 }
 
@@ -144,15 +145,15 @@ func poolFromRow(r db.PgquotaVoucherPool, claimed int64) Campaign {
 // Errors: *InputError for a bad campaign; ErrCampaignNotFound;
 // ErrSchemaMissing; database errors.
 func (c *Client) Campaign(ctx context.Context, campaign string) (Campaign, error) {
-	if err := checkName("campaign", campaign); err != nil {
+	if err := core.CheckName("campaign", campaign); err != nil {
 		return Campaign{}, err
 	}
-	row, err := c.queries.VoucherPoolStatus(ctx, c.db.reads(), campaign)
+	row, err := c.queries.VoucherPoolStatus(ctx, c.db.Reads(), campaign)
 	if isNoRows(err) {
-		return Campaign{}, errorf("%w: %q", ErrCampaignNotFound, campaign)
+		return Campaign{}, core.Errorf("%w: %q", ErrCampaignNotFound, campaign)
 	}
 	if err != nil {
-		return Campaign{}, dbError("voucher status", err)
+		return Campaign{}, core.DBError("voucher status", err)
 	}
 	return poolFromStatus(row), nil
 }
@@ -181,7 +182,7 @@ func (c *Client) whileCodesLocked(ctx context.Context, campaign string, attempt 
 		backoff.WithBackOff(b),
 		backoff.WithMaxElapsedTime(c.cfg.CodeClaimWait))
 	if errors.Is(err, errCodesLocked) {
-		return ClaimResult{}, errorf("%w (campaign %q)", ErrCodesBusy, campaign)
+		return ClaimResult{}, core.Errorf("%w (campaign %q)", ErrCodesBusy, campaign)
 	}
 	return claim, err
 }
@@ -207,7 +208,7 @@ func (c *Client) ImportCodes(ctx context.Context, campaign string, codes []strin
 	if err := checkImport(campaign, codes); err != nil {
 		return ImportResult{}, err
 	}
-	return retry(ctx, c.policy, func() (ImportResult, error) {
+	return core.Retry(ctx, c.policy, func() (ImportResult, error) {
 		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (ImportResult, error) {
 			return c.importCodes(ctx, tx, campaign, codes)
 		})
@@ -223,14 +224,14 @@ func (c *Client) ImportCodesTx(ctx context.Context, tx pgx.Tx, campaign string, 
 }
 
 func checkImport(campaign string, codes []string) error {
-	if err := checkName("campaign", campaign); err != nil {
+	if err := core.CheckName("campaign", campaign); err != nil {
 		return err
 	}
 	if len(codes) == 0 {
-		return inputError("codes", "the list is empty")
+		return core.Invalid("codes", "the list is empty")
 	}
 	for i, code := range codes {
-		if err := checkName(fmt.Sprintf("code %d", i+1), code); err != nil {
+		if err := core.CheckName(fmt.Sprintf("code %d", i+1), code); err != nil {
 			return err
 		}
 	}
@@ -245,10 +246,10 @@ func (c *Client) importCodes(ctx context.Context, tx pgx.Tx, campaign string, co
 		pool, err = c.queries.VoucherPoolGet(ctx, tx, campaign)
 	}
 	if err != nil {
-		return ImportResult{}, dbError("import codes", err)
+		return ImportResult{}, core.DBError("import codes", err)
 	}
 	if CampaignKind(pool.Kind) != KindCodes {
-		return ImportResult{}, errorf("%w: %q is a %s pool, it cannot hold codes", ErrCampaignExists, campaign, pool.Kind)
+		return ImportResult{}, core.Errorf("%w: %q is a %s pool, it cannot hold codes", ErrCampaignExists, campaign, pool.Kind)
 	}
 	// pgquota.voucher_import_codes (migrations/00022, SECURITY DEFINER)
 	// inserts the codes in code order: concurrent imports with overlapping
@@ -259,7 +260,7 @@ func (c *Client) importCodes(ctx context.Context, tx pgx.Tx, campaign string, co
 	err = tx.QueryRow(ctx, `SELECT r.imported, r.total FROM pgquota.voucher_import_codes($1::text, $2::text[]) r`,
 		campaign, codes).Scan(&imported, &total)
 	if err != nil {
-		return ImportResult{}, dbError("import codes", err)
+		return ImportResult{}, core.DBError("import codes", err)
 	}
 	return ImportResult{
 		Campaign:   campaign,
