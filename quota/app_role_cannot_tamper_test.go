@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/outbox"
 )
 
 // roleBundle is a migrated database with a client per pgquota role: app
@@ -81,7 +82,7 @@ func TestAppRoleCannotTamper(t *testing.T) {
 	require.NoError(t, err)
 	_, err = ownerC.GuardTable(ctx, quota.GuardTableRequest{Table: "public.guarded", Column: "tok"})
 	require.NoError(t, err)
-	eventID, err := b.appC.Enqueue(ctx, "topic", []byte("x"), nil)
+	eventID, err := outboxOf(t, b.appC).Enqueue(ctx, "topic", []byte("x"), nil)
 	require.NoError(t, err)
 	var epoch int64
 	require.NoError(t, b.owner.QueryRow(ctx, `SELECT epoch FROM pgquota.lease_epoch`).Scan(&epoch))
@@ -168,20 +169,20 @@ func TestRelayRoleRunsTheRelayOnly(t *testing.T) {
 	b := roleSetup(t)
 	ctx := b.ctx
 	for i := 0; i < 3; i++ {
-		_, err := b.appC.Enqueue(ctx, "t", []byte(fmt.Sprint(i)), nil)
+		_, err := outboxOf(t, b.appC).Enqueue(ctx, "t", []byte(fmt.Sprint(i)), nil)
 		require.NoError(t, err)
 	}
 	delivered := 0
-	relay, err := b.relayC.NewRelay(func(context.Context, quota.Event) error { delivered++; return nil }, quota.RelayConfig{Topics: []string{"t"}})
+	relay, err := outboxOf(t, b.relayC).NewRelay(func(context.Context, outbox.Event) error { delivered++; return nil }, outbox.RelayConfig{Topics: []string{"t"}})
 	require.NoError(t, err)
 	res, err := relay.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 3, res.Delivered)
 	require.Equal(t, 3, delivered)
-	_, err = b.relayC.ReapOutbox(ctx, time.Hour)
+	_, err = outboxOf(t, b.relayC).Reap(ctx, time.Hour)
 	require.NoError(t, err)
 
-	_, err = b.relayC.Enqueue(ctx, "t", []byte("x"), nil)
+	_, err = outboxOf(t, b.relayC).Enqueue(ctx, "t", []byte("x"), nil)
 	require.ErrorIs(t, err, quota.ErrPermissionDenied)
 	_, err = b.relayC.DefineQuota(ctx, quota.Definition{Name: "q", Window: quota.WindowDay, DefaultLimit: ptr(int64(5))})
 	require.ErrorIs(t, err, quota.ErrPermissionDenied)

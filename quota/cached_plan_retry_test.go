@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/outbox"
 )
 
 // pgx's default exec mode (cache_statement) prepares each statement once
@@ -55,7 +56,7 @@ func cachedPlanRetried(t *testing.T, claimFirst bool) {
 	rpool := rc.Pool()
 	require.Equal(t, pgx.QueryExecModeCacheStatement, rpool.Config().ConnConfig.DefaultQueryExecMode)
 	delivered := 0
-	relay, err := rc.NewRelay(func(context.Context, quota.Event) error { delivered++; return nil }, quota.RelayConfig{})
+	relay, err := outboxOf(t, rc).NewRelay(func(context.Context, outbox.Event) error { delivered++; return nil }, outbox.RelayConfig{})
 	require.NoError(t, err)
 
 	held := make([]*pgxpool.Conn, conns)
@@ -78,10 +79,10 @@ func cachedPlanRetried(t *testing.T, claimFirst bool) {
 		require.NoError(t, err)
 	}
 	round := func(i int) {
-		_, err := c.Enqueue(ctx, "t", []byte("x"), nil)
+		_, err := outboxOf(t, c).Enqueue(ctx, "t", []byte("x"), nil)
 		require.NoError(t, err)
 		list := func() {
-			evs, err := rc.OutboxEvents(ctx, quota.OutboxFilter{})
+			evs, err := outboxOf(t, rc).Events(ctx, outbox.Filter{})
 			require.NoError(t, err, "connection %d: outbox listing", i)
 			require.NotEmpty(t, evs)
 		}
@@ -113,7 +114,7 @@ func cachedPlanRetried(t *testing.T, claimFirst bool) {
 	}
 	require.Equal(t, 2*conns, delivered)
 	releaseAll()
-	evs, err := c.OutboxEvents(ctx, quota.OutboxFilter{State: quota.OutboxDelivered})
+	evs, err := outboxOf(t, c).Events(ctx, outbox.Filter{State: outbox.StateDelivered})
 	require.NoError(t, err)
 	require.Len(t, evs, 2*conns)
 }
@@ -128,16 +129,16 @@ func TestCachedStatementRetriedAfterDeallocate(t *testing.T) {
 	pool := pgtest.Connect(t, pgtest.NewURL(t), 1) // direct, pgx's default mode
 	c, err := quota.New(pool, nil)
 	require.NoError(t, err)
-	_, err = c.Enqueue(ctx, "t", nil, nil)
+	_, err = outboxOf(t, c).Enqueue(ctx, "t", nil, nil)
 	require.NoError(t, err)
 	l, err := c.Acquire(ctx, quota.AcquireRequest{Name: "r", Holder: "h", TTL: time.Minute})
 	require.NoError(t, err)
-	_, err = c.OutboxEvents(ctx, quota.OutboxFilter{})
+	_, err = outboxOf(t, c).Events(ctx, outbox.Filter{})
 	require.NoError(t, err)
 
 	_, err = pool.Exec(ctx, "DEALLOCATE ALL") // no arguments: pgx runs it as a simple query and caches nothing
 	require.NoError(t, err)
-	evs, err := c.OutboxEvents(ctx, quota.OutboxFilter{})
+	evs, err := outboxOf(t, c).Events(ctx, outbox.Filter{})
 	require.NoError(t, err, "outbox listing")
 	require.Len(t, evs, 1)
 

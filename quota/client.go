@@ -126,11 +126,12 @@ type Config struct {
 //
 // The calls that change quota, voucher, lease, fence, ledger and outbox
 // state have a twin XTx that runs inside the caller's pgx.Tx (GrantTx,
-// CompensateGrantTx, ClaimTx, AcquireTx, WriteFencedRowTx, EnqueueTx, ...),
+// CompensateGrantTx, ClaimTx, AcquireTx, WriteFencedRowTx, and
+// outbox.Client.EnqueueTx, ...),
 // so the caller's own writes and pgquota's commit or roll back together.
 // The exceptions own their transactions or wait between them: AcquireWait,
 // AcquireSlotWait, Keepalive, Do, Election, the Relay, ReapLedger,
-// ReapOutbox, ReapLeases, BumpLeaseEpoch and Migrate; RenewSlot and
+// outbox's Relay and Reap, ReapLeases, BumpLeaseEpoch and Migrate; RenewSlot and
 // ReleaseSlot are RenewTx and ReleaseTx on the slot's lease.
 type Client struct {
 	pool *pgxpool.Pool
@@ -205,7 +206,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if pool == nil {
 		return nil, core.Invalid("pool", "must not be nil")
 	}
-	c := &Client{pool: pool, queries: db.New()}
+	c := &Client{pool: pool}
 	if cfg != nil {
 		c.cfg = *cfg
 	}
@@ -214,9 +215,6 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	}
 	if c.cfg.CodeClaimWait == 0 {
 		c.cfg.CodeClaimWait = 5 * time.Second
-	}
-	if c.cfg.RetryMaxElapsed < 0 {
-		return nil, core.Invalid("Config.RetryMaxElapsed", "must not be negative, got %s", c.cfg.RetryMaxElapsed)
 	}
 	if c.cfg.RetryMaxElapsed == 0 {
 		c.cfg.RetryMaxElapsed = DefaultRetryMaxElapsed
@@ -227,12 +225,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	if err := c.cfg.Pooler.CheckExecMode(pool.Config().ConnConfig.DefaultQueryExecMode); err != nil {
 		return nil, err
 	}
-	var err error
-	if c.m, err = core.NewMetrics(c.cfg.MeterProvider, c.cfg.MetricsQuotaName); err != nil {
+	k, err := core.New(pool, core.Options{RetryMaxElapsed: c.cfg.RetryMaxElapsed, MeterProvider: c.cfg.MeterProvider, MetricsQuotaName: c.cfg.MetricsQuotaName})
+	if err != nil {
 		return nil, err
 	}
-	c.policy = core.RetryPolicy{MaxElapsed: c.cfg.RetryMaxElapsed, ResetCaches: core.CacheResetter(pool), M: c.m}
-	c.db = core.RetryPool{Pool: core.SentPool{Pool: pool}, Policy: c.policy}
+	c.db, c.queries, c.policy, c.m = k.DB, k.Queries, k.Policy, k.M
 	if c.cfg.Coalesce {
 		c.coalescer = newCoalescer(c)
 	}
@@ -244,6 +241,11 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 
 // Pool returns the pool the client was created with.
 func (c *Client) Pool() *pgxpool.Pool { return c.pool }
+
+// Config returns the client's settings, with the defaults New filled in.
+// The capability packages (quota/outbox, ...) build their clients on a
+// Client's pool and settings.
+func (c *Client) Config() Config { return c.cfg }
 
 // Migrate applies every pending pgquota migration (goose, embedded in the
 // binary; see package migrations). Replicas that call it at once wait for

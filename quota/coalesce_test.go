@@ -191,18 +191,6 @@ func TestCoalesceErrors(t *testing.T) {
 	require.False(t, res.WindowEnd.IsZero())
 }
 
-// waitFor polls cond until it holds, failing the test after 20s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 func TestCoalesceCancelBeforeAndAfterSend(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)

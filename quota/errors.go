@@ -86,7 +86,7 @@ var (
 	// ClearMemberLimit, CreateCampaign, CreateShardedCampaign, ImportCodes,
 	// BumpLeaseEpoch, GuardTable, ReapLeases, ReapLedger) need
 	// migrations.OperatorRole (`pgquota migrate grant-operator`), the
-	// relay's (Relay.Run, Relay.RunOnce, ReapOutbox) migrations.RelayRole (`grant-relay`); the
+	// relay's (package outbox: Relay.Run, Relay.RunOnce, Client.Reap) migrations.RelayRole (`grant-relay`); the
 	// message then names that role and command (docs/trust-model.md).
 	// Nothing was written.
 	ErrPermissionDenied = core.ErrPermissionDenied
@@ -127,7 +127,7 @@ const SQLStateQuotaNotFound = core.SQLStateQuotaNotFound
 // CreateCampaign,
 // CreateShardedCampaign, ImportCodes, DefineQuota, SetMemberLimit,
 // ClearMemberLimit, Acquire, AcquireWait, Renew, Release, WriteFencedRow,
-// GuardTable, Enqueue, ReapLedger, ReapOutbox, and RunInTx and FencedTx
+// GuardTable, ReapLedger, outbox.Client.Enqueue and Reap, and RunInTx and FencedTx
 // (for their COMMIT). pgquota never retries such an error blindly. Learn the outcome
 // by repeating the call with the same idempotency key where it takes one
 // (GrantRequest.Idempotency, RevokeRequest.Idempotency, the WithKey claims:
@@ -136,8 +136,8 @@ const SQLStateQuotaNotFound = core.SQLStateQuotaNotFound
 // AcquireRequest.Attempt, Renew, Release, CompensateGrant, WriteFencedRow of the
 // same value, the creates and defines with the same arguments, a claim by
 // the same member), or by reading the state (Usage, LedgerEntryByKey,
-// Lease, FencedRow, OutboxEvents, Campaign). An unkeyed Grant,
-// GrantBatch, Revoke or Enqueue repeated blindly may apply twice.
+// Lease, FencedRow, outbox.Client.Events, Campaign). An unkeyed Grant,
+// GrantBatch, Revoke or outbox Enqueue repeated blindly may apply twice.
 //
 // The XTx calls never return it: their statements run in the caller's
 // transaction, which commits only when the caller commits it (a statement

@@ -8,28 +8,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgquota/pgquota/quota"
 )
-
-// exampleClient returns a client on a fresh migrated scratch database, its
-// pool, and the function that drops the database.
-func exampleClient(ctx context.Context) (*quota.Client, *pgxpool.Pool, func()) {
-	dbURL, drop := exampleDatabase(ctx)
-	pool, err := pgxpool.New(ctx, dbURL)
-	if err != nil {
-		log.Fatal(err)
-	}
-	client, err := quota.New(pool, nil)
-	if err != nil {
-		log.Fatal(err)
-	}
-	if err := client.Migrate(ctx); err != nil {
-		log.Fatal(err)
-	}
-	return client, pool, func() { pool.Close(); drop() }
-}
 
 // Grant a unit in the application's own transaction, beside its own write:
 // the export row and the unit commit together, or neither does.

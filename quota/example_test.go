@@ -4,10 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log"
-	"net/url"
-	"os"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgquota/pgquota/quota"
@@ -50,33 +47,4 @@ func Example() {
 	// granted=true used=1 remaining=1
 	// granted=true used=2 remaining=0
 	// granted=false used=2 remaining=0
-}
-
-// exampleDatabase creates an empty scratch database on the server named by
-// PGQUOTA_TEST_DATABASE_URL and returns its URL and a function that drops
-// it. (An Example cannot use the test harness, which needs a *testing.T.)
-func exampleDatabase(ctx context.Context) (string, func()) {
-	base := os.Getenv("PGQUOTA_TEST_DATABASE_URL")
-	if base == "" {
-		log.Fatal("set PGQUOTA_TEST_DATABASE_URL, e.g. postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
-	}
-	conn, err := pgx.Connect(ctx, base)
-	if err != nil {
-		log.Fatal(err)
-	}
-	name := fmt.Sprintf("pgquota_example_%d", os.Getpid())
-	for _, stmt := range []string{"DROP DATABASE IF EXISTS " + name + " WITH (FORCE)", "CREATE DATABASE " + name} {
-		if _, err := conn.Exec(ctx, stmt); err != nil {
-			log.Fatal(err)
-		}
-	}
-	u, err := url.Parse(base)
-	if err != nil {
-		log.Fatal(err)
-	}
-	u.Path = "/" + name
-	return u.String(), func() {
-		_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-		_ = conn.Close(ctx)
-	}
 }

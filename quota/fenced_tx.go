@@ -58,7 +58,7 @@ type FencedTxRequest struct {
 // from step 1, with backoff, for up to Config.RetryMaxElapsed or until ctx
 // ends, as RunInTx does: fn may run more than once, so keep effects
 // outside the database out of it (write them to the outbox with
-// EnqueueTx). fn runs not at all when the token is refused.
+// outbox.Client.EnqueueTx). fn runs not at all when the token is refused.
 //
 // Returns nil when the transaction committed. Errors, each meaning nothing
 // was committed unless it wraps ErrOutcomeUnknown:

@@ -83,7 +83,7 @@ func TestGrantsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 		code, err := client.Claim(ctx, quota.ClaimRequest{Campaign: "codes", Member: member("v")})
 		require.NoError(t, err)
 		require.True(t, code.Claimed)
-		event, err := client.Enqueue(ctx, "granted", []byte(member("e")), nil)
+		event, err := outboxOf(t, client).Enqueue(ctx, "granted", []byte(member("e")), nil)
 		require.NoError(t, err)
 		closePool()
 

@@ -124,22 +124,6 @@ func TestGrantLimitZeroAndAmountAboveLimit(t *testing.T) {
 	require.Equal(t, int64(5), sum)
 }
 
-// concurrently runs fn(i) for i in [0, n) on n goroutines released at once.
-func concurrently(n int, fn func(i int)) {
-	var start, done sync.WaitGroup
-	start.Add(1)
-	done.Add(n)
-	for i := 0; i < n; i++ {
-		go func() {
-			defer done.Done()
-			start.Wait()
-			fn(i)
-		}()
-	}
-	start.Done()
-	done.Wait()
-}
-
 func TestGrantConcurrentLimitOne(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 20)

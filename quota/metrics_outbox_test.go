@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/outbox"
 )
 
 // The relay's deliveries by outcome match what it committed: 5 delivered,
@@ -19,27 +20,27 @@ func TestMetricsOutboxDeliveriesByOutcome(t *testing.T) {
 	b := setup(t, 4)
 	c, m := b.meteredClient(t, nil)
 	for range 5 {
-		_, err := c.Enqueue(b.ctx, "ok", []byte(`{}`), nil)
+		_, err := outboxOf(t, c).Enqueue(b.ctx, "ok", []byte(`{}`), nil)
 		require.NoError(t, err)
 	}
 	for range 2 {
-		_, err := c.Enqueue(b.ctx, "bad", []byte(`{}`), nil)
+		_, err := outboxOf(t, c).Enqueue(b.ctx, "bad", []byte(`{}`), nil)
 		require.NoError(t, err)
 	}
 	// The relay's client reports to the same meter (c itself in the
 	// normal pass).
-	r, err := relayWith(t, c, &quota.Config{MeterProvider: m.provider}, roleConns).NewRelay(func(_ context.Context, ev quota.Event) error {
+	r, err := outboxOf(t, relayWith(t, c, &quota.Config{MeterProvider: m.provider}, roleConns)).NewRelay(func(_ context.Context, ev outbox.Event) error {
 		if ev.Topic == "bad" {
 			return errors.New("refused")
 		}
 		return nil
-	}, quota.RelayConfig{MaxAttempts: 2, RetryInitial: time.Millisecond, RetryMax: time.Millisecond})
+	}, outbox.RelayConfig{MaxAttempts: 2, RetryInitial: time.Millisecond, RetryMax: time.Millisecond})
 	require.NoError(t, err)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		_, err := r.RunOnce(b.ctx)
 		require.NoError(t, err)
-		st, err := c.OutboxStatus(b.ctx)
+		st, err := outboxOf(t, c).Status(b.ctx)
 		require.NoError(t, err)
 		if st.Pending == 0 {
 			require.Equal(t, int64(2), st.Dead)
@@ -66,12 +67,12 @@ func TestMetricsOutboxGaugesWhileRelayRuns(t *testing.T) {
 	c, m := b.meteredClient(t, nil)
 	b.setClock(t, "2030-01-01 00:00:00+00")
 	for range 4 {
-		_, err := c.Enqueue(b.ctx, "waiting", nil, nil)
+		_, err := outboxOf(t, c).Enqueue(b.ctx, "waiting", nil, nil)
 		require.NoError(t, err)
 	}
 	b.setClock(t, "2030-01-01 00:01:30+00")
 	// The relay delivers another topic only: the 4 stay pending.
-	r, err := relayWith(t, c, &quota.Config{MeterProvider: m.provider}, roleConns).NewRelay(func(context.Context, quota.Event) error { return nil }, quota.RelayConfig{Topics: []string{"other"}, PollInterval: 10 * time.Millisecond})
+	r, err := outboxOf(t, relayWith(t, c, &quota.Config{MeterProvider: m.provider}, roleConns)).NewRelay(func(context.Context, outbox.Event) error { return nil }, outbox.RelayConfig{Topics: []string{"other"}, PollInterval: 10 * time.Millisecond})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(b.ctx)
 	done := make(chan error, 1)

@@ -121,7 +121,7 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 		{
 			name: "Enqueue",
 			call: func(ctx context.Context, c *quota.Client, _ any) error {
-				_, err := c.Enqueue(ctx, "mail", []byte(`{"to":"alice"}`), nil)
+				_, err := outboxOf(t, c).Enqueue(ctx, "mail", []byte(`{"to":"alice"}`), nil)
 				return err
 			},
 			landed: func(t *testing.T, b *testBundle, _ any) bool {
@@ -286,7 +286,7 @@ func TestOutcomeKnownWhenNothingWasSent(t *testing.T) {
 	_, err = refused.Acquire(b.ctx, quota.AcquireRequest{Name: "job", Holder: "a", TTL: time.Minute})
 	require.Error(t, err)
 	require.NotErrorIs(t, err, quota.ErrOutcomeUnknown)
-	_, err = refused.Enqueue(b.ctx, "mail", []byte("x"), nil)
+	_, err = outboxOf(t, refused).Enqueue(b.ctx, "mail", []byte("x"), nil)
 	require.Error(t, err)
 	require.NotErrorIs(t, err, quota.ErrOutcomeUnknown)
 
@@ -300,7 +300,7 @@ func TestOutcomeKnownWhenNothingWasSent(t *testing.T) {
 	// The server's own error for the statement: rolled back.
 	_, err = b.owner.Exec(b.ctx, `ALTER TABLE pgquota.outbox ADD CONSTRAINT test_no_spam CHECK (topic <> 'spam')`)
 	require.NoError(t, err)
-	_, err = b.client.Enqueue(b.ctx, "spam", []byte("x"), nil)
+	_, err = outboxOf(t, b.client).Enqueue(b.ctx, "spam", []byte("x"), nil)
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, err, &pgErr)
 	require.Equal(t, "23514", pgErr.Code)

@@ -46,7 +46,7 @@ type TxBeginner interface {
 //
 // fn may run more than once, so it must not have effects outside the
 // transaction (send an email, call a payment API); write them to the outbox
-// with EnqueueTx instead, which commits or rolls back with the transaction.
+// with outbox.Client.EnqueueTx (package quota/outbox) instead, which commits or rolls back with the transaction.
 //
 // When the COMMIT was sent and no reply said how it ended (the connection
 // was lost, ctx ended meanwhile), the error wraps ErrOutcomeUnknown: the

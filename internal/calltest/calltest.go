@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/outbox"
 )
 
 // Exercise makes every kind of call pgquota's library offers on client
@@ -118,19 +119,23 @@ func ExerciseRoles(t *testing.T, cs Clients, prefix string) {
 	_, err = client.Release(ctx, lease, l.Token)
 	require.NoError(t, err)
 
-	id, err := client.Enqueue(ctx, prefix+"topic", []byte("x"), nil)
+	events, err := outbox.New(client)
+	require.NoError(t, err)
+	relayEvents, err := outbox.New(cs.Relay)
+	require.NoError(t, err)
+	id, err := events.Enqueue(ctx, prefix+"topic", []byte("x"), nil)
 	require.NoError(t, err)
 	require.Positive(t, id)
-	_, err = client.OutboxEvents(ctx, quota.OutboxFilter{})
+	_, err = events.Events(ctx, outbox.Filter{})
 	require.NoError(t, err)
-	_, err = client.OutboxStatus(ctx)
+	_, err = events.Status(ctx)
 	require.NoError(t, err)
-	relay, err := cs.Relay.NewRelay(func(context.Context, quota.Event) error { return nil }, quota.RelayConfig{Topics: []string{prefix + "topic"}})
+	relay, err := relayEvents.NewRelay(func(context.Context, outbox.Event) error { return nil }, outbox.RelayConfig{Topics: []string{prefix + "topic"}})
 	require.NoError(t, err)
 	res, err := relay.RunOnce(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Delivered)
-	_, err = cs.Relay.ReapOutbox(ctx, time.Hour)
+	_, err = relayEvents.Reap(ctx, time.Hour)
 	require.NoError(t, err)
 }
 

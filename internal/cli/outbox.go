@@ -16,9 +16,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/pgquota/pgquota/quota/outbox"
 	"github.com/spf13/cobra"
-
-	"github.com/pgquota/pgquota/quota"
 )
 
 func (a *app) outboxCommand() *cobra.Command {
@@ -26,7 +25,7 @@ func (a *app) outboxCommand() *cobra.Command {
 		Use:   "outbox",
 		Short: "Relay, inspect and write transactional outbox events",
 		Long: `The outbox holds events written in the same transaction as a grant
-(quota.Client.EnqueueTx), so an event exists if and only if its grant
+(outbox.Client.EnqueueTx), so an event exists if and only if its grant
 committed. A relay delivers them at least once: consumers dedupe by the
 event id.`,
 	}
@@ -35,7 +34,7 @@ event id.`,
 }
 
 func (a *app) outboxRelayCommand() *cobra.Command {
-	var cfg quota.RelayConfig
+	var cfg outbox.RelayConfig
 	var execCmd, metricsAddr string
 	var once bool
 	cmd := &cobra.Command{
@@ -70,11 +69,15 @@ once; no event is delivered by two of them at the same time.`,
 				return err
 			}
 			defer ms.stop()
-			c, err := a.quotaClient(cmd.Context())
+			qc, err := a.quotaClient(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ms.ready(c)
+			ms.ready(qc)
+			c, err := outbox.New(qc)
+			if err != nil {
+				return err
+			}
 			h := a.jsonLineHandler()
 			if execCmd != "" {
 				h = a.execHandler(execCmd, cmp.Or(cfg.MaxAttempts, 10))
@@ -89,7 +92,7 @@ once; no event is delivered by two of them at the same time.`,
 			if !once {
 				return r.Run(cmd.Context())
 			}
-			var total quota.BatchResult
+			var total outbox.BatchResult
 			for {
 				res, err := r.RunOnce(cmd.Context())
 				if err != nil {
@@ -144,9 +147,9 @@ type relayLine struct {
 }
 
 // jsonLineHandler writes each event as one JSON line to stdout.
-func (a *app) jsonLineHandler() quota.Handler {
+func (a *app) jsonLineHandler() outbox.Handler {
 	var mu sync.Mutex
-	return func(_ context.Context, ev quota.Event) error {
+	return func(_ context.Context, ev outbox.Event) error {
 		line := relayLine{
 			ID: ev.ID, Topic: ev.Topic, GrantID: ev.GrantID, IdempotencyScope: ev.IdempotencyScope,
 			IdempotencyKey: ev.IdempotencyKey, FencingToken: ev.FencingToken, Attempt: ev.Attempt, CreatedAt: ev.CreatedAt,
@@ -172,9 +175,9 @@ func (a *app) jsonLineHandler() quota.Handler {
 // stderr, each line prefixed with the event; a failure is reported there
 // too, with the exit status and the tail of the command's stderr (or of
 // its stdout, when stderr was empty), which is also the event's last_error.
-func (a *app) execHandler(command string, maxAttempts int) quota.Handler {
+func (a *app) execHandler(command string, maxAttempts int) outbox.Handler {
 	var mu sync.Mutex // one line at a time on stderr
-	return func(ctx context.Context, ev quota.Event) error {
+	return func(ctx context.Context, ev outbox.Event) error {
 		cmd := exec.CommandContext(ctx, "sh", "-c", command)
 		cmd.Stdin = bytes.NewReader(ev.Payload)
 		cmd.Env = append(os.Environ(),
@@ -311,11 +314,11 @@ func (a *app) outboxStatusCommand() *cobra.Command {
 		Short: "Count outbox events by state, and show the lag (age of the oldest pending event)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.outboxClient(cmd.Context())
 			if err != nil {
 				return err
 			}
-			st, err := c.OutboxStatus(cmd.Context())
+			st, err := c.Status(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -339,7 +342,7 @@ func (a *app) outboxStatusCommand() *cobra.Command {
 }
 
 func (a *app) outboxListCommand() *cobra.Command {
-	var f quota.OutboxFilter
+	var f outbox.Filter
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List outbox events with their state, attempts and last error (default: the failed ones)",
@@ -358,11 +361,11 @@ payload_base64).`,
 			if f.State == "all" {
 				f.State = ""
 			}
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.outboxClient(cmd.Context())
 			if err != nil {
 				return err
 			}
-			evs, err := c.OutboxEvents(cmd.Context(), f)
+			evs, err := c.Events(cmd.Context(), f)
 			if err != nil {
 				return err
 			}
@@ -404,7 +407,7 @@ payload_base64).`,
 				row(w, "ID", "TOPIC", "STATE", "ATTEMPTS", "CREATED", "LAST ERROR")
 				for _, l := range lines {
 					state := l.State
-					if l.State == quota.OutboxPending && l.LastError != "" {
+					if l.State == outbox.StatePending && l.LastError != "" {
 						state = "retrying"
 					}
 					lastErr := "-"
@@ -417,7 +420,7 @@ payload_base64).`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.State, "state", quota.OutboxFailed, "failed, retrying, dead, pending, delivered or all")
+	fl.StringVar(&f.State, "state", outbox.StateFailed, "failed, retrying, dead, pending, delivered or all")
 	fl.StringSliceVar(&f.Topics, "topic", nil, "only events of these topics (repeatable; default all)")
 	fl.Int64Var(&f.AfterID, "after-id", 0, "only events with a higher id (to page on)")
 	fl.IntVar(&f.Limit, "limit", 100, "list at most this many events (up to 10000)")
@@ -426,7 +429,7 @@ payload_base64).`,
 
 func (a *app) outboxEnqueueCommand() *cobra.Command {
 	var topic, payload, file string
-	var opts quota.EnqueueOpts
+	var opts outbox.EnqueueOpts
 	cmd := &cobra.Command{
 		Use:   "enqueue",
 		Short: "Write one event to the outbox (for operators and tests; applications use EnqueueTx)",
@@ -449,7 +452,7 @@ func (a *app) outboxEnqueueCommand() *cobra.Command {
 					return usagef("--payload-file: %v", err)
 				}
 			}
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.outboxClient(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -487,11 +490,11 @@ func (a *app) outboxReapCommand() *cobra.Command {
 		Example: `  pgquota outbox reap --older-than 168h`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.outboxClient(cmd.Context())
 			if err != nil {
 				return err
 			}
-			n, err := c.ReapOutbox(cmd.Context(), olderThan)
+			n, err := c.Reap(cmd.Context(), olderThan)
 			if err != nil {
 				return err
 			}
@@ -504,4 +507,13 @@ func (a *app) outboxReapCommand() *cobra.Command {
 	cmd.Flags().DurationVar(&olderThan, "older-than", 0, "delete events finished longer ago than this (required)")
 	_ = cmd.MarkFlagRequired("older-than")
 	return cmd
+}
+
+// outboxClient is the outbox client on quotaClient's pool and settings.
+func (a *app) outboxClient(ctx context.Context) (*outbox.Client, error) {
+	c, err := a.quotaClient(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return outbox.New(c)
 }

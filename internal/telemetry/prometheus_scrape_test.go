@@ -23,6 +23,7 @@ import (
 	"github.com/pgquota/pgquota/internal/svcproc"
 	"github.com/pgquota/pgquota/internal/telemetry"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/outbox"
 )
 
 // prometheusBin is Debian's prometheus (apt-get install prometheus), or
@@ -95,8 +96,10 @@ func TestPrometheusScrapesTheWorkloadExactly(t *testing.T) {
 
 	// The relay: the pgquota command with --metrics-addr, delivering 7
 	// events as JSON lines.
+	events, err := outbox.New(c)
+	require.NoError(t, err)
 	for i := range 7 {
-		_, err := c.Enqueue(ctx, "t", []byte(strconv.Itoa(i)), nil)
+		_, err := events.Enqueue(ctx, "t", []byte(strconv.Itoa(i)), nil)
 		require.NoError(t, err)
 	}
 	relayPort, err := svcproc.FreePort()

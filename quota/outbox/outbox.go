@@ -1,4 +1,4 @@
-package quota
+package outbox
 
 import (
 	"context"
@@ -8,21 +8,35 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/pgquota/pgquota/db"
+	"github.com/pgquota/pgquota/internal/clientcore"
 	"github.com/pgquota/pgquota/internal/core"
+	"github.com/pgquota/pgquota/quota"
 )
 
-// The transactional outbox (Chris Richardson, "Pattern: Transactional
-// outbox", microservices.io): an event that reports a change is written to
-// a table in the same transaction as the change, so the event exists if and
-// only if the change committed. A Relay then delivers it to the outside
-// world (a message broker, an email or payment API) at least once.
+// Client writes, lists and reaps outbox events and makes relays. It is safe
+// for concurrent use by many goroutines.
+type Client struct {
+	core *core.Core
+}
+
+// New returns an outbox client on c's pool, with c's settings (retries,
+// metrics). It does not touch the database.
+//
+// Errors: *quota.InputError (quota.ErrInvalidInput) when c is nil.
+func New(c *quota.Client) (*Client, error) {
+	k, err := clientcore.Of(c)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{core: k}, nil
+}
 
 // EnqueueOpts stamps an outbox event with the operation it reports. Every
 // field is optional; a nil *EnqueueOpts stamps nothing.
 type EnqueueOpts struct {
-	// GrantID is the ledger grant id of the operation (Keyed.GrantID), so
+	// GrantID is the ledger grant id of the operation (quota.Keyed.GrantID), so
 	// the consumer can tell which grant the event belongs to, and
-	// compensate it (CompensateGrant) when the side effect fails for good.
+	// compensate it (quota.Client.CompensateGrant) when the side effect fails for good.
 	GrantID int64
 	// IdempotencyScope and IdempotencyKey are the operation's idempotency
 	// key, for consumers that pass it on to an API that dedupes by key.
@@ -56,9 +70,9 @@ type Event struct {
 }
 
 // EnqueueTx writes an event to the outbox inside the caller's transaction,
-// typically the one that ran GrantTx: the event becomes visible to relays
+// typically the one that ran quota.Client.GrantTx: the event becomes visible to relays
 // when tx commits, and vanishes if it rolls back, so it is sent if and only
-// if the grant stands. topic names the kind of event (1 to MaxNameBytes
+// if the grant stands. topic names the kind of event (1 to quota.MaxNameBytes
 // bytes, no control characters); payload is delivered as is (JSON,
 // protobuf, ...). It returns the event's id.
 //
@@ -66,14 +80,14 @@ type Event struct {
 // whole on a serialization failure:
 //
 //	err := quota.RunInTx(ctx, pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
-//		g, err := client.GrantTx(ctx, tx, quota.GrantRequest{
+//		g, err := q.GrantTx(ctx, tx, quota.GrantRequest{
 //			Quota: "points", Member: "alice", Amount: 50,
 //			Idempotency: quota.IdempotencyKey{Key: orderID},
 //		})
 //		if err != nil || !g.Granted || g.Replayed {
 //			return err
 //		}
-//		_, err = client.EnqueueTx(ctx, tx, "points.granted", payload, &quota.EnqueueOpts{
+//		_, err = events.EnqueueTx(ctx, tx, "points.granted", payload, &outbox.EnqueueOpts{
 //			GrantID: g.GrantID, IdempotencyScope: g.IdempotencyScope, IdempotencyKey: g.IdempotencyKey,
 //		})
 //		return err
@@ -84,13 +98,13 @@ type Event struct {
 // consumers that dedupe by event id would act twice.
 //
 // A Relay's Handler then sends the event; if the side effect fails for
-// good, it compensates with CompensateGrant(ctx, ev.GrantID).
+// good, it compensates with the quota client's CompensateGrant(ctx, ev.GrantID).
 //
-// Errors: *InputError for a bad topic or opts; ErrSchemaMissing; database
+// Errors: *quota.InputError for a bad topic or opts; quota.ErrSchemaMissing; database
 // errors, returned unchanged (a serialization failure included, as for
-// GrantTx).
+// quota.Client.GrantTx).
 func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, topic string, payload []byte, opts *EnqueueOpts) (_ int64, err error) {
-	defer c.m.Done(ctx, core.OpEnqueue, c.m.Now(), &err)
+	defer c.core.M.Done(ctx, core.OpEnqueue, c.core.M.Now(), &err)
 	return c.enqueue(ctx, tx, topic, payload, opts)
 }
 
@@ -99,14 +113,14 @@ func (c *Client) EnqueueTx(ctx context.Context, tx pgx.Tx, topic string, payload
 //
 // Errors: as for EnqueueTx.
 //
-// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// quota.ErrOutcomeUnknown: the request (its statement, or its transaction's
 // COMMIT) was sent and no reply said how it ended, so it may have been
-// applied; to learn the outcome, read the outbox (OutboxEvents); a blind
+// applied; to learn the outcome, read the outbox (Events); a blind
 // repeat may enqueue the event twice (consumers dedupe by IdempotencyKey
 // when set).
 func (c *Client) Enqueue(ctx context.Context, topic string, payload []byte, opts *EnqueueOpts) (_ int64, err error) {
-	defer c.m.Done(ctx, core.OpEnqueue, c.m.Now(), &err)
-	return c.enqueue(ctx, c.db, topic, payload, opts)
+	defer c.core.M.Done(ctx, core.OpEnqueue, c.core.M.Now(), &err)
+	return c.enqueue(ctx, c.core.DB, topic, payload, opts)
 }
 
 func (c *Client) enqueue(ctx context.Context, x db.DBTX, topic string, payload []byte, opts *EnqueueOpts) (int64, error) {
@@ -138,15 +152,15 @@ func (c *Client) enqueue(ctx context.Context, x db.DBTX, topic string, payload [
 		p.IdempotencyKey = pgtype.Text{String: opts.IdempotencyKey, Valid: opts.IdempotencyKey != ""}
 		p.FencingToken = pgtype.Int8{Int64: opts.FencingToken, Valid: opts.FencingToken != 0}
 	}
-	row, err := c.queries.OutboxEnqueue(ctx, x, p)
+	row, err := c.core.Queries.OutboxEnqueue(ctx, x, p)
 	if err != nil {
 		return 0, core.DBError("enqueue", err)
 	}
 	return row.ID, nil
 }
 
-// OutboxStatus is the state of the outbox.
-type OutboxStatus struct {
+// Status is the state of the outbox.
+type Status struct {
 	// Pending is the number of events waiting for delivery, Retrying of
 	// them the ones that failed at least once.
 	Pending  int64 `json:"pending"`
@@ -163,17 +177,17 @@ type OutboxStatus struct {
 	At time.Time `json:"at"`
 }
 
-// OutboxStatus counts the outbox's events by state and measures the lag.
+// Status counts the outbox's events by state and measures the lag.
 // It reads the whole table: fine for monitoring every few seconds, not for
 // a hot path.
 //
-// Errors: ErrSchemaMissing; database errors.
-func (c *Client) OutboxStatus(ctx context.Context) (OutboxStatus, error) {
-	row, err := c.queries.OutboxStatus(ctx, c.db.Reads())
+// Errors: quota.ErrSchemaMissing; database errors.
+func (c *Client) Status(ctx context.Context) (Status, error) {
+	row, err := c.core.Queries.OutboxStatus(ctx, c.core.DB.Reads())
 	if err != nil {
-		return OutboxStatus{}, core.DBError("outbox status", err)
+		return Status{}, core.DBError("outbox status", err)
 	}
-	return OutboxStatus{
+	return Status{
 		Pending:   row.Pending,
 		Retrying:  row.Retrying,
 		Delivered: row.Delivered,
@@ -183,21 +197,21 @@ func (c *Client) OutboxStatus(ctx context.Context) (OutboxStatus, error) {
 	}, nil
 }
 
-// ReapOutbox deletes delivered and dead events that finished more than
+// Reap deletes delivered and dead events that finished more than
 // olderThan ago by the database clock, in batches, and returns how many it
 // deleted. Pending events are never deleted.
 //
-// Errors: *InputError when olderThan is below one second; the context's
-// error; ErrSchemaMissing; database errors.
+// Errors: *quota.InputError when olderThan is below one second; the context's
+// error; quota.ErrSchemaMissing; database errors.
 //
-// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// quota.ErrOutcomeUnknown: the request (its statement, or its transaction's
 // COMMIT) was sent and no reply said how it ended, so it may have been
 // applied; to learn the outcome, repeat the call.
-func (c *Client) ReapOutbox(ctx context.Context, olderThan time.Duration) (int64, error) {
+func (c *Client) Reap(ctx context.Context, olderThan time.Duration) (int64, error) {
 	if olderThan < time.Second {
 		return 0, core.Invalid("older than", "must be at least 1s, got %s", olderThan)
 	}
 	return core.Reap(ctx, func() (int64, error) {
-		return c.queries.OutboxReap(ctx, c.db, db.OutboxReapParams{OlderThanUs: olderThan.Microseconds(), BatchSize: core.ReapBatch})
+		return c.core.Queries.OutboxReap(ctx, c.core.DB, db.OutboxReapParams{OlderThanUs: olderThan.Microseconds(), BatchSize: core.ReapBatch})
 	}, "reap outbox")
 }

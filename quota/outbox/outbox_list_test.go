@@ -1,4 +1,4 @@
-package quota_test
+package outbox_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/outbox"
 )
 
 // OutboxEvents selects by state (retrying, dead and failed by the last
@@ -19,11 +20,11 @@ func TestOutboxEvents(t *testing.T) {
 	rc := relayOf(t, b.client)
 	var ids []int64
 	for _, topic := range []string{"ok", "flaky", "doomed", "ok"} {
-		id, err := b.client.Enqueue(b.ctx, topic, []byte(topic), &quota.EnqueueOpts{GrantID: 3})
+		id, err := b.events.Enqueue(b.ctx, topic, []byte(topic), &outbox.EnqueueOpts{GrantID: 3})
 		require.NoError(t, err)
 		ids = append(ids, id)
 	}
-	r, err := rc.NewRelay(func(_ context.Context, ev quota.Event) error {
+	r, err := rc.NewRelay(func(_ context.Context, ev outbox.Event) error {
 		switch ev.Topic {
 		case "flaky":
 			return errors.New("broker unavailable")
@@ -31,7 +32,7 @@ func TestOutboxEvents(t *testing.T) {
 			return errors.New("rejected for good")
 		}
 		return nil
-	}, quota.RelayConfig{MaxAttempts: 2, RetryInitial: time.Millisecond, RetryMax: time.Millisecond})
+	}, outbox.RelayConfig{MaxAttempts: 2, RetryInitial: time.Millisecond, RetryMax: time.Millisecond})
 	require.NoError(t, err)
 	_, err = r.RunOnce(b.ctx)
 	require.NoError(t, err)
@@ -39,9 +40,9 @@ func TestOutboxEvents(t *testing.T) {
 	_, err = r.RunOnce(b.ctx) // doomed (and flaky) fail a second time: dead
 	require.NoError(t, err)
 
-	list := func(f quota.OutboxFilter) []int64 {
+	list := func(f outbox.Filter) []int64 {
 		t.Helper()
-		evs, err := b.client.OutboxEvents(b.ctx, f)
+		evs, err := b.events.Events(b.ctx, f)
 		require.NoError(t, err)
 		got := []int64{}
 		for _, ev := range evs {
@@ -49,20 +50,20 @@ func TestOutboxEvents(t *testing.T) {
 		}
 		return got
 	}
-	require.Equal(t, ids, list(quota.OutboxFilter{}))
-	require.Equal(t, []int64{ids[0], ids[3]}, list(quota.OutboxFilter{State: quota.OutboxDelivered}))
-	require.Equal(t, []int64{ids[1], ids[2]}, list(quota.OutboxFilter{State: quota.OutboxDead}))
-	require.Equal(t, []int64{ids[1], ids[2]}, list(quota.OutboxFilter{State: quota.OutboxFailed}))
-	require.Equal(t, []int64{}, list(quota.OutboxFilter{State: quota.OutboxRetrying}))
-	require.Equal(t, []int64{ids[2]}, list(quota.OutboxFilter{State: quota.OutboxFailed, Topics: []string{"doomed"}}))
-	require.Equal(t, []int64{ids[2], ids[3]}, list(quota.OutboxFilter{AfterID: ids[1]}))
-	require.Equal(t, []int64{ids[0]}, list(quota.OutboxFilter{Limit: 1}))
+	require.Equal(t, ids, list(outbox.Filter{}))
+	require.Equal(t, []int64{ids[0], ids[3]}, list(outbox.Filter{State: outbox.StateDelivered}))
+	require.Equal(t, []int64{ids[1], ids[2]}, list(outbox.Filter{State: outbox.StateDead}))
+	require.Equal(t, []int64{ids[1], ids[2]}, list(outbox.Filter{State: outbox.StateFailed}))
+	require.Equal(t, []int64{}, list(outbox.Filter{State: outbox.StateRetrying}))
+	require.Equal(t, []int64{ids[2]}, list(outbox.Filter{State: outbox.StateFailed, Topics: []string{"doomed"}}))
+	require.Equal(t, []int64{ids[2], ids[3]}, list(outbox.Filter{AfterID: ids[1]}))
+	require.Equal(t, []int64{ids[0]}, list(outbox.Filter{Limit: 1}))
 
-	evs, err := b.client.OutboxEvents(b.ctx, quota.OutboxFilter{Topics: []string{"doomed"}})
+	evs, err := b.events.Events(b.ctx, outbox.Filter{Topics: []string{"doomed"}})
 	require.NoError(t, err)
 	require.Len(t, evs, 1)
 	ev := evs[0]
-	require.Equal(t, quota.OutboxDead, ev.State)
+	require.Equal(t, outbox.StateDead, ev.State)
 	require.Equal(t, 2, ev.Attempts)
 	require.Equal(t, "rejected for good", ev.LastError)
 	require.Equal(t, int64(3), ev.GrantID)
@@ -71,23 +72,23 @@ func TestOutboxEvents(t *testing.T) {
 	require.True(t, ev.NextAttemptAt.IsZero(), "finished events are not due")
 
 	// A retrying event: pending after a failure.
-	id, err := b.client.Enqueue(b.ctx, "later", nil, nil)
+	id, err := b.events.Enqueue(b.ctx, "later", nil, nil)
 	require.NoError(t, err)
-	r, err = rc.NewRelay(func(context.Context, quota.Event) error { return errors.New("not yet") },
-		quota.RelayConfig{Topics: []string{"later"}, RetryInitial: time.Hour, RetryMax: time.Hour})
+	r, err = rc.NewRelay(func(context.Context, outbox.Event) error { return errors.New("not yet") },
+		outbox.RelayConfig{Topics: []string{"later"}, RetryInitial: time.Hour, RetryMax: time.Hour})
 	require.NoError(t, err)
 	_, err = r.RunOnce(b.ctx)
 	require.NoError(t, err)
-	evs, err = b.client.OutboxEvents(b.ctx, quota.OutboxFilter{State: quota.OutboxRetrying})
+	evs, err = b.events.Events(b.ctx, outbox.Filter{State: outbox.StateRetrying})
 	require.NoError(t, err)
 	require.Len(t, evs, 1)
 	require.Equal(t, id, evs[0].ID)
-	require.Equal(t, quota.OutboxPending, evs[0].State)
+	require.Equal(t, outbox.StatePending, evs[0].State)
 	require.Equal(t, "not yet", evs[0].LastError)
 	require.True(t, evs[0].NextAttemptAt.After(evs[0].CreatedAt.Add(10*time.Minute)))
 
-	for _, f := range []quota.OutboxFilter{{State: "lost"}, {Limit: -1}, {Limit: 10001}, {Topics: []string{""}}} {
-		_, err := b.client.OutboxEvents(b.ctx, f)
+	for _, f := range []outbox.Filter{{State: "lost"}, {Limit: -1}, {Limit: 10001}, {Topics: []string{""}}} {
+		_, err := b.events.Events(b.ctx, f)
 		require.ErrorIs(t, err, quota.ErrInvalidInput, "%+v", f)
 	}
 }

@@ -1,4 +1,4 @@
-package quota_test
+package outbox_test
 
 import (
 	"context"
@@ -12,7 +12,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgquota/pgquota/internal/testbundle"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/outbox"
 )
 
 // 10,000 events enqueued by concurrent transactions, some of which commit
@@ -33,7 +35,7 @@ func TestRelayDeliversEveryEventOnce(t *testing.T) {
 	)
 	b := setup(t, 32)
 	rc := relayWith(t, b.client, nil, relays) // one connection per relay
-	b.define(t, quota.Definition{Name: "q", Window: quota.WindowNone, DefaultLimit: ptr[int64](1 << 40)})
+	b.Define(t, quota.Definition{Name: "q", Window: quota.WindowNone, DefaultLimit: ptr[int64](1 << 40)})
 
 	// failures(id) is the number of times the handler fails an event before
 	// accepting it.
@@ -56,7 +58,7 @@ func TestRelayDeliversEveryEventOnce(t *testing.T) {
 		violation  error
 	)
 	var delivered atomic.Int64 // distinct events accepted
-	handler := func(ctx context.Context, ev quota.Event) error {
+	handler := func(ctx context.Context, ev outbox.Event) error {
 		mu.Lock()
 		if inFlight[ev.ID] && violation == nil {
 			violation = fmt.Errorf("event %d delivered by two relays at once", ev.ID)
@@ -103,10 +105,10 @@ func TestRelayDeliversEveryEventOnce(t *testing.T) {
 			}
 		}
 	}
-	enqueue := func(tx pgx.Tx, n int, opts *quota.EnqueueOpts) ([]int64, error) {
+	enqueue := func(tx pgx.Tx, n int, opts *outbox.EnqueueOpts) ([]int64, error) {
 		ids := make([]int64, 0, n)
 		for j := range n {
-			id, err := b.client.EnqueueTx(b.ctx, tx, "grant.made", []byte(fmt.Sprintf(`{"n":%d}`, j)), opts)
+			id, err := b.events.EnqueueTx(b.ctx, tx, "grant.made", []byte(fmt.Sprintf(`{"n":%d}`, j)), opts)
 			if err != nil {
 				return nil, err
 			}
@@ -135,7 +137,7 @@ func TestRelayDeliversEveryEventOnce(t *testing.T) {
 	defer stop()
 	var relaysDone sync.WaitGroup
 	for range relays {
-		r, err := rc.NewRelay(handler, quota.RelayConfig{
+		r, err := rc.NewRelay(handler, outbox.RelayConfig{
 			BatchSize:    50,
 			PollInterval: 5 * time.Millisecond,
 			MaxAttempts:  5,
@@ -167,18 +169,18 @@ func TestRelayDeliversEveryEventOnce(t *testing.T) {
 	var txSeq atomic.Int64
 	var producerErr error
 	var perrMu sync.Mutex
-	concurrently(producers, func(int) {
+	testbundle.Concurrently(producers, func(int) {
 		for n := txSeq.Add(1); n <= txs; n = txSeq.Add(1) {
 			rollback := n%25 == 0
 			var ids []int64
 			err := quota.RunInTx(b.ctx, b.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
-				var opts *quota.EnqueueOpts
+				var opts *outbox.EnqueueOpts
 				if n%7 == 0 {
 					g, err := b.client.GrantTx(b.ctx, tx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1, Idempotency: key(fmt.Sprint("tx", n))})
 					if err != nil {
 						return err
 					}
-					opts = &quota.EnqueueOpts{GrantID: g.GrantID, IdempotencyScope: g.IdempotencyScope, IdempotencyKey: g.IdempotencyKey, FencingToken: n}
+					opts = &outbox.EnqueueOpts{GrantID: g.GrantID, IdempotencyScope: g.IdempotencyScope, IdempotencyKey: g.IdempotencyKey, FencingToken: n}
 				}
 				var err error
 				ids, err = enqueue(tx, perTx, opts)
@@ -242,7 +244,7 @@ func TestRelayDeliversEveryEventOnce(t *testing.T) {
 	t.Logf("%d events delivered by %d relays, %d redeliveries after %d injected failures, %d rolled back",
 		total, relays, extra, injected, len(rolledBack))
 
-	st, err := b.client.OutboxStatus(b.ctx)
+	st, err := b.events.Status(b.ctx)
 	require.NoError(t, err)
 	require.Zero(t, st.Pending)
 	require.Zero(t, st.Dead)
@@ -258,21 +260,21 @@ func TestRelayRetryAndDeadLetter(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
 	rc := relayOf(t, b.client)
-	b.setClock(t, "2030-01-01 00:00:00+00")
+	b.SetClock(t, "2030-01-01 00:00:00+00")
 	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 
-	id, err := b.client.Enqueue(b.ctx, "mail", []byte("hello"), &quota.EnqueueOpts{GrantID: 7, FencingToken: 3})
+	id, err := b.events.Enqueue(b.ctx, "mail", []byte("hello"), &outbox.EnqueueOpts{GrantID: 7, FencingToken: 3})
 	require.NoError(t, err)
-	var attempts []quota.Event
-	r, err := rc.NewRelay(func(_ context.Context, ev quota.Event) error {
+	var attempts []outbox.Event
+	r, err := rc.NewRelay(func(_ context.Context, ev outbox.Event) error {
 		attempts = append(attempts, ev)
 		return fmt.Errorf("smtp: 451 try again \x00 later \xff")
-	}, quota.RelayConfig{MaxAttempts: 3, RetryInitial: time.Minute, RetryMax: time.Hour})
+	}, outbox.RelayConfig{MaxAttempts: 3, RetryInitial: time.Minute, RetryMax: time.Hour})
 	require.NoError(t, err)
 
 	res, err := r.RunOnce(b.ctx)
 	require.NoError(t, err)
-	require.Equal(t, quota.BatchResult{Claimed: 1, Failed: 1}, res)
+	require.Equal(t, outbox.BatchResult{Claimed: 1, Failed: 1}, res)
 	require.Len(t, attempts, 1)
 	require.Equal(t, id, attempts[0].ID)
 	require.Equal(t, 1, attempts[0].Attempt)
@@ -291,75 +293,75 @@ func TestRelayRetryAndDeadLetter(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, res.Claimed)
 
-	st, err := b.client.OutboxStatus(b.ctx)
+	st, err := b.events.Status(b.ctx)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), st.Pending)
 	require.Equal(t, int64(1), st.Retrying)
 	require.Equal(t, time.Duration(0), st.Lag) // the clock is pinned at created_at
 
-	b.setClock(t, "2030-01-01 01:00:00+00")
+	b.SetClock(t, "2030-01-01 01:00:00+00")
 	res, err = r.RunOnce(b.ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Failed)
-	b.setClock(t, "2030-01-01 05:00:00+00")
+	b.SetClock(t, "2030-01-01 05:00:00+00")
 	res, err = r.RunOnce(b.ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, res.Dead)
 	require.Len(t, attempts, 3)
 	require.Equal(t, 3, attempts[2].Attempt)
 
-	b.setClock(t, "2030-02-01 00:00:00+00")
+	b.SetClock(t, "2030-02-01 00:00:00+00")
 	res, err = r.RunOnce(b.ctx)
 	require.NoError(t, err)
 	require.Zero(t, res.Claimed, "a dead event is not delivered again")
-	st, err = b.client.OutboxStatus(b.ctx)
+	st, err = b.events.Status(b.ctx)
 	require.NoError(t, err)
-	require.Equal(t, quota.OutboxStatus{Dead: 1, At: st.At}, st)
+	require.Equal(t, outbox.Status{Dead: 1, At: st.At}, st)
 
 	// Reaping removes finished events older than the period.
-	n, err := rc.ReapOutbox(b.ctx, 24*time.Hour)
+	n, err := rc.Reap(b.ctx, 24*time.Hour)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
-	require.Zero(t, b.countRows(t, "outbox"))
+	require.Zero(t, b.CountRows(t, "outbox"))
 }
 
 func TestRelayTopicsAndPanics(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
 	rc := relayOf(t, b.client)
-	_, err := b.client.Enqueue(b.ctx, "a", []byte("1"), nil)
+	_, err := b.events.Enqueue(b.ctx, "a", []byte("1"), nil)
 	require.NoError(t, err)
-	_, err = b.client.Enqueue(b.ctx, "b", nil, nil)
+	_, err = b.events.Enqueue(b.ctx, "b", nil, nil)
 	require.NoError(t, err)
 
 	var got []string
-	r, err := rc.NewRelay(func(_ context.Context, ev quota.Event) error {
+	r, err := rc.NewRelay(func(_ context.Context, ev outbox.Event) error {
 		got = append(got, ev.Topic)
 		if ev.Topic == "b" {
 			panic("boom")
 		}
 		return nil
-	}, quota.RelayConfig{Topics: []string{"a"}})
+	}, outbox.RelayConfig{Topics: []string{"a"}})
 	require.NoError(t, err)
 	res, err := r.RunOnce(b.ctx)
 	require.NoError(t, err)
-	require.Equal(t, quota.BatchResult{Claimed: 1, Delivered: 1}, res)
+	require.Equal(t, outbox.BatchResult{Claimed: 1, Delivered: 1}, res)
 	require.Equal(t, []string{"a"}, got)
 
-	r, err = rc.NewRelay(r2handler(&got), quota.RelayConfig{})
+	r, err = rc.NewRelay(r2handler(&got), outbox.RelayConfig{})
 	require.NoError(t, err)
 	res, err = r.RunOnce(b.ctx)
 	require.NoError(t, err)
-	require.Equal(t, quota.BatchResult{Claimed: 1, Failed: 1}, res, "a panic is a failed delivery")
+	require.Equal(t, outbox.BatchResult{Claimed: 1, Failed: 1}, res, "a panic is a failed delivery")
 
-	_, err = rc.NewRelay(nil, quota.RelayConfig{})
+	_, err = rc.NewRelay(nil, outbox.RelayConfig{})
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
-	_, err = b.client.EnqueueTx(b.ctx, nil, "", nil, nil)
+	_, err = b.events.EnqueueTx(b.ctx, nil, "", nil, nil)
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
 }
 
-func r2handler(got *[]string) quota.Handler {
-	return func(_ context.Context, ev quota.Event) error {
+func r2handler(got *[]string) outbox.Handler {
+	return func(_ context.Context, ev outbox.Event) error {
 		*got = append(*got, ev.Topic)
 		panic("boom")
 	}
@@ -370,30 +372,31 @@ func r2handler(got *[]string) quota.Handler {
 func TestRelayStopsMidBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
-	rc := relayOf(t, b.client)
+	rq := testbundle.RelayOf(t, b.client)
+	rc := outboxOf(t, rq)
 	for range 5 {
-		_, err := b.client.Enqueue(b.ctx, "t", nil, nil)
+		_, err := b.events.Enqueue(b.ctx, "t", nil, nil)
 		require.NoError(t, err)
 	}
 	ctx, cancel := context.WithCancel(b.ctx)
 	defer cancel()
 	calls := 0
-	r, err := rc.NewRelay(func(ctx context.Context, _ quota.Event) error {
+	r, err := rc.NewRelay(func(ctx context.Context, _ outbox.Event) error {
 		calls++
 		if calls == 2 {
 			cancel()
 			return ctx.Err()
 		}
 		return nil
-	}, quota.RelayConfig{})
+	}, outbox.RelayConfig{})
 	require.NoError(t, err)
 	res, err := r.RunOnce(ctx)
 	require.NoError(t, err)
-	require.Equal(t, quota.BatchResult{Claimed: 5, Delivered: 1}, res)
-	st, err := b.client.OutboxStatus(b.ctx)
+	require.Equal(t, outbox.BatchResult{Claimed: 5, Delivered: 1}, res)
+	st, err := b.events.Status(b.ctx)
 	require.NoError(t, err)
 	require.Equal(t, int64(4), st.Pending)
 	require.Zero(t, st.Retrying)
 	require.Equal(t, int64(1), st.Delivered)
-	require.Zero(t, rc.Pool().Stat().AcquiredConns(), "the relay gave its connection back")
+	require.Zero(t, rq.Pool().Stat().AcquiredConns(), "the relay gave its connection back")
 }

@@ -1,4 +1,4 @@
-package quota
+package outbox
 
 import (
 	"context"
@@ -9,26 +9,26 @@ import (
 	"github.com/pgquota/pgquota/internal/core"
 )
 
-// Outbox event states, as OutboxEvent.State holds them and OutboxFilter
+// Outbox event states, as EventRow.State holds them and Filter
 // selects them.
 const (
-	// OutboxPending: waiting for its first delivery or for a retry.
-	OutboxPending = "pending"
-	// OutboxDelivered: a relay's handler accepted it.
-	OutboxDelivered = "delivered"
-	// OutboxDead: it failed RelayConfig.MaxAttempts times and is not
+	// StatePending: waiting for its first delivery or for a retry.
+	StatePending = "pending"
+	// StateDelivered: a relay's handler accepted it.
+	StateDelivered = "delivered"
+	// StateDead: it failed RelayConfig.MaxAttempts times and is not
 	// delivered again (the dead-letter state).
-	OutboxDead = "dead"
-	// OutboxRetrying selects pending events whose last attempt failed.
-	OutboxRetrying = "retrying"
-	// OutboxFailed selects the events whose last attempt failed: retrying
+	StateDead = "dead"
+	// StateRetrying selects pending events whose last attempt failed.
+	StateRetrying = "retrying"
+	// StateFailed selects the events whose last attempt failed: retrying
 	// and dead ones.
-	OutboxFailed = "failed"
+	StateFailed = "failed"
 )
 
-// OutboxEvent is an outbox event with its delivery state, as OutboxEvents
+// EventRow is an outbox event with its delivery state, as Events
 // lists it.
-type OutboxEvent struct {
+type EventRow struct {
 	ID      int64  `json:"id"`
 	Topic   string `json:"topic"`
 	Payload []byte `json:"payload"`
@@ -38,7 +38,7 @@ type OutboxEvent struct {
 	IdempotencyScope string `json:"idempotency_scope"`
 	IdempotencyKey   string `json:"idempotency_key"`
 	FencingToken     int64  `json:"fencing_token"`
-	// State is OutboxPending, OutboxDelivered or OutboxDead.
+	// State is StatePending, StateDelivered or StateDead.
 	State string `json:"state"`
 	// Attempts counts the recorded deliveries, failed or not.
 	Attempts int `json:"attempts"`
@@ -53,10 +53,10 @@ type OutboxEvent struct {
 	FinishedAt time.Time `json:"finished_at"`
 }
 
-// OutboxFilter selects the events OutboxEvents lists.
-type OutboxFilter struct {
-	// State is OutboxPending, OutboxRetrying, OutboxDead, OutboxDelivered
-	// or OutboxFailed. Defaults to every event.
+// Filter selects the events Events lists.
+type Filter struct {
+	// State is StatePending, StateRetrying, StateDead, StateDelivered
+	// or StateFailed. Defaults to every event.
 	State string
 	// Topics limits the list to events of these topics. Defaults to every
 	// topic.
@@ -68,23 +68,23 @@ type OutboxFilter struct {
 	Limit int
 }
 
-// OutboxEvents lists outbox events in id order, with their state, attempts
+// Events lists outbox events in id order, with their state, attempts
 // and last error, for operators: which events are dead, and why. It takes
 // no lock, so a relay may change what it lists meanwhile.
 //
-// Errors: *InputError for an unknown state, a bad topic or a limit out of
-// range; ErrSchemaMissing; database errors.
-func (c *Client) OutboxEvents(ctx context.Context, f OutboxFilter) ([]OutboxEvent, error) {
+// Errors: *quota.InputError for an unknown state, a bad topic or a limit out of
+// range; quota.ErrSchemaMissing; database errors.
+func (c *Client) Events(ctx context.Context, f Filter) ([]EventRow, error) {
 	p := db.OutboxListParams{AfterID: f.AfterID, Topics: f.Topics, MaxEvents: 100}
 	switch f.State {
 	case "":
-		p.States = []string{OutboxPending, OutboxDelivered, OutboxDead}
-	case OutboxPending, OutboxDelivered, OutboxDead:
+		p.States = []string{StatePending, StateDelivered, StateDead}
+	case StatePending, StateDelivered, StateDead:
 		p.States = []string{f.State}
-	case OutboxRetrying:
-		p.States, p.FailedOnly = []string{OutboxPending}, true
-	case OutboxFailed:
-		p.States, p.FailedOnly = []string{OutboxPending, OutboxDead}, true
+	case StateRetrying:
+		p.States, p.FailedOnly = []string{StatePending}, true
+	case StateFailed:
+		p.States, p.FailedOnly = []string{StatePending, StateDead}, true
 	default:
 		return nil, core.Invalid("state", "must be pending, retrying, dead, delivered or failed, got %q", f.State)
 	}
@@ -102,13 +102,13 @@ func (c *Client) OutboxEvents(ctx context.Context, f OutboxFilter) ([]OutboxEven
 	case f.Limit > 0:
 		p.MaxEvents = int32(f.Limit)
 	}
-	rows, err := core.Retry(ctx, c.policy, func() ([]db.PgquotaOutbox, error) { return c.queries.OutboxList(ctx, c.db.Reads(), p) })
+	rows, err := core.Retry(ctx, c.core.Policy, func() ([]db.PgquotaOutbox, error) { return c.core.Queries.OutboxList(ctx, c.core.DB.Reads(), p) })
 	if err != nil {
 		return nil, core.DBError("list outbox", err)
 	}
-	events := make([]OutboxEvent, len(rows))
+	events := make([]EventRow, len(rows))
 	for i, r := range rows {
-		events[i] = OutboxEvent{
+		events[i] = EventRow{
 			ID:               r.ID,
 			Topic:            r.Topic,
 			Payload:          r.Payload,
@@ -122,7 +122,7 @@ func (c *Client) OutboxEvents(ctx context.Context, f OutboxFilter) ([]OutboxEven
 			CreatedAt:        core.TimeFromPG(r.CreatedAt),
 			FinishedAt:       core.TimeFromPG(r.FinishedAt),
 		}
-		if r.State == OutboxPending {
+		if r.State == StatePending {
 			events[i].NextAttemptAt = core.TimeFromPG(r.NextAttemptAt)
 		}
 	}

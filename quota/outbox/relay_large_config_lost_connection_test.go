@@ -1,4 +1,4 @@
-package quota_test
+package outbox_test
 
 import (
 	"context"
@@ -11,7 +11,9 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/pgquota/pgquota/internal/testbundle"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/outbox"
 )
 
 // RelayConfig's BatchSize and MaxAttempts travel to the database as 32-bit
@@ -25,14 +27,14 @@ func TestRelayConfigLargeValues(t *testing.T) {
 	rc := relayOf(t, b.client)
 
 	t.Run("BatchSize", func(t *testing.T) {
-		id, err := b.client.Enqueue(b.ctx, "batch", []byte("x"), nil)
+		id, err := b.events.Enqueue(b.ctx, "batch", []byte("x"), nil)
 		require.NoError(t, err)
 		for _, size := range []int{1 << 32, 1<<32 + 1<<31} {
 			var got []int64
-			r, err := rc.NewRelay(func(_ context.Context, ev quota.Event) error {
+			r, err := rc.NewRelay(func(_ context.Context, ev outbox.Event) error {
 				got = append(got, ev.ID)
 				return nil
-			}, quota.RelayConfig{Topics: []string{"batch"}, BatchSize: size})
+			}, outbox.RelayConfig{Topics: []string{"batch"}, BatchSize: size})
 			if err != nil {
 				require.ErrorIs(t, err, quota.ErrInvalidInput)
 				require.ErrorContains(t, err, "BatchSize")
@@ -47,11 +49,11 @@ func TestRelayConfigLargeValues(t *testing.T) {
 	})
 
 	t.Run("MaxAttempts", func(t *testing.T) {
-		id, err := b.client.Enqueue(b.ctx, "attempts", []byte("x"), nil)
+		id, err := b.events.Enqueue(b.ctx, "attempts", []byte("x"), nil)
 		require.NoError(t, err)
-		r, err := rc.NewRelay(func(context.Context, quota.Event) error {
+		r, err := rc.NewRelay(func(context.Context, outbox.Event) error {
 			return errors.New("not now")
-		}, quota.RelayConfig{Topics: []string{"attempts"}, MaxAttempts: 1 << 32})
+		}, outbox.RelayConfig{Topics: []string{"attempts"}, MaxAttempts: 1 << 32})
 		if err != nil {
 			require.ErrorIs(t, err, quota.ErrInvalidInput)
 			require.ErrorContains(t, err, "MaxAttempts")
@@ -75,7 +77,7 @@ func TestRelayConfigLargeValues(t *testing.T) {
 func TestEnqueueTxDocExampleRetriedOnce(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
-	b.define(t, quota.Definition{Name: "points", Window: quota.WindowNone, DefaultLimit: ptr[int64](1000)})
+	b.Define(t, quota.Definition{Name: "points", Window: quota.WindowNone, DefaultLimit: ptr[int64](1000)})
 	client, pool, ctx := b.client, b.pool, b.ctx
 	orderID, payload := "order-1234", []byte(`{"order":1234}`)
 
@@ -90,7 +92,7 @@ func TestEnqueueTxDocExampleRetriedOnce(t *testing.T) {
 			if err != nil || !g.Granted || g.Replayed {
 				return err
 			}
-			_, err = client.EnqueueTx(ctx, tx, "points.granted", payload, &quota.EnqueueOpts{
+			_, err = outboxOf(t, client).EnqueueTx(ctx, tx, "points.granted", payload, &outbox.EnqueueOpts{
 				GrantID: g.GrantID, IdempotencyScope: g.IdempotencyScope, IdempotencyKey: g.IdempotencyKey,
 			})
 			return err
@@ -99,7 +101,7 @@ func TestEnqueueTxDocExampleRetriedOnce(t *testing.T) {
 	require.NoError(t, example())
 	require.NoError(t, example()) // the retry after a lost reply
 
-	sum, _ := b.usageRows(t, "points", "alice")
+	sum, _ := b.UsageRows(t, "points", "alice")
 	require.Equal(t, int64(50), sum, "granted once")
 	var events int64
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM pgquota.outbox WHERE idempotency_key = $1`, orderID).Scan(&events))
@@ -121,10 +123,11 @@ func TestRelayLostConnectionStopsBatch(t *testing.T) {
 	// backend: a role sees the state of its own sessions only, and may end
 	// only those (b.client and b.pool in the normal pass). Relay A's
 	// connection, that query's and relay B's are in use at once.
-	rc := relayWith(t, b.client, nil, 4)
-	rpool := rc.Pool()
+	rq := testbundle.RelayWith(t, b.client, nil, 4)
+	rc := outboxOf(t, rq)
+	rpool := rq.Pool()
 	for range 3 {
-		_, err := b.client.Enqueue(b.ctx, "t", []byte("x"), nil)
+		_, err := b.events.Enqueue(b.ctx, "t", []byte("x"), nil)
 		require.NoError(t, err)
 	}
 
@@ -151,7 +154,7 @@ func TestRelayLostConnectionStopsBatch(t *testing.T) {
 		mu.Unlock()
 	}
 
-	relayB, err := rc.NewRelay(func(_ context.Context, ev quota.Event) error {
+	relayB, err := rc.NewRelay(func(_ context.Context, ev outbox.Event) error {
 		enter("relay B", ev.ID)
 		defer leave(ev.ID)
 		if ev.ID == 2 {
@@ -162,11 +165,11 @@ func TestRelayLostConnectionStopsBatch(t *testing.T) {
 			}
 		}
 		return nil
-	}, quota.RelayConfig{})
+	}, outbox.RelayConfig{})
 	require.NoError(t, err)
 
 	bDone := make(chan error, 1)
-	relayA, err := rc.NewRelay(func(_ context.Context, ev quota.Event) error {
+	relayA, err := rc.NewRelay(func(_ context.Context, ev outbox.Event) error {
 		enter("relay A", ev.ID)
 		defer leave(ev.ID)
 		if ev.ID != 1 {
@@ -183,7 +186,7 @@ func TestRelayLostConnectionStopsBatch(t *testing.T) {
 		// pg_terminate_backend only signals: the batch's row locks are
 		// gone once the backend has exited, and a relay that claimed
 		// before that would skip the still-locked events.
-		waitFor(t, "relay A's backend to exit", func() bool {
+		testbundle.WaitFor(t, "relay A's backend to exit", func() bool {
 			var alive bool
 			require.NoError(t, rpool.QueryRow(b.ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)`, pid).Scan(&alive))
 			return !alive
@@ -199,7 +202,7 @@ func TestRelayLostConnectionStopsBatch(t *testing.T) {
 			t.Error("relay B did not claim the events relay A lost")
 		}
 		return nil
-	}, quota.RelayConfig{})
+	}, outbox.RelayConfig{})
 	require.NoError(t, err)
 
 	_, errA := relayA.RunOnce(b.ctx)

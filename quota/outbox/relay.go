@@ -1,4 +1,4 @@
-package quota
+package outbox
 
 import (
 	"context"
@@ -41,7 +41,7 @@ type RelayConfig struct {
 	// due, before it looks again. Defaults to 1s.
 	PollInterval time.Duration
 	// MaxAttempts is the number of failed deliveries after which an event
-	// is dead (the dead-letter state: kept, counted by OutboxStatus, never
+	// is dead (the dead-letter state: kept, counted by Status, never
 	// delivered again). Defaults to 10.
 	MaxAttempts int
 	// RetryInitial and RetryMax bound the wait before the next attempt of a
@@ -82,7 +82,7 @@ type Relay struct {
 
 // NewRelay returns a relay that delivers events to h.
 //
-// Errors: *InputError for a nil handler, a bad topic or a negative or
+// Errors: *quota.InputError for a nil handler, a bad topic or a negative or
 // inconsistent setting.
 func (c *Client) NewRelay(h Handler, cfg RelayConfig) (*Relay, error) {
 	if h == nil {
@@ -157,7 +157,7 @@ type BatchResult struct {
 // connection, say) go to RelayConfig.OnError and are retried with backoff up
 // to PollInterval apart; Run does not return them.
 func (r *Relay) Run(ctx context.Context) error {
-	defer r.c.m.ObserveOutbox(r.c.outboxGauges)()
+	defer r.c.core.M.ObserveOutbox(r.c.outboxGauges)()
 	errWait := &backoff.ExponentialBackOff{
 		InitialInterval:     10 * time.Millisecond,
 		RandomizationFactor: 0.5,
@@ -202,28 +202,28 @@ func (r *Relay) Run(ctx context.Context) error {
 // timeout) and the rest of the batch stays pending.
 //
 // A claim that fails because pgx's cached statement went stale (a column
-// of pgquota.outbox changed type; see RunInTx) is rolled back and run once
+// of pgquota.outbox changed type; see quota.RunInTx) is rolled back and run once
 // more after the pool's statement caches were reset; no handler has been
 // called by then.
 //
-// Errors: the context's error before the claim; ErrSchemaMissing; database
+// Errors: the context's error before the claim; quota.ErrSchemaMissing; database
 // errors. After an error, nothing of the batch was recorded: its events
-// stay pending and are delivered again; except after ErrOutcomeUnknown
+// stay pending and are delivered again; except after quota.ErrOutcomeUnknown
 // (the COMMIT that records the outcomes was sent and no reply came), when
 // the outcomes may have been recorded or not: delivery stays at least
 // once either way.
 func (r *Relay) RunOnce(ctx context.Context) (_ BatchResult, err error) {
-	defer r.c.m.Done(ctx, core.OpRelayBatch, r.c.m.Now(), &err)
+	defer r.c.core.M.Done(ctx, core.OpRelayBatch, r.c.core.M.Now(), &err)
 	for try := 1; ; try++ {
-		tx, err := r.c.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+		tx, err := r.c.core.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 		if err != nil {
 			return BatchResult{}, core.DBError("relay", err)
 		}
-		rows, err := r.c.queries.OutboxClaim(ctx, tx, db.OutboxClaimParams{Topics: r.cfg.Topics, BatchSize: int32(r.cfg.BatchSize)})
+		rows, err := r.c.core.Queries.OutboxClaim(ctx, tx, db.OutboxClaimParams{Topics: r.cfg.Topics, BatchSize: int32(r.cfg.BatchSize)})
 		if err != nil {
 			dbutil.Rollback(ctx, tx, &err)
 			if try == 1 && core.IsStaleStatementError(err) && ctx.Err() == nil {
-				if reset := r.c.policy.ResetCaches; reset != nil {
+				if reset := r.c.core.Policy.ResetCaches; reset != nil {
 					reset(ctx)
 				}
 				continue
@@ -314,20 +314,20 @@ func (r *Relay) batch(ctx context.Context, tx pgx.Tx, rows []db.OutboxClaimRow) 
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), recordTimeout)
 	defer cancel()
 	if len(delivered) > 0 {
-		if _, err := r.c.queries.OutboxMarkDelivered(rctx, tx, delivered); err != nil {
+		if _, err := r.c.core.Queries.OutboxMarkDelivered(rctx, tx, delivered); err != nil {
 			return BatchResult{}, core.DBError("relay: mark delivered", err)
 		}
 	}
 	if len(failed.Ids) > 0 {
 		failed.MaxAttempts = int32(r.cfg.MaxAttempts)
-		if _, err := r.c.queries.OutboxMarkFailed(rctx, tx, failed); err != nil {
+		if _, err := r.c.core.Queries.OutboxMarkFailed(rctx, tx, failed); err != nil {
 			return BatchResult{}, core.DBError("relay: mark failed", err)
 		}
 	}
 	if err := tx.Commit(rctx); err != nil {
 		return BatchResult{}, core.DBError("relay: commit", dbutil.MarkOutcome(err))
 	}
-	r.c.m.RelayCommitted(ctx, res.Delivered, res.Failed, res.Dead, rows, delivered, claimed)
+	r.c.core.M.RelayCommitted(ctx, res.Delivered, res.Failed, res.Dead, rows, delivered, claimed)
 	return res, nil
 }
 
@@ -387,7 +387,7 @@ func errorText(err error) string {
 
 // outboxGauges reads the outbox gauges (core.Metrics.ObserveOutbox).
 func (c *Client) outboxGauges(ctx context.Context) (int64, float64, error) {
-	row, err := c.queries.OutboxPendingGauge(ctx, c.db.Reads(), core.OutboxGaugeCap)
+	row, err := c.core.Queries.OutboxPendingGauge(ctx, c.core.DB.Reads(), core.OutboxGaugeCap)
 	if err != nil {
 		return 0, 0, core.DBError("outbox gauges", err)
 	}
