@@ -10,6 +10,7 @@ import (
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/migrations"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // Down-migrating 00005 turns a sharded pool into a counted pool. Its shards
@@ -31,7 +32,7 @@ func TestDownHotrowKeepsUnitNumbersDistinct(t *testing.T) {
 	client, err := quota.New(pool, nil)
 	require.NoError(t, err)
 	// 4 units in 2 shards: shard 0 holds units 1-2, shard 1 units 3-4.
-	_, err = client.CreateShardedCampaign(ctx, "p", 4, 2)
+	_, err = voucherOf(t, client).CreateShardedCampaign(ctx, "p", 4, 2)
 	require.NoError(t, err)
 	// While shard 0 is locked, claims skip it and take shard 1's units 3
 	// and 4.
@@ -40,7 +41,7 @@ func TestDownHotrowKeepsUnitNumbersDistinct(t *testing.T) {
 	_, err = tx.Exec(ctx, `SELECT 1 FROM pgquota.voucher_shard WHERE campaign = 'p' AND shard = 0 FOR UPDATE`)
 	require.NoError(t, err)
 	for _, m := range []string{"a", "b"} {
-		c, err := client.Claim(ctx, quota.ClaimRequest{Campaign: "p", Member: m})
+		c, err := voucherOf(t, client).Claim(ctx, voucher.ClaimRequest{Campaign: "p", Member: m})
 		require.NoError(t, err)
 		require.True(t, c.Claimed)
 		require.Greater(t, c.Seq, int64(2), "shard 1's units")
@@ -53,16 +54,16 @@ func TestDownHotrowKeepsUnitNumbersDistinct(t *testing.T) {
 	keyed := ""
 	for i := 0; keyed == "" && i < 40; i++ {
 		camp := fmt.Sprint("k", i)
-		_, err = client.CreateShardedCampaign(ctx, camp, 4, 2)
+		_, err = voucherOf(t, client).CreateShardedCampaign(ctx, camp, 4, 2)
 		require.NoError(t, err)
-		c, err := client.Claim(ctx, quota.ClaimRequest{Campaign: camp, Member: "x", Idempotency: quota.IdempotencyKey{Key: "key"}})
+		c, err := voucherOf(t, client).Claim(ctx, voucher.ClaimRequest{Campaign: camp, Member: "x", Idempotency: quota.IdempotencyKey{Key: "key"}})
 		require.NoError(t, err)
 		if c.Seq == 3 {
 			keyed = camp
 		}
 	}
 	require.NotEmpty(t, keyed)
-	_, err = client.Claim(ctx, quota.ClaimRequest{Campaign: keyed, Member: "y"})
+	_, err = voucherOf(t, client).Claim(ctx, voucher.ClaimRequest{Campaign: keyed, Member: "y"})
 	require.NoError(t, err)
 
 	p, err := migrations.NewProvider(db)

@@ -18,6 +18,7 @@ import (
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/migrations"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // openDB opens a database/sql handle on a fresh pool of at most maxConns
@@ -205,13 +206,13 @@ func TestDownToZeroAndUpAgain(t *testing.T) {
 	require.NoError(t, err)
 	_, err = client.Grant(ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1})
 	require.NoError(t, err)
-	_, err = client.CreateCampaign(ctx, "p", 2)
+	_, err = voucherOf(t, client).CreateCampaign(ctx, "p", 2)
 	require.NoError(t, err)
-	_, err = client.Claim(ctx, quota.ClaimRequest{Campaign: "p", Member: "m"})
+	_, err = voucherOf(t, client).Claim(ctx, voucher.ClaimRequest{Campaign: "p", Member: "m"})
 	require.NoError(t, err)
-	_, err = client.ImportCodes(ctx, "c", []string{"a", "b"})
+	_, err = voucherOf(t, client).ImportCodes(ctx, "c", []string{"a", "b"})
 	require.NoError(t, err)
-	_, err = client.Claim(ctx, quota.ClaimRequest{Campaign: "c", Member: "m"})
+	_, err = voucherOf(t, client).Claim(ctx, voucher.ClaimRequest{Campaign: "c", Member: "m"})
 	require.NoError(t, err)
 
 	p, err := migrations.NewProvider(db)
@@ -360,4 +361,12 @@ func TestEnsureSchemaConcurrent(t *testing.T) {
 		SELECT count(*) FROM pg_locks
 		WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&locks))
 	require.Zero(t, locks, "no advisory lock outlives EnsureSchema")
+}
+
+// voucherOf returns a voucher client on c.
+func voucherOf(t *testing.T, c *quota.Client) *voucher.Client {
+	t.Helper()
+	v, err := voucher.New(c, nil)
+	require.NoError(t, err)
+	return v
 }

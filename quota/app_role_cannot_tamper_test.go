@@ -13,6 +13,7 @@ import (
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/quota"
 	"github.com/pgquota/pgquota/quota/outbox"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // roleBundle is a migrated database with a client per pgquota role: app
@@ -207,9 +208,15 @@ func TestOperatorRoleDefinesAndAppRoleIsToldWhichRole(t *testing.T) {
 		}},
 		{"set a member limit", func(c *quota.Client) error { _, err := c.SetMemberLimit(ctx, "q", "m", 7); return err }},
 		{"clear a member limit", func(c *quota.Client) error { _, err := c.ClearMemberLimit(ctx, "q", "m"); return err }},
-		{"create a campaign", func(c *quota.Client) error { _, err := c.CreateCampaign(ctx, "pool", 3); return err }},
-		{"create a sharded campaign", func(c *quota.Client) error { _, err := c.CreateShardedCampaign(ctx, "sharded", 4, 2); return err }},
-		{"import codes", func(c *quota.Client) error { _, err := c.ImportCodes(ctx, "codes", []string{"a", "b"}); return err }},
+		{"create a campaign", func(c *quota.Client) error { _, err := voucherOf(t, c).CreateCampaign(ctx, "pool", 3); return err }},
+		{"create a sharded campaign", func(c *quota.Client) error {
+			_, err := voucherOf(t, c).CreateShardedCampaign(ctx, "sharded", 4, 2)
+			return err
+		}},
+		{"import codes", func(c *quota.Client) error {
+			_, err := voucherOf(t, c).ImportCodes(ctx, "codes", []string{"a", "b"})
+			return err
+		}},
 		{"bump the lease epoch", func(c *quota.Client) error {
 			_, err := c.BumpLeaseEpoch(ctx, quota.BumpLeaseEpochRequest{NoStandbys: true, Timeout: time.Minute})
 			return err
@@ -232,7 +239,7 @@ func TestOperatorRoleDefinesAndAppRoleIsToldWhichRole(t *testing.T) {
 	g, err := b.appC.Grant(ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 5})
 	require.NoError(t, err)
 	require.True(t, g.Granted)
-	c, err := b.appC.Claim(ctx, quota.ClaimRequest{Campaign: "codes", Member: "m"})
+	c, err := voucherOf(t, b.appC).Claim(ctx, voucher.ClaimRequest{Campaign: "codes", Member: "m"})
 	require.NoError(t, err)
 	require.True(t, c.Claimed)
 }

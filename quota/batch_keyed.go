@@ -57,7 +57,7 @@ func sameRequest(a, b request) string {
 	case a.amount != b.amount:
 		return fmt.Sprintf("amount %d, not %d", a.amount, b.amount)
 	case a.limit != b.limit:
-		return fmt.Sprintf("limit %s, not %s", limitString(a.limit), limitString(b.limit))
+		return fmt.Sprintf("limit %s, not %s", core.LimitString(a.limit), core.LimitString(b.limit))
 	}
 	return ""
 }
@@ -196,7 +196,7 @@ func (c *Client) grantBatchKeyed(ctx context.Context, x db.DBTX, reqs []GrantReq
 			continue
 		}
 		if e, ok := entries[k]; ok {
-			if err := fps[i].check(e); err != nil {
+			if err := fps[i].fingerprint().Check(e); err != nil {
 				out[i].Err = err
 				continue
 			}

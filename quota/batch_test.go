@@ -310,4 +310,3 @@ func TestGrantBatchCancelled(t *testing.T) {
 // test lock waits, which REPEATABLE READ or SERIALIZABLE (the server's
 // default_transaction_isolation in one CI pass) would turn into
 // serialization failures of the test's own transaction.
-var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}

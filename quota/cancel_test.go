@@ -24,20 +24,7 @@ import (
 	"github.com/pgquota/pgquota/quota"
 )
 
-// settle waits until no other session of the test's database runs a
-// statement: a statement whose client gave up (cancelled context, cut
-// connection) may still be running, and commit, on the server.
-func (b *testBundle) settle(t *testing.T) {
-	t.Helper()
-	require.Eventually(t, func() bool {
-		var n int
-		err := b.pool.QueryRow(b.ctx, `
-			SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND pid <> pg_backend_pid()
-			  AND state NOT IN ('idle')`).Scan(&n)
-		return err == nil && n == 0
-	}, 30*time.Second, 10*time.Millisecond)
-}
+func (b *testBundle) settle(t *testing.T) { t.Helper(); b.bundle().Settle(t) }
 
 // grantedInLedger sums the amounts of the granted grants in the ledger.
 func (b *testBundle) grantedInLedger(t *testing.T) int64 {

@@ -18,12 +18,6 @@ import (
 // Config holds a Client's settings. The zero value (or a nil *Config) is
 // ready to use.
 type Config struct {
-	// CodeClaimWait bounds how long Claim keeps trying while unclaimed
-	// codes exist but every one of them is locked by another claimer that
-	// has not committed yet (it may still roll back, so the campaign is not
-	// sold out). The caller's context bounds it too. Defaults to 5s.
-	CodeClaimWait time.Duration
-
 	// RetryMaxElapsed bounds how long a call that owns its transaction
 	// (every call without a Tx suffix) keeps retrying a serialization
 	// failure (SQLSTATE 40001) or deadlock (40P01) before it returns the
@@ -68,22 +62,6 @@ type Config struct {
 	// (GrantRequest.Quotas) runs alone. Defaults to false.
 	GroupCommit bool
 
-	// ShardedClaimsInFlight bounds, per sharded pool, how many of this
-	// client's Claim calls run a claim statement at once; the others
-	// wait in the client, in no particular order, bounded by their contexts
-	// and by 100ms: a call that waited that long goes ahead without a
-	// place, so a claim that waits in the database for a transaction of
-	// yours (ClaimTx, not committed yet) never holds the others up
-	// for longer, nor closes a wait cycle with that transaction.
-	// Zero means half the pool's shards (at least 1), which keeps FOR UPDATE
-	// SKIP LOCKED finding an unlocked shard instead of queueing claims in
-	// the shards' row locks, where many waiting sessions cost the server
-	// more than they add (on a 2-core machine at 64 clients, a 32-shard pool
-	// claimed about 1.7 times as fast with the bound as without). A negative
-	// value removes the bound. ClaimTx, keyed claims (ClaimRequest.Idempotency)
-	// and counted pools are never bounded.
-	ShardedClaimsInFlight int
-
 	// OnAbandonedGrant, when not nil, is called with the outcome of each
 	// coalesced grant whose caller gave up (its context ended) after the
 	// call had been sent to the database: res when err is nil, else the
@@ -126,7 +104,7 @@ type Config struct {
 //
 // The calls that change quota, voucher, lease, fence, ledger and outbox
 // state have a twin XTx that runs inside the caller's pgx.Tx (GrantTx,
-// CompensateGrantTx, ClaimTx, AcquireTx, WriteFencedRowTx, and
+// CompensateGrantTx, voucher.Client.ClaimTx, AcquireTx, WriteFencedRowTx, and
 // outbox.Client.EnqueueTx, ...),
 // so the caller's own writes and pgquota's commit or roll back together.
 // The exceptions own their transactions or wait between them: AcquireWait,
@@ -158,17 +136,6 @@ type Client struct {
 
 	// kinds caches each quota's kind, to pick its grant statement (shape.go).
 	kinds kindCache
-
-	// shardCounts remembers the sharded pools this client claimed from and
-	// their number of shards (every claim reports it), by campaign, for the
-	// campaignCacheSize campaigns used last (campaign_cache.go): a claim on
-	// one passes the shard gate (claim.go, shard.go).
-	shardCounts boundedMap
-	// shardGates holds, per sharded campaign, the channel that bounds this
-	// client's claims in flight (shardGate), for as many campaigns.
-	shardGates boundedMap
-	// testShardGateMaxWait replaces shardGateMaxWait when not zero (tests).
-	testShardGateMaxWait time.Duration
 
 	// testHookFencedGrantPause, set by tests only, runs in grantFenced
 	// between the read and the fenced write.
@@ -209,12 +176,6 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 	c := &Client{pool: pool}
 	if cfg != nil {
 		c.cfg = *cfg
-	}
-	if c.cfg.CodeClaimWait < 0 {
-		return nil, core.Invalid("Config.CodeClaimWait", "must not be negative, got %s", c.cfg.CodeClaimWait)
-	}
-	if c.cfg.CodeClaimWait == 0 {
-		c.cfg.CodeClaimWait = 5 * time.Second
 	}
 	if c.cfg.RetryMaxElapsed == 0 {
 		c.cfg.RetryMaxElapsed = DefaultRetryMaxElapsed

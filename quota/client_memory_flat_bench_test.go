@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // BenchmarkClientMemoryFlat grants once on each of 1,000,000 distinct
@@ -74,7 +75,7 @@ func BenchmarkClientMemoryFlat(b *testing.B) {
 					return err
 				})
 				runParallel(b, 64, campaigns, func(i int) error {
-					_, err := client.Claim(ctx, quota.ClaimRequest{Campaign: "camp" + strconv.Itoa(i+1), Member: prefix})
+					_, err := voucherOf(b, client).Claim(ctx, voucher.ClaimRequest{Campaign: "camp" + strconv.Itoa(i+1), Member: prefix})
 					return err
 				})
 				heap := heapAfterGC()

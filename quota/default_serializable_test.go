@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // serializableSetup returns a client whose connections start every
@@ -78,13 +79,13 @@ func TestBreakDefaultSerializable(t *testing.T) {
 	t.Parallel()
 	b := serializableSetup(t, 16)
 	b.define(t, quota.Definition{Name: "q", Window: quota.WindowNone, DefaultLimit: ptr[int64](1000)})
-	_, err := b.operator.CreateCampaign(b.ctx, "pool", 100)
+	_, err := voucherOf(t, b.operator).CreateCampaign(b.ctx, "pool", 100)
 	require.NoError(t, err)
 	codes := make([]string, 100)
 	for i := range codes {
 		codes[i] = fmt.Sprintf("code-%03d", i)
 	}
-	_, err = b.operator.ImportCodes(b.ctx, "codes", codes)
+	_, err = voucherOf(t, b.operator).ImportCodes(b.ctx, "codes", codes)
 	require.NoError(t, err)
 
 	var grants, revokes, claims, codeClaims, acquires, writes, imports errList
@@ -103,11 +104,11 @@ func TestBreakDefaultSerializable(t *testing.T) {
 			revoked += r.Revoked
 			mu.Unlock()
 		}
-		_, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "pool", Member: fmt.Sprint("member-", i)})
+		_, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "pool", Member: fmt.Sprint("member-", i)})
 		claims.add(err)
-		_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "codes", Member: fmt.Sprint("member-", i)})
+		_, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "codes", Member: fmt.Sprint("member-", i)})
 		codeClaims.add(err)
-		_, err = b.operator.ImportCodes(b.ctx, "codes", []string{fmt.Sprint("new-", i), "shared"})
+		_, err = voucherOf(t, b.operator).ImportCodes(b.ctx, "codes", []string{fmt.Sprint("new-", i), "shared"})
 		imports.add(err)
 		l, err := b.client.Acquire(b.ctx, quota.AcquireRequest{Name: "lease", Holder: "h", TTL: time.Millisecond})
 		if errors.Is(err, quota.ErrLeaseHeld) {

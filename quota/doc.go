@@ -9,7 +9,8 @@
 //
 // # Conditional updates (no lock)
 //
-// A calendar grant (Grant) and a counted voucher claim (Claim) are one
+// A calendar grant (Grant) and a counted voucher claim (voucher.Client.Claim,
+// package quota/voucher) are one
 // conditional update in which the check is the WHERE clause of the row
 // being written, for example
 //
@@ -36,7 +37,7 @@
 // code campaign picks an unclaimed code with FOR UPDATE SKIP LOCKED.
 //
 // A denied grant or a sold-out claim is a result, not an error:
-// GrantResult.Granted and ClaimResult.Claimed are false, and the result still
+// GrantResult.Granted and voucher.ClaimResult.Claimed are false, and the result still
 // reports current usage.
 //
 // # Hot rows: coalescing, sharding, batches
@@ -44,7 +45,7 @@
 // A single counter row serializes its writers on the row lock, which each
 // holds until its commit is flushed. Config.Coalesce combines concurrent
 // Grant calls for the same counter into one statement (group commit for one
-// row); CreateShardedCampaign splits a voucher pool's total across several rows;
+// row); voucher.Client.CreateShardedCampaign splits a voucher pool's total across several rows;
 // GrantBatch grants many requests in one statement and one commit. All
 // three keep the total exact, and coalesced and batched grants decide the
 // requests on one counter exactly as running them one after another would:

@@ -38,20 +38,6 @@ var (
 	// HasLimit false.)
 	ErrNoLimit = core.ErrNoLimit
 
-	// ErrCampaignNotFound is returned by Claim, ClaimTx
-	// and Campaign when no campaign of that name
-	// exists.
-	ErrCampaignNotFound = core.ErrCampaignNotFound
-
-	// ErrCampaignExists is returned by CreateCampaign and
-	// CreateCampaignTx when the campaign already exists with another
-	// total or kind, by CreateShardedCampaign and CreateShardedCampaignTx when it
-	// exists with another total, number of shards or kind, and by
-	// ImportCodes and ImportCodesTx when the campaign exists as a counted or
-	// sharded pool. A repeated create with the same total (and shards) is
-	// not an error.
-	ErrCampaignExists = core.ErrCampaignExists
-
 	// ErrSchemaMissing is returned by every call that reaches the database
 	// when the pgquota schema is missing or older than this build needs
 	// (the PostgreSQL error stays in the chain). Run `pgquota migrate up`
@@ -83,7 +69,8 @@ var (
 	// migrations.AppRole (pgquota_app), with `pgquota migrate grant-app
 	// --role ROLE` run as the schema's owner. The operator's calls
 	// (DefineQuota and DefineQuotaTx of every kind, SetMemberLimit,
-	// ClearMemberLimit, CreateCampaign, CreateShardedCampaign, ImportCodes,
+	// ClearMemberLimit, voucher.Client.CreateCampaign, CreateShardedCampaign and
+	// ImportCodes,
 	// BumpLeaseEpoch, GuardTable, ReapLeases, ReapLedger) need
 	// migrations.OperatorRole (`pgquota migrate grant-operator`), the
 	// relay's (package outbox: Relay.Run, Relay.RunOnce, Client.Reap) migrations.RelayRole (`grant-relay`); the
@@ -92,7 +79,7 @@ var (
 	ErrPermissionDenied = core.ErrPermissionDenied
 
 	// ErrIdempotencyKeyReused is returned by Grant, GrantTx, Revoke,
-	// RevokeTx, Claim and ClaimTx when the idempotency key (in its scope) was
+	// RevokeTx, voucher.Client.Claim and ClaimTx when the idempotency key (in its scope) was
 	// first used for a different request: another operation, quota or
 	// campaign, member, amount or limit. Nothing is written. The message
 	// names the first request's grant id and the field that differs. (The
@@ -123,9 +110,8 @@ const SQLStateQuotaNotFound = core.SQLStateQuotaNotFound
 // net.Error, io.ErrUnexpectedEOF, context.Canceled, ...).
 //
 // The calls without a Tx suffix that change state can return it: Grant,
-// GrantBatch, Revoke, CompensateGrant, Claim,
-// CreateCampaign,
-// CreateShardedCampaign, ImportCodes, DefineQuota, SetMemberLimit,
+// GrantBatch, Revoke, CompensateGrant, voucher.Client.Claim,
+// CreateCampaign, CreateShardedCampaign and ImportCodes, DefineQuota, SetMemberLimit,
 // ClearMemberLimit, Acquire, AcquireWait, Renew, Release, WriteFencedRow,
 // GuardTable, ReapLedger, outbox.Client.Enqueue and Reap, and RunInTx and FencedTx
 // (for their COMMIT). pgquota never retries such an error blindly. Learn the outcome
@@ -136,7 +122,7 @@ const SQLStateQuotaNotFound = core.SQLStateQuotaNotFound
 // AcquireRequest.Attempt, Renew, Release, CompensateGrant, WriteFencedRow of the
 // same value, the creates and defines with the same arguments, a claim by
 // the same member), or by reading the state (Usage, LedgerEntryByKey,
-// Lease, FencedRow, outbox.Client.Events, Campaign). An unkeyed Grant,
+// Lease, FencedRow, outbox.Client.Events, voucher.Client.Campaign). An unkeyed Grant,
 // GrantBatch, Revoke or outbox Enqueue repeated blindly may apply twice.
 //
 // The XTx calls never return it: their statements run in the caller's

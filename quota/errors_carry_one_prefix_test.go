@@ -11,6 +11,7 @@ import (
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/migrations"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // Every error pgquota returns carries exactly one "pgquota: " prefix, at its
@@ -82,8 +83,8 @@ func TestErrorsCarryOnePrefix(t *testing.T) {
 	check("key reused", err, quota.ErrIdempotencyKeyReused)
 	_, err = c.CompensateGrant(ctx, 1<<40)
 	check("grant not found", err, quota.ErrGrantNotFound)
-	_, err = c.Campaign(ctx, "nope")
-	check("campaign not found", err, quota.ErrCampaignNotFound)
+	_, err = voucherOf(t, c).Campaign(ctx, "nope")
+	check("campaign not found", err, voucher.ErrCampaignNotFound)
 	_, err = c.Lease(ctx, "nope")
 	check("lease not found", err, quota.ErrLeaseNotFound)
 	_, err = b.operator.DefineQuota(ctx, quota.Definition{Name: "q", Window: quota.WindowRate, DefaultLimit: ptr(int64(5)), Period: time.Second})

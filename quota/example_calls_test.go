@@ -51,28 +51,6 @@ func ExampleClient_GrantTx() {
 	// export rows: 1
 }
 
-// Claim a voucher: one call for every kind of campaign; a repeated claim
-// returns the member's first voucher, and a sold-out campaign is a result.
-func ExampleClient_Claim() {
-	ctx := context.Background()
-	client, _, done := exampleClient(ctx)
-	defer done()
-	if _, err := client.CreateCampaign(ctx, "black-friday", 1); err != nil {
-		log.Fatal(err)
-	}
-	for _, member := range []string{"alice", "alice", "bob"} {
-		res, err := client.Claim(ctx, quota.ClaimRequest{Campaign: "black-friday", Member: member})
-		if err != nil {
-			log.Fatal(err)
-		}
-		fmt.Printf("%s: claimed=%t repeat=%t seq=%d\n", member, res.Claimed, res.Repeat, res.Seq)
-	}
-	// Output:
-	// alice: claimed=true repeat=false seq=1
-	// alice: claimed=true repeat=true seq=1
-	// bob: claimed=false repeat=false seq=0
-}
-
 // Give back the units of one keyed grant when a later step of the work
 // fails (a saga's compensation); a repeated compensation changes nothing.
 func ExampleClient_CompensateGrant() {

@@ -37,12 +37,6 @@ func CoalesceQueued(c *Client, quota, member string) int {
 	return c.coalescer.queued(quota, member)
 }
 
-// SetShardGateMaxWait makes c's claims on sharded pools wait up to d for
-// a place at the gate before they go ahead without one.
-func SetShardGateMaxWait(c *Client, d time.Duration) {
-	c.testShardGateMaxWait = d
-}
-
 // SetGroupSend makes c call hook before each statement of the group-commit
 // path (a lone call's included) with the requests it decides. Set it
 // before the first Grant.
@@ -62,21 +56,6 @@ func GroupQueued(c *Client) (unkeyed, keyed int) {
 // keeps in flight. Set it before the first Grant.
 func SetGroupInFlight(c *Client, n int) {
 	c.grouper.inFlight = n
-}
-
-// CampaignCacheLens returns how many campaigns c's shard-count and
-// shard-gate caches hold.
-func CampaignCacheLens(c *Client) (counts, gates int) {
-	return c.shardCounts.Len(), c.shardGates.Len()
-}
-
-// CampaignCacheSize is the bound of each per-campaign cache.
-const CampaignCacheSize = campaignCacheSize
-
-// SetCampaignCacheSize bounds c's per-campaign caches to n campaigns. Set it
-// before the first claim.
-func SetCampaignCacheSize(c *Client, n int) {
-	c.shardCounts.size, c.shardGates.size = n, n
 }
 
 // GrantFenced is the comparison path Client.grantFenced (read, decide,

@@ -10,6 +10,7 @@ import (
 
 	"github.com/pgquota/pgquota/internal/pgcluster"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // TestGrantsSurviveImmediateShutdownUnderAsyncCommit proves that grants,
@@ -36,13 +37,13 @@ func TestGrantsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 	client, closePool := crashClient(t, url)
 	_, err := client.DefineQuota(ctx, quota.Definition{Name: "credits", Window: quota.WindowNone, DefaultLimit: ptr[int64](1000)})
 	require.NoError(t, err)
-	_, err = client.CreateCampaign(ctx, "counted", 100)
+	_, err = voucherOf(t, client).CreateCampaign(ctx, "counted", 100)
 	require.NoError(t, err)
 	codes := make([]string, 20)
 	for i := range codes {
 		codes[i] = fmt.Sprintf("CODE-%02d", i)
 	}
-	_, err = client.ImportCodes(ctx, "codes", codes)
+	_, err = voucherOf(t, client).ImportCodes(ctx, "codes", codes)
 	require.NoError(t, err)
 	closePool()
 
@@ -77,10 +78,10 @@ func TestGrantsSurviveImmediateShutdownUnderAsyncCommit(t *testing.T) {
 			require.NoError(t, o.Err)
 			require.True(t, o.Granted)
 		}
-		counted, err := client.Claim(ctx, quota.ClaimRequest{Campaign: "counted", Member: member("v")})
+		counted, err := voucherOf(t, client).Claim(ctx, voucher.ClaimRequest{Campaign: "counted", Member: member("v")})
 		require.NoError(t, err)
 		require.True(t, counted.Claimed)
-		code, err := client.Claim(ctx, quota.ClaimRequest{Campaign: "codes", Member: member("v")})
+		code, err := voucherOf(t, client).Claim(ctx, voucher.ClaimRequest{Campaign: "codes", Member: member("v")})
 		require.NoError(t, err)
 		require.True(t, code.Claimed)
 		event, err := outboxOf(t, client).Enqueue(ctx, "granted", []byte(member("e")), nil)

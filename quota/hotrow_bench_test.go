@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // BenchmarkGrantCoalesced measures Grant on one hot counter row with N
@@ -79,9 +79,9 @@ func BenchmarkClaimSharded(b *testing.B) {
 				campaign := fmt.Sprintf("bench-%d", seq.Add(1))
 				ctx := context.Background()
 				if shards == 1 {
-					_, err = setup.CreateCampaign(ctx, campaign, quota.MaxUnits)
+					_, err = voucherOf(b, setup).CreateCampaign(ctx, campaign, quota.MaxUnits)
 				} else {
-					_, err = setup.CreateShardedCampaign(ctx, campaign, quota.MaxUnits, shards)
+					_, err = voucherOf(b, setup).CreateShardedCampaign(ctx, campaign, quota.MaxUnits, shards)
 				}
 				if err != nil {
 					b.Fatal(err)
@@ -92,7 +92,7 @@ func BenchmarkClaimSharded(b *testing.B) {
 					b.Fatal(err)
 				}
 				runClients(b, clients, func(ctx context.Context, i int64) error {
-					c, err := client.Claim(ctx, quota.ClaimRequest{Campaign: campaign, Member: strconv.FormatInt(i, 10)})
+					c, err := voucherOf(b, client).Claim(ctx, voucher.ClaimRequest{Campaign: campaign, Member: strconv.FormatInt(i, 10)})
 					if err == nil && (!c.Claimed || c.Repeat) {
 						err = fmt.Errorf("not a new claim: %+v", c)
 					}
@@ -102,34 +102,4 @@ func BenchmarkClaimSharded(b *testing.B) {
 			})
 		}
 	}
-}
-
-// runClients calls op b.N times in all from clients goroutines (i numbers
-// the calls from 1), after connecting the pool's connections, and fails b
-// on the first error.
-func runClients(b *testing.B, clients int, op func(ctx context.Context, i int64) error) {
-	b.Helper()
-	ctx := context.Background()
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	var errOnce sync.Once
-	b.ResetTimer()
-	for range clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := next.Add(1)
-				if i > int64(b.N) {
-					return
-				}
-				if err := op(ctx, i); err != nil {
-					errOnce.Do(func() { b.Error(err) })
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	b.StopTimer()
 }

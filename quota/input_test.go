@@ -15,6 +15,7 @@ import (
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/migrations"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // snapshot returns a digest of every row of every table in the pgquota
@@ -100,13 +101,13 @@ func TestBadInput(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.client.Grant(b.ctx, quota.GrantRequest{Quota: "lim", Member: "m", Amount: 2})
 	require.NoError(t, err)
-	_, err = b.operator.CreateCampaign(b.ctx, "pool", 3)
+	_, err = voucherOf(t, b.operator).CreateCampaign(b.ctx, "pool", 3)
 	require.NoError(t, err)
-	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "pool", Member: "m"})
+	_, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "pool", Member: "m"})
 	require.NoError(t, err)
-	_, err = b.operator.ImportCodes(b.ctx, "codes", []string{"c1", "c2", "c3"})
+	_, err = voucherOf(t, b.operator).ImportCodes(b.ctx, "codes", []string{"c1", "c2", "c3"})
 	require.NoError(t, err)
-	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "codes", Member: "m"})
+	_, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "codes", Member: "m"})
 	require.NoError(t, err)
 
 	type call = func(context.Context, *quota.Client, pgx.Tx) error
@@ -166,25 +167,25 @@ func TestBadInput(t *testing.T) {
 	}
 	createPool := func(campaign string, total int64) call {
 		return func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.CreateCampaign(ctx, campaign, total)
+			_, err := voucherOf(t, c).CreateCampaign(ctx, campaign, total)
 			return err
 		}
 	}
 	createPoolTx := func(campaign string, total int64) call {
 		return func(ctx context.Context, c *quota.Client, tx pgx.Tx) error {
-			_, err := c.CreateCampaignTx(ctx, tx, campaign, total)
+			_, err := voucherOf(t, c).CreateCampaignTx(ctx, tx, campaign, total)
 			return err
 		}
 	}
 	importCodes := func(campaign string, codes []string) call {
 		return func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.ImportCodes(ctx, campaign, codes)
+			_, err := voucherOf(t, c).ImportCodes(ctx, campaign, codes)
 			return err
 		}
 	}
 	importCodesTx := func(campaign string, codes []string) call {
 		return func(ctx context.Context, c *quota.Client, tx pgx.Tx) error {
-			_, err := c.ImportCodesTx(ctx, tx, campaign, codes)
+			_, err := voucherOf(t, c).ImportCodesTx(ctx, tx, campaign, codes)
 			return err
 		}
 	}
@@ -231,43 +232,43 @@ func TestBadInput(t *testing.T) {
 	add(nameCases("CreateCampaignTx", "campaign", func(v string) call { return createPoolTx(v, 5) })...)
 	add(nameCases("Campaign", "campaign", func(v string) call {
 		return func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.Campaign(ctx, v)
+			_, err := voucherOf(t, c).Campaign(ctx, v)
 			return err
 		}
 	})...)
 	add(nameCases("Claim counted", "campaign", func(v string) call {
 		return func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: v, Member: "new"})
+			_, err := voucherOf(t, c).Claim(ctx, voucher.ClaimRequest{Campaign: v, Member: "new"})
 			return err
 		}
 	})...)
 	add(nameCases("Claim counted", "member", func(v string) call {
 		return func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: "pool", Member: v})
+			_, err := voucherOf(t, c).Claim(ctx, voucher.ClaimRequest{Campaign: "pool", Member: v})
 			return err
 		}
 	})...)
 	add(nameCases("ClaimTx counted", "member", func(v string) call {
 		return func(ctx context.Context, c *quota.Client, tx pgx.Tx) error {
-			_, err := c.ClaimTx(ctx, tx, quota.ClaimRequest{Campaign: "pool", Member: v})
+			_, err := voucherOf(t, c).ClaimTx(ctx, tx, voucher.ClaimRequest{Campaign: "pool", Member: v})
 			return err
 		}
 	})...)
 	add(nameCases("Claim codes", "campaign", func(v string) call {
 		return func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: v, Member: "new"})
+			_, err := voucherOf(t, c).Claim(ctx, voucher.ClaimRequest{Campaign: v, Member: "new"})
 			return err
 		}
 	})...)
 	add(nameCases("Claim codes", "member", func(v string) call {
 		return func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: "codes", Member: v})
+			_, err := voucherOf(t, c).Claim(ctx, voucher.ClaimRequest{Campaign: "codes", Member: v})
 			return err
 		}
 	})...)
 	add(nameCases("ClaimTx codes", "member", func(v string) call {
 		return func(ctx context.Context, c *quota.Client, tx pgx.Tx) error {
-			_, err := c.ClaimTx(ctx, tx, quota.ClaimRequest{Campaign: "codes", Member: v})
+			_, err := voucherOf(t, c).ClaimTx(ctx, tx, voucher.ClaimRequest{Campaign: "codes", Member: v})
 			return err
 		}
 	})...)
@@ -339,16 +340,16 @@ func TestBadInput(t *testing.T) {
 		inputCase{"Grant/no limit anywhere", grant(quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}), quota.ErrNoLimit, ""},
 		inputCase{"GrantTx/no limit anywhere", grantTx(quota.GrantRequest{Quota: "q", Member: "m", Amount: 1}), quota.ErrNoLimit, ""},
 		inputCase{"Claim/undefined campaign", func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: "nope", Member: "m"})
+			_, err := voucherOf(t, c).Claim(ctx, voucher.ClaimRequest{Campaign: "nope", Member: "m"})
 			return err
-		}, quota.ErrCampaignNotFound, ""},
+		}, voucher.ErrCampaignNotFound, ""},
 		inputCase{"Campaign/undefined campaign", func(ctx context.Context, c *quota.Client, _ pgx.Tx) error {
-			_, err := c.Campaign(ctx, "nope")
+			_, err := voucherOf(t, c).Campaign(ctx, "nope")
 			return err
-		}, quota.ErrCampaignNotFound, ""},
-		inputCase{"CreateCampaign/other total", createPool("pool", 4), quota.ErrCampaignExists, ""},
-		inputCase{"CreateCampaign/code campaign", createPool("codes", 3), quota.ErrCampaignExists, ""},
-		inputCase{"ImportCodes/counted pool", importCodes("pool", []string{"x"}), quota.ErrCampaignExists, ""},
+		}, voucher.ErrCampaignNotFound, ""},
+		inputCase{"CreateCampaign/other total", createPool("pool", 4), voucher.ErrCampaignExists, ""},
+		inputCase{"CreateCampaign/code campaign", createPool("codes", 3), voucher.ErrCampaignExists, ""},
+		inputCase{"ImportCodes/counted pool", importCodes("pool", []string{"x"}), voucher.ErrCampaignExists, ""},
 	)
 
 	before := b.snapshot(t)
@@ -407,10 +408,21 @@ func TestNewBadConfig(t *testing.T) {
 	require.Equal(t, "pool", ie.Field)
 
 	pool := pgtest.NewPool(t, 1)
-	_, err = quota.New(pool, &quota.Config{CodeClaimWait: -1})
+	_, err = quota.New(pool, &quota.Config{RetryMaxElapsed: -1})
+	require.ErrorIs(t, err, quota.ErrInvalidInput)
+	require.ErrorAs(t, err, &ie)
+	require.Equal(t, "Config.RetryMaxElapsed", ie.Field)
+
+	client, err := quota.New(pool, nil)
+	require.NoError(t, err)
+	_, err = voucher.New(client, &voucher.Config{CodeClaimWait: -1})
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
 	require.ErrorAs(t, err, &ie)
 	require.Equal(t, "Config.CodeClaimWait", ie.Field)
+	_, err = voucher.New(nil, nil)
+	require.ErrorIs(t, err, quota.ErrInvalidInput)
+	require.ErrorAs(t, err, &ie)
+	require.Equal(t, "client", ie.Field)
 }
 
 // Limit 0 is a limit (deny all), not bad input; so are the largest values,
@@ -457,14 +469,14 @@ func TestEdgeValuesAreValid(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, quota.MaxUnits, rv.Revoked)
 
-	_, err = b.operator.CreateCampaign(b.ctx, long, quota.MaxUnits)
+	_, err = voucherOf(t, b.operator).CreateCampaign(b.ctx, long, quota.MaxUnits)
 	require.NoError(t, err)
-	c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: long, Member: long})
+	c, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: long, Member: long})
 	require.NoError(t, err)
 	require.True(t, c.Claimed)
-	_, err = b.operator.ImportCodes(b.ctx, "codes", []string{long})
+	_, err = voucherOf(t, b.operator).ImportCodes(b.ctx, "codes", []string{long})
 	require.NoError(t, err)
-	c, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "codes", Member: long})
+	c, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "codes", Member: long})
 	require.NoError(t, err)
 	require.Equal(t, long, c.Code)
 }
@@ -474,9 +486,9 @@ func TestDatabaseErrorsKeepSQLState(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
 	b.define(t, quota.Definition{Name: "q", Window: quota.WindowDay, DefaultLimit: ptr[int64](5)})
-	_, err := b.operator.CreateCampaign(b.ctx, "pool", 5)
+	_, err := voucherOf(t, b.operator).CreateCampaign(b.ctx, "pool", 5)
 	require.NoError(t, err)
-	_, err = b.operator.ImportCodes(b.ctx, "codes", []string{"a"})
+	_, err = voucherOf(t, b.operator).ImportCodes(b.ctx, "codes", []string{"a"})
 	require.NoError(t, err)
 
 	calls := map[string]func(tx pgx.Tx) error{
@@ -494,19 +506,19 @@ func TestDatabaseErrorsKeepSQLState(t *testing.T) {
 		},
 		"SetMemberLimitTx": func(tx pgx.Tx) error { _, err := b.operator.SetMemberLimitTx(b.ctx, tx, "q", "m", 1); return err },
 		"CreateCampaignTx": func(tx pgx.Tx) error {
-			_, err := b.operator.CreateCampaignTx(b.ctx, tx, "pool2", 1)
+			_, err := voucherOf(t, b.operator).CreateCampaignTx(b.ctx, tx, "pool2", 1)
 			return err
 		},
 		"ClaimTx counted": func(tx pgx.Tx) error {
-			_, err := b.client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "pool", Member: "m"})
+			_, err := voucherOf(t, b.client).ClaimTx(b.ctx, tx, voucher.ClaimRequest{Campaign: "pool", Member: "m"})
 			return err
 		},
 		"ClaimTx codes": func(tx pgx.Tx) error {
-			_, err := b.client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "codes", Member: "m"})
+			_, err := voucherOf(t, b.client).ClaimTx(b.ctx, tx, voucher.ClaimRequest{Campaign: "codes", Member: "m"})
 			return err
 		},
 		"ImportCodesTx": func(tx pgx.Tx) error {
-			_, err := b.operator.ImportCodesTx(b.ctx, tx, "codes", []string{"b"})
+			_, err := voucherOf(t, b.operator).ImportCodesTx(b.ctx, tx, "codes", []string{"b"})
 			return err
 		},
 	}
@@ -572,20 +584,23 @@ var schemaCalls = map[string]func(ctx context.Context, c *quota.Client) error{
 	},
 	"MemberLimits": func(ctx context.Context, c *quota.Client) error { _, err := c.MemberLimits(ctx, "q"); return err },
 	"CreateCampaign": func(ctx context.Context, c *quota.Client) error {
-		_, err := c.CreateCampaign(ctx, "p", 1)
+		_, err := voucherOf(nil, c).CreateCampaign(ctx, "p", 1)
 		return err
 	},
-	"Campaign": func(ctx context.Context, c *quota.Client) error { _, err := c.Campaign(ctx, "p"); return err },
+	"Campaign": func(ctx context.Context, c *quota.Client) error {
+		_, err := voucherOf(nil, c).Campaign(ctx, "p")
+		return err
+	},
 	"Claim counted": func(ctx context.Context, c *quota.Client) error {
-		_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: "p", Member: "m"})
+		_, err := voucherOf(nil, c).Claim(ctx, voucher.ClaimRequest{Campaign: "p", Member: "m"})
 		return err
 	},
 	"Claim codes": func(ctx context.Context, c *quota.Client) error {
-		_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: "p", Member: "m"})
+		_, err := voucherOf(nil, c).Claim(ctx, voucher.ClaimRequest{Campaign: "p", Member: "m"})
 		return err
 	},
 	"ImportCodes": func(ctx context.Context, c *quota.Client) error {
-		_, err := c.ImportCodes(ctx, "p", []string{"a"})
+		_, err := voucherOf(nil, c).ImportCodes(ctx, "p", []string{"a"})
 		return err
 	},
 }

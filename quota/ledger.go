@@ -2,8 +2,6 @@ package quota
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -48,7 +46,7 @@ type IdempotencyKey struct {
 }
 
 // Keyed is the ledger record of an operation made with an idempotency key.
-// GrantResult, RevokeResult and Claim embed it; it is zero for an operation
+// GrantResult, RevokeResult and voucher.ClaimResult embed it; it is zero for an operation
 // without a key.
 type Keyed struct {
 	// GrantID identifies the operation's ledger entry: CompensateGrant takes it
@@ -70,27 +68,21 @@ type Keyed struct {
 
 // Operations recorded in the ledger (LedgerEntry.Operation).
 const (
-	OpGrant  = "grant"
-	OpRevoke = "revoke"
-	OpClaim  = "claim"
+	OpGrant  = core.OpNameGrant
+	OpRevoke = core.OpNameRevoke
+	OpClaim  = core.OpNameClaim
 )
 
-// checkKey validates an idempotency key and fills in its default scope.
+// checkKey validates an idempotency key and fills in its default scope
+// (core.CheckKey).
 func checkKey(k IdempotencyKey, defaultScope string) (IdempotencyKey, error) {
-	if err := core.CheckName("idempotency key", k.Key); err != nil {
-		return k, err
-	}
-	if k.Scope == "" {
-		k.Scope = defaultScope
-	}
-	if err := core.CheckName("idempotency scope", k.Scope); err != nil {
-		return k, err
-	}
-	return k, nil
+	var err error
+	k.Scope, err = core.CheckKey(k.Key, k.Scope, defaultScope)
+	return k, err
 }
 
 // request is the fingerprint of a keyed request: what must match for a
-// repeat to replay the first outcome.
+// repeat to replay the first outcome (core.Request).
 type request struct {
 	key       IdempotencyKey
 	operation string
@@ -100,66 +92,15 @@ type request struct {
 	limit     pgtype.Int8
 }
 
-// check returns nil when entry e was recorded for the same request as r,
-// and an error wrapping ErrIdempotencyKeyReused naming the difference
-// otherwise.
-func (r request) check(e db.PgquotaLedgerEntry) error {
-	var diff string
-	switch {
-	case e.Operation != r.operation:
-		diff = fmt.Sprintf("operation %s, not %s", e.Operation, r.operation)
-	case e.Target != r.target:
-		diff = fmt.Sprintf("target %q, not %q", e.Target, r.target)
-	case e.Member != r.member:
-		diff = fmt.Sprintf("member %q, not %q", e.Member, r.member)
-	case e.Amount != r.amount:
-		diff = fmt.Sprintf("amount %d, not %d", e.Amount, r.amount)
-	case e.RequestLimit != r.limit:
-		diff = fmt.Sprintf("limit %s, not %s", limitString(e.RequestLimit), limitString(r.limit))
-	default:
-		return nil
-	}
-	return core.Errorf("%w: key %q in scope %q is grant %d, made with %s",
-		ErrIdempotencyKeyReused, r.key.Key, r.key.Scope, e.GrantID, diff)
+// fingerprint is r as the ledger machinery (internal/core) takes it.
+func (r request) fingerprint() core.Request {
+	return core.Request{Scope: r.key.Scope, Key: r.key.Key, Operation: r.operation, Target: r.target, Member: r.member, Amount: r.amount, Limit: r.limit}
 }
 
-func limitString(l pgtype.Int8) string {
-	if !l.Valid {
-		return "none"
-	}
-	return fmt.Sprint(l.Int64)
-}
-
-// errKeyVanished is returned by runKeyed when the key's ledger entry was
-// reaped between the keyed statement and the read of the entry, three
-// times in a row.
-var errKeyVanished = errors.New("pgquota: the idempotency key's ledger entry was removed while it was read; try again")
-
-// runKeyed runs a keyed statement. When stmt reports a prior grant id (the
-// key was already taken, and stmt wrote nothing), the prior entry is read
-// in the same executor, checked against req, and replayed. An entry reaped
-// in between frees the key, so the statement runs again.
+// runKeyed is core.RunKeyed on the client's queries.
 func runKeyed[T any](ctx context.Context, c *Client, x db.DBTX, req request,
 	stmt func() (res T, prior int64, err error), replay func(e db.PgquotaLedgerEntry) T) (T, error) {
-	var zero T
-	for range 3 {
-		res, prior, err := stmt()
-		if err != nil || prior == 0 {
-			return res, err
-		}
-		e, err := c.queries.LedgerGet(ctx, core.ReadsOf(x), prior)
-		if isNoRows(err) {
-			continue
-		}
-		if err != nil {
-			return zero, core.DBError("read ledger", err)
-		}
-		if err := req.check(e); err != nil {
-			return zero, err
-		}
-		return replay(e), nil
-	}
-	return zero, errKeyVanished
+	return core.RunKeyed(ctx, c.queries, x, req.fingerprint(), stmt, replay)
 }
 
 func keyedFromEntry(e db.PgquotaLedgerEntry) Keyed {
@@ -260,20 +201,6 @@ func (c *Client) revokeKeyed(ctx context.Context, x db.DBTX, req RevokeRequest) 
 			Keyed:       keyedFromEntry(e),
 		}
 	})
-}
-
-func claimFromEntry(e db.PgquotaLedgerEntry) ClaimResult {
-	return ClaimResult{
-		Campaign:  e.Target,
-		Member:    e.Member,
-		Claimed:   e.Granted,
-		Repeat:    e.Repeat,
-		Seq:       e.Seq,
-		Code:      e.Code,
-		ClaimedAt: core.TimeFromPG(e.ClaimedAt),
-		Total:     e.LimitValue,
-		Keyed:     keyedFromEntry(e),
-	}
 }
 
 // CompensateGrantResult is the outcome of CompensateGrant: the compensation of one
@@ -418,7 +345,7 @@ type LedgerEntry struct {
 	WindowStart time.Time `json:"window_start"`
 	WindowEnd   time.Time `json:"window_end"`
 	// Seq, Code, Repeat and ClaimedAt describe a claim's voucher, as in
-	// Claim.
+	// voucher.ClaimResult.
 	Seq       int64     `json:"seq"`
 	Code      string    `json:"code"`
 	Repeat    bool      `json:"repeat"`

@@ -9,18 +9,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 func key(k string) quota.IdempotencyKey { return quota.IdempotencyKey{Key: k} }
 
-// ledgerRows returns the number of rows in the ledger and in its outcome
-// table (they must always match).
-func (b *testBundle) ledgerRows(t *testing.T) int64 {
-	t.Helper()
-	n, outcomes := b.countRows(t, "ledger"), b.countRows(t, "ledger_outcome")
-	require.Equal(t, n, outcomes, "every ledger row has its outcome")
-	return n
-}
+func (b *testBundle) ledgerRows(t *testing.T) int64 { t.Helper(); return b.bundle().LedgerRows(t) }
 
 func TestGrantKeyedReplay(t *testing.T) {
 	t.Parallel()
@@ -120,9 +114,9 @@ func TestGrantKeyReusedWithAnotherRequest(t *testing.T) {
 	// Another operation under the same key.
 	_, err = b.client.Revoke(b.ctx, quota.RevokeRequest{Quota: "q", Member: "m", Amount: 1, Idempotency: shared})
 	require.ErrorIs(t, err, quota.ErrIdempotencyKeyReused)
-	_, err = b.operator.CreateCampaign(b.ctx, "camp", 5)
+	_, err = voucherOf(t, b.operator).CreateCampaign(b.ctx, "camp", 5)
 	require.NoError(t, err)
-	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "camp", Member: "m", Idempotency: shared})
+	_, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "camp", Member: "m", Idempotency: shared})
 	require.ErrorIs(t, err, quota.ErrIdempotencyKeyReused)
 
 	// Nothing was written by any of them.
@@ -459,14 +453,14 @@ func TestRevokeGrantConcurrent(t *testing.T) {
 func TestClaimVoucherWithKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 16)
-	_, err := b.operator.CreateCampaign(b.ctx, "camp", 2)
+	_, err := voucherOf(t, b.operator).CreateCampaign(b.ctx, "camp", 2)
 	require.NoError(t, err)
 
 	// 30 copies of one keyed claim race.
-	results := make([]quota.ClaimResult, 30)
+	results := make([]voucher.ClaimResult, 30)
 	errs := make([]error, 30)
 	concurrently(30, func(i int) {
-		results[i], errs[i] = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "camp", Member: "alice", Idempotency: key("click-1")})
+		results[i], errs[i] = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "camp", Member: "alice", Idempotency: key("click-1")})
 	})
 	replayed := 0
 	for i, r := range results {
@@ -482,7 +476,7 @@ func TestClaimVoucherWithKey(t *testing.T) {
 
 	// Another key for the same member: the member's first claim comes back
 	// as a repeat, recorded under the new key.
-	r, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "camp", Member: "alice", Idempotency: key("click-2")})
+	r, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "camp", Member: "alice", Idempotency: key("click-2")})
 	require.NoError(t, err)
 	require.True(t, r.Claimed)
 	require.True(t, r.Repeat)
@@ -491,24 +485,24 @@ func TestClaimVoucherWithKey(t *testing.T) {
 
 	// Sold out is an outcome, replayed after units... never come back, but
 	// the key keeps its first answer.
-	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "camp", Member: "bob", Idempotency: key("b")})
+	_, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "camp", Member: "bob", Idempotency: key("b")})
 	require.NoError(t, err)
-	r, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "camp", Member: "carol", Idempotency: key("c")})
+	r, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "camp", Member: "carol", Idempotency: key("c")})
 	require.NoError(t, err)
 	require.False(t, r.Claimed)
-	r, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "camp", Member: "carol", Idempotency: key("c")})
+	r, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "camp", Member: "carol", Idempotency: key("c")})
 	require.NoError(t, err)
 	require.False(t, r.Claimed)
 	require.True(t, r.Replayed)
 
-	p, err := b.client.Campaign(b.ctx, "camp")
+	p, err := voucherOf(t, b.client).Campaign(b.ctx, "camp")
 	require.NoError(t, err)
 	require.Equal(t, int64(2), p.Claimed)
 	require.Equal(t, int64(4), b.ledgerRows(t))
 
-	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "nope", Member: "m", Idempotency: key("x")})
-	require.ErrorIs(t, err, quota.ErrCampaignNotFound)
-	_, err = b.operator.ImportCodes(b.ctx, "codes", []string{"A"})
+	_, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "nope", Member: "m", Idempotency: key("x")})
+	require.ErrorIs(t, err, voucher.ErrCampaignNotFound)
+	_, err = voucherOf(t, b.operator).ImportCodes(b.ctx, "codes", []string{"A"})
 	require.NoError(t, err)
 	require.Equal(t, int64(4), b.ledgerRows(t), "errors write nothing")
 }
@@ -516,15 +510,15 @@ func TestClaimVoucherWithKey(t *testing.T) {
 func TestClaimCodeWithKey(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 16)
-	_, err := b.operator.ImportCodes(b.ctx, "spring", []string{"A", "B", "C"})
+	_, err := voucherOf(t, b.operator).ImportCodes(b.ctx, "spring", []string{"A", "B", "C"})
 	require.NoError(t, err)
 
 	// Two members, each sending 10 copies of their keyed claim.
-	results := make([]quota.ClaimResult, 20)
+	results := make([]voucher.ClaimResult, 20)
 	errs := make([]error, 20)
 	concurrently(20, func(i int) {
 		member := fmt.Sprint("m", i%2)
-		results[i], errs[i] = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "spring", Member: member, Idempotency: key("k-" + member)})
+		results[i], errs[i] = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "spring", Member: member, Idempotency: key("k-" + member)})
 	})
 	codes := map[string]string{}
 	for i, r := range results {
@@ -538,17 +532,17 @@ func TestClaimCodeWithKey(t *testing.T) {
 	require.NotEqual(t, codes["m0"], codes["m1"])
 	require.Equal(t, int64(2), b.ledgerRows(t))
 
-	r, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "spring", Member: "m2", Idempotency: key("k-m2")})
+	r, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "spring", Member: "m2", Idempotency: key("k-m2")})
 	require.NoError(t, err)
 	require.True(t, r.Claimed)
-	r, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "spring", Member: "m3", Idempotency: key("k-m3")})
+	r, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "spring", Member: "m3", Idempotency: key("k-m3")})
 	require.NoError(t, err)
 	require.False(t, r.Claimed, "sold out")
-	r, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "spring", Member: "m3", Idempotency: key("k-m3")})
+	r, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "spring", Member: "m3", Idempotency: key("k-m3")})
 	require.NoError(t, err)
 	require.True(t, r.Replayed)
 	require.False(t, r.Claimed)
-	p, err := b.client.Campaign(b.ctx, "spring")
+	p, err := voucherOf(t, b.client).Campaign(b.ctx, "spring")
 	require.NoError(t, err)
 	require.Equal(t, int64(3), p.Claimed)
 }

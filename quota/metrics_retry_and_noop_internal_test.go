@@ -96,7 +96,6 @@ func TestMetricsHooksAllocateNothingWithoutMeterProvider(t *testing.T) {
 	req := GrantRequest{Quota: "q", Member: "m", Amount: 1}
 	var res GrantResult
 	var err error
-	var cl ClaimResult
 	var outs []BatchOutcome
 	c := &Client{m: m}
 	allocs := testing.AllocsPerRun(100, func() {
@@ -108,7 +107,7 @@ func TestMetricsHooksAllocateNothingWithoutMeterProvider(t *testing.T) {
 		c.batchDone(ctx, core.OpGrantBatch, start, []GrantRequest{req}, &outs, &err)
 		m.LeaseDone(ctx, core.OpRenew, start, &err)
 		m.FenceDone(ctx, start, &err)
-		c.claimDone(ctx, core.OpClaim, start, &cl, &err)
+		m.ClaimDone(ctx, core.OpClaim, start, false, true, &err)
 		m.Done(ctx, core.OpEnqueue, start, &err)
 		m.StatementSizeOf(ctx, core.PathCoalesce, 3)
 		m.Retried(ctx, 2, nil, nil)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // A state-changing call whose statement (or COMMIT) reached the server and
@@ -104,16 +105,16 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 		{
 			name: "Claim counted",
 			prepare: func(t *testing.T, b *testBundle) any {
-				_, err := b.operator.CreateCampaign(b.ctx, "launch", 5)
+				_, err := voucherOf(t, b.operator).CreateCampaign(b.ctx, "launch", 5)
 				require.NoError(t, err)
 				return nil
 			},
 			call: func(ctx context.Context, c *quota.Client, _ any) error {
-				_, err := c.Claim(ctx, quota.ClaimRequest{Campaign: "launch", Member: "alice"})
+				_, err := voucherOf(t, c).Claim(ctx, voucher.ClaimRequest{Campaign: "launch", Member: "alice"})
 				return err
 			},
 			landed: func(t *testing.T, b *testBundle, _ any) bool {
-				p, err := b.client.Campaign(b.ctx, "launch")
+				p, err := voucherOf(t, b.client).Campaign(b.ctx, "launch")
 				require.NoError(t, err)
 				return p.Claimed == 1
 			},
@@ -181,11 +182,11 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			operator: true,
 			dropTag:  "COMMIT",
 			call: func(ctx context.Context, c *quota.Client, _ any) error {
-				_, err := c.CreateShardedCampaign(ctx, "big", 100, 4)
+				_, err := voucherOf(t, c).CreateShardedCampaign(ctx, "big", 100, 4)
 				return err
 			},
 			landed: func(t *testing.T, b *testBundle, _ any) bool {
-				p, err := b.client.Campaign(b.ctx, "big")
+				p, err := voucherOf(t, b.client).Campaign(b.ctx, "big")
 				return err == nil && p.Total == 100
 			},
 		},

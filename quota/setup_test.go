@@ -2,6 +2,7 @@ package quota_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -9,6 +10,7 @@ import (
 	"github.com/pgquota/pgquota/internal/testbundle"
 	"github.com/pgquota/pgquota/quota"
 	"github.com/pgquota/pgquota/quota/outbox"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // testBundle is this package's view of a testbundle.Bundle: one test's
@@ -37,14 +39,52 @@ var (
 	relayWith  = testbundle.RelayWith
 	testConfig = testbundle.Config
 
-	concurrently = testbundle.Concurrently
-	waitFor      = testbundle.WaitFor
+	concurrently  = testbundle.Concurrently
+	waitFor       = testbundle.WaitFor
+	lookPgbench   = testbundle.LookPgbench
+	runClients    = testbundle.RunClients
+	readCommitted = testbundle.ReadCommitted
 
 	exampleDatabase = testbundle.ExampleDatabase
 	exampleClient   = testbundle.ExampleClient
 )
 
 func ptr[T any](v T) *T { return &v }
+
+// voucherOf returns the voucher client of c: one per quota client, made
+// with the default Config on first use (or by voucherWith), so that the
+// state a voucher client keeps (shard counts, gates) lives as long as c,
+// as it did when it was c's own.
+//
+// t may be nil where no test is at hand (a table of calls): a failure then
+// panics.
+func voucherOf(t testing.TB, c *quota.Client) *voucher.Client {
+	if t != nil {
+		t.Helper()
+	}
+	if v, ok := vouchers.Load(c); ok {
+		return v.(*voucher.Client)
+	}
+	return voucherWith(t, c, nil)
+}
+
+// voucherWith makes c's voucher client with cfg (voucherOf returns it from
+// then on).
+func voucherWith(t testing.TB, c *quota.Client, cfg *voucher.Config) *voucher.Client {
+	v, err := voucher.New(c, cfg)
+	switch {
+	case err != nil && t == nil:
+		panic("voucher.New: " + err.Error())
+	case err != nil:
+		t.Helper()
+		t.Fatalf("voucher.New: %v", err)
+	}
+	vouchers.Store(c, v)
+	return v
+}
+
+// vouchers maps each quota client to its voucher client (voucherOf).
+var vouchers sync.Map
 
 // outboxOf returns the outbox client on c.
 func outboxOf(t testing.TB, c *quota.Client) *outbox.Client {
@@ -88,3 +128,8 @@ func (b *testBundle) countRows(t *testing.T, table string) int64 {
 }
 
 func (b *testBundle) setClock(t *testing.T, at string) { t.Helper(); b.bundle().SetClock(t, at) }
+
+func waitForLockWaits(t *testing.T, b *testBundle, n int) {
+	t.Helper()
+	b.bundle().WaitForLockWaits(t, n)
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // The hot-row strategies: coalesced grants and a sharded voucher pool,
@@ -50,13 +51,14 @@ func (voucherSharded) Setup(ctx context.Context, env Env) (Op, error) {
 	if _, err := env.Pool.Exec(ctx, `TRUNCATE pgquota.voucher_pool CASCADE`); err != nil {
 		return Op{}, fmt.Errorf("reset voucher pools: %w", err)
 	}
-	if _, err := env.Client.CreateShardedCampaign(ctx, benchCampaign, quota.MaxUnits, ShardedPoolShards); err != nil {
+	if _, err := env.vouchers().CreateShardedCampaign(ctx, benchCampaign, quota.MaxUnits, ShardedPoolShards); err != nil {
 		return Op{}, err
 	}
+	vouchers := env.vouchers()
 	return Op{
 		Vars: []Var{{Name: "member", Min: 1, Max: uniqueMax}},
 		Do: func(ctx context.Context, vals []int64) (Outcome, error) {
-			c, err := env.Client.Claim(ctx, quota.ClaimRequest{Campaign: benchCampaign, Member: memberFromVar(vals)})
+			c, err := vouchers.Claim(ctx, voucher.ClaimRequest{Campaign: benchCampaign, Member: memberFromVar(vals)})
 			return Outcome{Granted: c.Claimed && !c.Repeat}, err
 		},
 	}, nil

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pgquota/pgquota/internal/dbutil"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // The bench's quota and voucher campaign. The limit is far above what a
@@ -256,13 +257,14 @@ func (voucherClaim) Setup(ctx context.Context, env Env) (Op, error) {
 	if _, err := env.Pool.Exec(ctx, `TRUNCATE pgquota.voucher_pool CASCADE`); err != nil {
 		return Op{}, fmt.Errorf("reset voucher pools: %w", err)
 	}
-	if _, err := env.Client.CreateCampaign(ctx, benchCampaign, quota.MaxUnits); err != nil {
+	if _, err := env.vouchers().CreateCampaign(ctx, benchCampaign, quota.MaxUnits); err != nil {
 		return Op{}, err
 	}
+	vouchers := env.vouchers()
 	return Op{
 		Vars: []Var{{Name: "member", Min: 1, Max: uniqueMax}},
 		Do: func(ctx context.Context, vals []int64) (Outcome, error) {
-			c, err := env.Client.Claim(ctx, quota.ClaimRequest{Campaign: benchCampaign, Member: memberFromVar(vals)})
+			c, err := vouchers.Claim(ctx, voucher.ClaimRequest{Campaign: benchCampaign, Member: memberFromVar(vals)})
 			return Outcome{Granted: c.Claimed && !c.Repeat}, err
 		},
 	}, nil

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 	"go.opentelemetry.io/otel/metric"
 )
 
@@ -128,4 +129,14 @@ func Lookup(name string) (Strategy, bool) {
 		}
 	}
 	return nil, false
+}
+
+// vouchers returns the voucher client on Client (a quota client's settings
+// always make one).
+func (e Env) vouchers() *voucher.Client {
+	v, err := voucher.New(e.Client, nil)
+	if err != nil {
+		panic("bench: voucher client: " + err.Error())
+	}
+	return v
 }

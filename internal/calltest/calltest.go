@@ -13,6 +13,7 @@ import (
 
 	"github.com/pgquota/pgquota/quota"
 	"github.com/pgquota/pgquota/quota/outbox"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // Exercise makes every kind of call pgquota's library offers on client
@@ -80,26 +81,27 @@ func ExerciseRoles(t *testing.T, cs Clients, prefix string) {
 	_, err = op.ReapLedger(ctx, time.Hour)
 	require.NoError(t, err)
 
-	_, err = op.CreateCampaign(ctx, pool, 2)
+	vouchers, opVouchers := voucherOf(t, client), voucherOf(t, op)
+	_, err = opVouchers.CreateCampaign(ctx, pool, 2)
 	require.NoError(t, err)
-	c, err := client.Claim(ctx, quota.ClaimRequest{Campaign: pool, Member: "m"})
-	require.NoError(t, err)
-	require.True(t, c.Claimed)
-	_, err = client.Claim(ctx, quota.ClaimRequest{Campaign: pool, Member: "n", Idempotency: quota.IdempotencyKey{Key: prefix + "k2"}})
-	require.NoError(t, err)
-	_, err = op.CreateShardedCampaign(ctx, sharded, 4, 2)
-	require.NoError(t, err)
-	c, err = client.Claim(ctx, quota.ClaimRequest{Campaign: sharded, Member: "m"})
+	c, err := vouchers.Claim(ctx, voucher.ClaimRequest{Campaign: pool, Member: "m"})
 	require.NoError(t, err)
 	require.True(t, c.Claimed)
-	_, err = op.ImportCodes(ctx, codes, []string{"a", "b"})
+	_, err = vouchers.Claim(ctx, voucher.ClaimRequest{Campaign: pool, Member: "n", Idempotency: quota.IdempotencyKey{Key: prefix + "k2"}})
 	require.NoError(t, err)
-	c, err = client.Claim(ctx, quota.ClaimRequest{Campaign: codes, Member: "m"})
+	_, err = opVouchers.CreateShardedCampaign(ctx, sharded, 4, 2)
+	require.NoError(t, err)
+	c, err = vouchers.Claim(ctx, voucher.ClaimRequest{Campaign: sharded, Member: "m"})
 	require.NoError(t, err)
 	require.True(t, c.Claimed)
-	_, err = client.Claim(ctx, quota.ClaimRequest{Campaign: codes, Member: "n", Idempotency: quota.IdempotencyKey{Key: prefix + "k3"}})
+	_, err = opVouchers.ImportCodes(ctx, codes, []string{"a", "b"})
 	require.NoError(t, err)
-	_, err = client.Campaign(ctx, codes)
+	c, err = vouchers.Claim(ctx, voucher.ClaimRequest{Campaign: codes, Member: "m"})
+	require.NoError(t, err)
+	require.True(t, c.Claimed)
+	_, err = vouchers.Claim(ctx, voucher.ClaimRequest{Campaign: codes, Member: "n", Idempotency: quota.IdempotencyKey{Key: prefix + "k3"}})
+	require.NoError(t, err)
+	_, err = vouchers.Campaign(ctx, codes)
 	require.NoError(t, err)
 
 	l, err := client.Acquire(ctx, quota.AcquireRequest{Name: lease, Holder: "h", TTL: time.Minute})
@@ -140,3 +142,11 @@ func ExerciseRoles(t *testing.T, cs Clients, prefix string) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// voucherOf returns the voucher client on c.
+func voucherOf(t *testing.T, c *quota.Client) *voucher.Client {
+	t.Helper()
+	v, err := voucher.New(c, nil)
+	require.NoError(t, err)
+	return v
+}

@@ -6,11 +6,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/pgquota/pgquota/internal/errtext"
 	"io"
 	"os"
 	"strings"
 	"time"
+
+	"github.com/pgquota/pgquota/internal/errtext"
+	"github.com/pgquota/pgquota/quota/voucher"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -183,7 +185,7 @@ func hint(err error) string {
 	switch {
 	case errors.Is(err, quota.ErrQuotaNotFound):
 		return " (define it with pgquota quota define; pgquota quota list shows the quotas)"
-	case errors.Is(err, quota.ErrCampaignNotFound):
+	case errors.Is(err, voucher.ErrCampaignNotFound):
 		return " (create it with pgquota voucher create, or import codes into it with pgquota voucher import)"
 	}
 	return ""
@@ -194,7 +196,7 @@ func hint(err error) string {
 func isBadInput(err error) bool {
 	for _, target := range []error{
 		quota.ErrInvalidInput, quota.ErrQuotaNotFound, quota.ErrNoLimit, quota.ErrQuotaKindChange,
-		quota.ErrCampaignNotFound, quota.ErrCampaignExists,
+		voucher.ErrCampaignNotFound, voucher.ErrCampaignExists,
 		quota.ErrLeaseNotFound,
 		quota.ErrIdempotencyKeyReused, quota.ErrGrantNotFound,
 	} {

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 func (a *app) voucherCommand() *cobra.Command {
@@ -40,11 +42,11 @@ shard is empty. The total is never exceeded. Status sums the shards.`,
 			if shards < 1 {
 				return usagef("--shards must be at least 1, got %d", shards)
 			}
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.voucherClient(cmd.Context())
 			if err != nil {
 				return err
 			}
-			var p quota.Campaign
+			var p voucher.Campaign
 			if shards == 1 {
 				p, err = c.CreateCampaign(cmd.Context(), campaign, total)
 			} else {
@@ -75,11 +77,11 @@ unique within --idempotency-scope, which defaults to the campaign.`,
 		Example: `  pgquota voucher claim --campaign black-friday --member alice`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.voucherClient(cmd.Context())
 			if err != nil {
 				return err
 			}
-			cl, err := c.Claim(cmd.Context(), quota.ClaimRequest{Campaign: campaign, Member: member, Idempotency: claimKey})
+			cl, err := c.Claim(cmd.Context(), voucher.ClaimRequest{Campaign: campaign, Member: member, Idempotency: claimKey})
 			if err != nil {
 				return err
 			}
@@ -131,7 +133,7 @@ whole file and nothing is written.`,
 			if err != nil {
 				return err
 			}
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.voucherClient(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -158,7 +160,7 @@ whole file and nothing is written.`,
 		Example: `  pgquota voucher status --campaign black-friday`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.voucherClient(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -176,7 +178,7 @@ whole file and nothing is written.`,
 	return cmd
 }
 
-func (a *app) printPool(p quota.Campaign) error {
+func (a *app) printPool(p voucher.Campaign) error {
 	return a.output(p, func(w *tabwriter.Writer) {
 		row(w, "campaign", p.Name)
 		row(w, "kind", p.Kind)
@@ -236,4 +238,13 @@ func codeLineError(err error, path string, codes []string, lines []int) error {
 		return err
 	}
 	return usagef("--file %s line %d: invalid code %q: %s", path, lines[i-1], codes[i-1], ie.Reason)
+}
+
+// voucherClient is the voucher client on quotaClient's pool and settings.
+func (a *app) voucherClient(ctx context.Context) (*voucher.Client, error) {
+	c, err := a.quotaClient(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return voucher.New(c, nil)
 }

@@ -11,7 +11,10 @@ import (
 	"log"
 	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -257,4 +260,97 @@ func ExampleClient(ctx context.Context) (*quota.Client, *pgxpool.Pool, func()) {
 		log.Fatal(err)
 	}
 	return client, pool, func() { pool.Close(); drop() }
+}
+
+// LockWaits returns the number of sessions of the test's database waiting
+// for a lock.
+func (b *Bundle) LockWaits(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.Pool.QueryRow(b.Ctx, `
+		SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n))
+	return n
+}
+
+// WaitForLockWaits waits until n sessions of the test's database wait for
+// a lock.
+func (b *Bundle) WaitForLockWaits(t *testing.T, n int) {
+	t.Helper()
+	WaitFor(t, fmt.Sprintf("%d lock waits", n), func() bool { return b.LockWaits(t) >= n })
+}
+
+// LookPgbench returns pgbench from $PATH, else from $PGQUOTA_PG_BIN; the
+// test fails when neither has it.
+func LookPgbench(t *testing.T) string {
+	t.Helper()
+	if p, err := exec.LookPath("pgbench"); err == nil {
+		return p
+	}
+	if dir := os.Getenv("PGQUOTA_PG_BIN"); dir != "" {
+		p := filepath.Join(dir, "pgbench")
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	t.Fatal("pgbench is neither on $PATH nor in $PGQUOTA_PG_BIN: install PostgreSQL's client tools or set PGQUOTA_PG_BIN")
+	return ""
+}
+
+// RunClients calls op b.N times in all from clients goroutines (i numbers
+// the calls from 1), after connecting the pool's connections, and fails b
+// on the first error.
+func RunClients(b *testing.B, clients int, op func(ctx context.Context, i int64) error) {
+	b.Helper()
+	ctx := context.Background()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	var errOnce sync.Once
+	b.ResetTimer()
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1)
+				if i > int64(b.N) {
+					return
+				}
+				if err := op(ctx, i); err != nil {
+					errOnce.Do(func() { b.Error(err) })
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+}
+
+// ReadCommitted begins a transaction at READ COMMITTED, whatever the
+// database's default isolation level.
+var ReadCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+
+// Settle waits until no other session of the test's database runs a
+// statement: a statement whose client gave up (cancelled context, cut
+// connection) may still be running, and commit, on the server.
+func (b *Bundle) Settle(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		err := b.Pool.QueryRow(b.Ctx, `
+			SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid()
+			  AND state NOT IN ('idle')`).Scan(&n)
+		return err == nil && n == 0
+	}, 30*time.Second, 10*time.Millisecond)
+}
+
+// LedgerRows returns the number of rows in the ledger and in its outcome
+// table (they must always match).
+func (b *Bundle) LedgerRows(t *testing.T) int64 {
+	t.Helper()
+	n, outcomes := b.CountRows(t, "ledger"), b.CountRows(t, "ledger_outcome")
+	require.Equal(t, n, outcomes, "every ledger row has its outcome")
+	return n
 }

@@ -1,4 +1,4 @@
-package quota_test
+package voucher_test
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // TestShardedClaimsCampaignCacheBounded claims from 3 times as many
@@ -21,7 +22,7 @@ func TestShardedClaimsCampaignCacheBounded(t *testing.T) {
 	const bound, campaigns = 8, 24
 	c, err := quota.New(b.pool, testConfig(t, nil))
 	require.NoError(t, err)
-	quota.SetCampaignCacheSize(c, bound)
+	voucher.SetCampaignCacheSize(voucherOf(t, c), bound)
 	// The campaigns in one statement each: 2 units in 2 shards.
 	_, err = b.owner.Exec(b.ctx, `
 		WITH p AS (
@@ -36,26 +37,26 @@ func TestShardedClaimsCampaignCacheBounded(t *testing.T) {
 	for round := range 2 {
 		for i := 1; i <= campaigns; i++ {
 			camp := fmt.Sprint("c", i)
-			first, err := c.Claim(b.ctx, quota.ClaimRequest{Campaign: camp, Member: "alice"})
+			first, err := voucherOf(t, c).Claim(b.ctx, voucher.ClaimRequest{Campaign: camp, Member: "alice"})
 			require.NoError(t, err, "round %d %s", round, camp)
 			require.True(t, first.Claimed)
 			require.Equal(t, round == 1, first.Repeat, "round %d %s", round, camp)
-			counts, gates := quota.CampaignCacheLens(c)
+			counts, gates := voucher.CampaignCacheLens(voucherOf(t, c))
 			require.LessOrEqual(t, counts, bound)
 			require.LessOrEqual(t, gates, bound)
 		}
 	}
 	for i := 1; i <= campaigns; i++ {
 		camp := fmt.Sprint("c", i)
-		second, err := c.Claim(b.ctx, quota.ClaimRequest{Campaign: camp, Member: "bob"})
+		second, err := voucherOf(t, c).Claim(b.ctx, voucher.ClaimRequest{Campaign: camp, Member: "bob"})
 		require.NoError(t, err)
 		require.True(t, second.Claimed)
 		require.False(t, second.Repeat)
-		none, err := c.Claim(b.ctx, quota.ClaimRequest{Campaign: camp, Member: "carol"})
+		none, err := voucherOf(t, c).Claim(b.ctx, voucher.ClaimRequest{Campaign: camp, Member: "carol"})
 		require.NoError(t, err)
 		require.False(t, none.Claimed, "%s: 2 units, both claimed", camp)
 	}
-	counts, gates := quota.CampaignCacheLens(c)
+	counts, gates := voucher.CampaignCacheLens(voucherOf(t, c))
 	require.Equal(t, bound, counts, "the cache is full, not larger")
 	require.Equal(t, bound, gates)
 	var claims int64

@@ -1,4 +1,4 @@
-package quota_test
+package voucher_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // claimsInFlight measures how many of client's Claim calls on
@@ -26,7 +27,7 @@ func claimsInFlight(t *testing.T, b *testBundle, client *quota.Client, campaign,
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(b.ctx) }()
 	for i := range k {
-		c, err := client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: campaign, Member: fmt.Sprint(prefix, i)})
+		c, err := voucherOf(t, client).ClaimTx(b.ctx, tx, voucher.ClaimRequest{Campaign: campaign, Member: fmt.Sprint(prefix, i)})
 		require.NoError(t, err)
 		require.True(t, c.Claimed)
 	}
@@ -36,13 +37,13 @@ func claimsInFlight(t *testing.T, b *testBundle, client *quota.Client, campaign,
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, _ = client.Claim(ctx, quota.ClaimRequest{Campaign: campaign, Member: fmt.Sprint(prefix, i)})
+			_, _ = voucherOf(t, client).Claim(ctx, voucher.ClaimRequest{Campaign: campaign, Member: fmt.Sprint(prefix, i)})
 		}()
 	}
 	deadline := time.Now().Add(2 * time.Second)
 	n := 0
 	for time.Now().Before(deadline) {
-		if n = lockWaits(t, b); n >= k {
+		if n = b.LockWaits(t); n >= k {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -50,7 +51,7 @@ func claimsInFlight(t *testing.T, b *testBundle, client *quota.Client, campaign,
 	cancel()
 	wg.Wait()
 	require.NoError(t, tx.Rollback(b.ctx))
-	b.settle(t)
+	b.Settle(t)
 	return n
 }
 
@@ -85,32 +86,32 @@ func TestShardGateCapacityStaleAfterRecreate(t *testing.T) {
 			client := b.client // default bound: half the shards
 			// Claims wait at the gate for as long as the measurement takes,
 			// instead of going ahead after 100ms.
-			quota.SetShardGateMaxWait(client, time.Hour)
-			_, err := b.operator.CreateShardedCampaign(b.ctx, "p", 100, tc.from)
+			voucher.SetShardGateMaxWait(voucherOf(t, client), time.Hour)
+			_, err := voucherOf(t, b.operator).CreateShardedCampaign(b.ctx, "p", 100, tc.from)
 			require.NoError(t, err)
-			c, err := client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "first"})
+			c, err := voucherOf(t, client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: "first"})
 			require.NoError(t, err)
 			require.True(t, c.Claimed)
 
 			// Dropped, briefly a counted pool, then sharded again.
 			b.recreateDrop(t, "p")
-			_, err = b.operator.CreateCampaign(b.ctx, "p", 100)
+			_, err = voucherOf(t, b.operator).CreateCampaign(b.ctx, "p", 100)
 			require.NoError(t, err)
-			c, err = client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "counted"})
+			c, err = voucherOf(t, client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: "counted"})
 			require.NoError(t, err)
 			require.True(t, c.Claimed)
 			b.recreateDrop(t, "p")
-			p, err := b.operator.CreateShardedCampaign(b.ctx, "p", 100, tc.to)
+			p, err := voucherOf(t, b.operator).CreateShardedCampaign(b.ctx, "p", 100, tc.to)
 			require.NoError(t, err)
 			require.Equal(t, tc.to, p.Shards)
-			c, err = client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "sharded again"})
+			c, err = voucherOf(t, client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: "sharded again"})
 			require.NoError(t, err)
 			require.True(t, c.Claimed)
 
 			fresh, err := quota.New(b.pool, nil)
 			require.NoError(t, err)
-			quota.SetShardGateMaxWait(fresh, time.Hour)
-			c, err = fresh.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "fresh"})
+			voucher.SetShardGateMaxWait(voucherOf(t, fresh), time.Hour)
+			c, err = voucherOf(t, fresh).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: "fresh"})
 			require.NoError(t, err)
 			require.True(t, c.Claimed)
 			require.Equal(t, tc.wantLocks, claimsInFlight(t, b, fresh, "p", "fresh-", tc.probe), "a fresh client's bound")

@@ -1,4 +1,4 @@
-package quota_test
+package voucher_test
 
 import (
 	"context"
@@ -39,12 +39,12 @@ func TestCreateShardedPoolConcurrentSerializable(t *testing.T) {
 		campaign := "p" + string(rune('a'+round))
 		errs := make([]error, 8)
 		concurrently(8, func(i int) {
-			_, errs[i] = client.CreateShardedCampaign(context.Background(), campaign, 100, 4)
+			_, errs[i] = voucherOf(t, client).CreateShardedCampaign(context.Background(), campaign, 100, 4)
 		})
 		for i, err := range errs {
 			require.NoError(t, err, "round %d, replica %d", round, i)
 		}
-		p, err := client.Campaign(context.Background(), campaign)
+		p, err := voucherOf(t, client).Campaign(context.Background(), campaign)
 		require.NoError(t, err)
 		require.Equal(t, 4, p.Shards)
 	}

@@ -1,4 +1,4 @@
-package quota_test
+package voucher_test
 
 import (
 	"fmt"
@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // Copies of one member's claim (a double-click, a retried request) race
@@ -30,9 +31,9 @@ func TestClaimCodeDuplicatesForLastCode(t *testing.T) {
 				campaign := fmt.Sprint("c", round)
 				// Another member holds every code but the last one.
 				codes := []string{fmt.Sprint("a-", round), fmt.Sprint("b-", round)}
-				_, err := b.operator.ImportCodes(b.ctx, campaign, codes)
+				_, err := voucherOf(t, b.operator).ImportCodes(b.ctx, campaign, codes)
 				require.NoError(t, err)
-				first, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: campaign, Member: "other"})
+				first, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: campaign, Member: "other"})
 				require.NoError(t, err)
 				require.True(t, first.Claimed)
 				code := codes[0]
@@ -41,15 +42,15 @@ func TestClaimCodeDuplicatesForLastCode(t *testing.T) {
 				}
 
 				var mu sync.Mutex
-				var claims []quota.ClaimResult
+				var claims []voucher.ClaimResult
 				var errs []error
 				concurrently(copies, func(i int) {
-					var c quota.ClaimResult
+					var c voucher.ClaimResult
 					var err error
 					if keyed {
-						c, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: campaign, Member: "m", Idempotency: quota.IdempotencyKey{Key: fmt.Sprint("k", i)}})
+						c, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: campaign, Member: "m", Idempotency: quota.IdempotencyKey{Key: fmt.Sprint("k", i)}})
 					} else {
-						c, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: campaign, Member: "m"})
+						c, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: campaign, Member: "m"})
 					}
 					mu.Lock()
 					defer mu.Unlock()

@@ -1,4 +1,4 @@
-package quota_test
+package voucher_test
 
 import (
 	"context"
@@ -34,7 +34,7 @@ func TestClaimShardedFromSQLDoesNotDeadlock(t *testing.T) {
 	for round := range rounds {
 		for _, keyed := range []bool{false, true} {
 			campaign := fmt.Sprintf("sharded-%d-%v", round, keyed)
-			_, err := b.operator.CreateShardedCampaign(b.ctx, campaign, total, shards)
+			_, err := voucherOf(t, b.operator).CreateShardedCampaign(b.ctx, campaign, total, shards)
 			require.NoError(t, err)
 			call := "SELECT claimed FROM pgquota.claim(:q, 'u' || :u);"
 			if keyed {

@@ -1,4 +1,4 @@
-package quota_test
+package voucher_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // A request handler claims a unit for alice in its transaction
@@ -25,19 +26,20 @@ func TestShardGateBlockedByDuplicateOfOpenTx(t *testing.T) {
 		t.Run(fmt.Sprint("bound ", bound), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, 6)
-			client, err := quota.New(b.pool, &quota.Config{ShardedClaimsInFlight: bound})
+			client, err := quota.New(b.pool, nil)
+			voucherWith(t, client, &voucher.Config{ShardedClaimsInFlight: bound})
 			require.NoError(t, err)
-			_, err = b.operator.CreateShardedCampaign(b.ctx, "p", 30, 3)
+			_, err = voucherOf(t, b.operator).CreateShardedCampaign(b.ctx, "p", 30, 3)
 			require.NoError(t, err)
 			// Warm the client's caches, as a running service has.
-			warm, err := client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "warm"})
+			warm, err := voucherOf(t, client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: "warm"})
 			require.NoError(t, err)
 			require.True(t, warm.Claimed)
 
 			tx, err := b.pool.BeginTx(b.ctx, readCommitted)
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback(b.ctx) }()
-			held, err := client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "p", Member: "alice"})
+			held, err := voucherOf(t, client).ClaimTx(b.ctx, tx, voucher.ClaimRequest{Campaign: "p", Member: "alice"})
 			require.NoError(t, err)
 			require.True(t, held.Claimed)
 
@@ -45,16 +47,16 @@ func TestShardGateBlockedByDuplicateOfOpenTx(t *testing.T) {
 			defer cancelDup()
 			dup := make(chan error, 1)
 			go func() {
-				_, err := client.Claim(dupCtx, quota.ClaimRequest{Campaign: "p", Member: "alice"})
+				_, err := voucherOf(t, client).Claim(dupCtx, voucher.ClaimRequest{Campaign: "p", Member: "alice"})
 				dup <- err
 			}()
-			waitForLockWaits(t, b, 1) // alice's duplicate waits for tx
+			b.WaitForLockWaits(t, 1) // alice's duplicate waits for tx
 
 			// The handler, still in its transaction, claims for bob.
 			ctx, cancel := context.WithTimeout(b.ctx, 3*time.Second)
 			defer cancel()
 			start := time.Now()
-			bob, err := client.Claim(ctx, quota.ClaimRequest{Campaign: "p", Member: "bob"})
+			bob, err := voucherOf(t, client).Claim(ctx, voucher.ClaimRequest{Campaign: "p", Member: "bob"})
 			require.NoError(t, err, "bob's claim is stuck behind alice's duplicate (after %s) while shards with units are free", time.Since(start).Round(time.Millisecond))
 			require.True(t, bob.Claimed)
 			require.NoError(t, tx.Commit(b.ctx))
@@ -75,11 +77,12 @@ func TestShardGateBlockedBehindClaimWaitingForOpenTx(t *testing.T) {
 		t.Run(fmt.Sprint("bound ", bound), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, 6)
-			client, err := quota.New(b.pool, &quota.Config{ShardedClaimsInFlight: bound})
+			client, err := quota.New(b.pool, nil)
+			voucherWith(t, client, &voucher.Config{ShardedClaimsInFlight: bound})
 			require.NoError(t, err)
-			_, err = b.operator.CreateShardedCampaign(b.ctx, "p", 10, 2)
+			_, err = voucherOf(t, b.operator).CreateShardedCampaign(b.ctx, "p", 10, 2)
 			require.NoError(t, err)
-			warm, err := client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "warm"})
+			warm, err := voucherOf(t, client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: "warm"})
 			require.NoError(t, err)
 			require.True(t, warm.Claimed)
 
@@ -88,7 +91,7 @@ func TestShardGateBlockedBehindClaimWaitingForOpenTx(t *testing.T) {
 				tx, err := b.pool.BeginTx(b.ctx, readCommitted)
 				require.NoError(t, err)
 				defer func() { _ = tx.Rollback(b.ctx) }()
-				c, err := client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "p", Member: fmt.Sprint("tx", i)})
+				c, err := voucherOf(t, client).ClaimTx(b.ctx, tx, voucher.ClaimRequest{Campaign: "p", Member: fmt.Sprint("tx", i)})
 				require.NoError(t, err)
 				require.True(t, c.Claimed)
 				var pid int32
@@ -102,10 +105,10 @@ func TestShardGateBlockedBehindClaimWaitingForOpenTx(t *testing.T) {
 			defer cancelWaiter()
 			waiter := make(chan error, 1)
 			go func() {
-				_, err := client.Claim(waiterCtx, quota.ClaimRequest{Campaign: "p", Member: "waiter"})
+				_, err := voucherOf(t, client).Claim(waiterCtx, voucher.ClaimRequest{Campaign: "p", Member: "waiter"})
 				waiter <- err
 			}()
-			waitForLockWaits(t, b, 1)
+			b.WaitForLockWaits(t, 1)
 			var blocker int32
 			require.NoError(t, b.pool.QueryRow(b.ctx, `
 				SELECT (pg_blocking_pids(pid))[1] FROM pg_stat_activity
@@ -119,7 +122,7 @@ func TestShardGateBlockedBehindClaimWaitingForOpenTx(t *testing.T) {
 
 			ctx, cancel := context.WithTimeout(b.ctx, 3*time.Second)
 			defer cancel()
-			c, err := client.Claim(ctx, quota.ClaimRequest{Campaign: "p", Member: "newcomer"})
+			c, err := voucherOf(t, client).Claim(ctx, voucher.ClaimRequest{Campaign: "p", Member: "newcomer"})
 			require.NoError(t, err, "a claim waits behind one that waits for an open transaction, while a shard with units is free")
 			require.True(t, c.Claimed)
 			cancelWaiter()

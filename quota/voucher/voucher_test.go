@@ -1,4 +1,4 @@
-package quota_test
+package voucher_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // codeList returns n distinct codes: prefix-000, prefix-001, ...
@@ -28,7 +29,8 @@ func codeList(prefix string, n int) []string {
 // ErrCodesBusy.
 func (b *testBundle) waitClient(t *testing.T, d time.Duration) *quota.Client {
 	t.Helper()
-	c, err := quota.New(b.pool, &quota.Config{CodeClaimWait: d})
+	c, err := quota.New(b.pool, nil)
+	voucherWith(t, c, &voucher.Config{CodeClaimWait: d})
 	require.NoError(t, err)
 	return c
 }
@@ -41,19 +43,19 @@ func TestVoucherPoolConcurrentClicks(t *testing.T) {
 		clicks  = 4
 	)
 	b := setup(t, 16)
-	p, err := b.operator.CreateCampaign(b.ctx, "bf", total)
+	p, err := voucherOf(t, b.operator).CreateCampaign(b.ctx, "bf", total)
 	require.NoError(t, err)
-	require.Equal(t, quota.KindCounted, p.Kind)
+	require.Equal(t, voucher.KindCounted, p.Kind)
 	require.Equal(t, int64(total), p.Total)
 	require.Zero(t, p.Claimed)
 
-	results := make([]quota.ClaimResult, members*clicks)
+	results := make([]voucher.ClaimResult, members*clicks)
 	errs := make([]error, members*clicks)
 	concurrently(members*clicks, func(i int) {
-		results[i], errs[i] = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "bf", Member: fmt.Sprintf("m%02d", i%members)})
+		results[i], errs[i] = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "bf", Member: fmt.Sprintf("m%02d", i%members)})
 	})
 
-	byMember := map[string][]quota.ClaimResult{}
+	byMember := map[string][]voucher.ClaimResult{}
 	for i, r := range results {
 		require.NoError(t, errs[i])
 		require.Equal(t, "bf", r.Campaign)
@@ -105,18 +107,18 @@ func TestVoucherPoolConcurrentClicks(t *testing.T) {
 	var claimed int64
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT claimed FROM pgquota.voucher_pool WHERE campaign = 'bf'`).Scan(&claimed))
 	require.Equal(t, int64(total), claimed)
-	require.Equal(t, int64(total), b.countRows(t, "voucher_claim"))
+	require.Equal(t, int64(total), b.CountRows(t, "voucher_claim"))
 	var distinctMembers int64
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(DISTINCT member) FROM pgquota.voucher_claim`).Scan(&distinctMembers))
 	require.Equal(t, int64(total), distinctMembers)
 
-	st, err := b.client.Campaign(b.ctx, "bf")
+	st, err := voucherOf(t, b.client).Campaign(b.ctx, "bf")
 	require.NoError(t, err)
-	require.Equal(t, quota.Campaign{Name: "bf", Kind: quota.KindCounted, Total: total, Claimed: total, Remaining: 0, SoldOut: true, CreatedAt: st.CreatedAt}, st)
+	require.Equal(t, voucher.Campaign{Name: "bf", Kind: voucher.KindCounted, Total: total, Claimed: total, Remaining: 0, SoldOut: true, CreatedAt: st.CreatedAt}, st)
 
 	// A newcomer finds it sold out; a winner clicking later sees the first
 	// claim again.
-	c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "bf", Member: "late"})
+	c, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "bf", Member: "late"})
 	require.NoError(t, err)
 	require.False(t, c.Claimed)
 	require.False(t, c.Repeat)
@@ -125,61 +127,61 @@ func TestVoucherPoolConcurrentClicks(t *testing.T) {
 		if !rs[0].Claimed {
 			continue
 		}
-		again, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "bf", Member: m})
+		again, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "bf", Member: m})
 		require.NoError(t, err)
 		require.True(t, again.Claimed)
 		require.True(t, again.Repeat)
 		require.Equal(t, rs[0].Seq, again.Seq)
 		require.True(t, rs[0].ClaimedAt.Equal(again.ClaimedAt))
 	}
-	require.Equal(t, int64(total), b.countRows(t, "voucher_claim"))
+	require.Equal(t, int64(total), b.CountRows(t, "voucher_claim"))
 }
 
 func TestVoucherPoolSequential(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
-	_, err := b.operator.CreateCampaign(b.ctx, "p", 2)
+	_, err := voucherOf(t, b.operator).CreateCampaign(b.ctx, "p", 2)
 	require.NoError(t, err)
 
-	c1, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "alice"})
+	c1, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: "alice"})
 	require.NoError(t, err)
 	require.True(t, c1.Claimed)
 	require.False(t, c1.Repeat)
 	require.Equal(t, int64(1), c1.Seq)
 
-	again, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "alice"})
+	again, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: "alice"})
 	require.NoError(t, err)
 	require.True(t, again.Repeat)
 	require.Equal(t, int64(1), again.Seq)
 
-	c2, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "bob"})
+	c2, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: "bob"})
 	require.NoError(t, err)
 	require.Equal(t, int64(2), c2.Seq)
 
-	out, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "carol"})
+	out, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: "carol"})
 	require.NoError(t, err)
 	require.False(t, out.Claimed)
 	// A holder's repeat still works on a sold-out pool.
-	again, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "bob"})
+	again, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: "bob"})
 	require.NoError(t, err)
 	require.True(t, again.Claimed)
 	require.True(t, again.Repeat)
 	require.Equal(t, int64(2), again.Seq)
 
 	// A claim inside a rolled-back transaction leaves the unit in the pool.
-	_, err = b.operator.CreateCampaign(b.ctx, "tx", 1)
+	_, err = voucherOf(t, b.operator).CreateCampaign(b.ctx, "tx", 1)
 	require.NoError(t, err)
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
-	c, err := b.client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "tx", Member: "dave"})
+	c, err := voucherOf(t, b.client).ClaimTx(b.ctx, tx, voucher.ClaimRequest{Campaign: "tx", Member: "dave"})
 	require.NoError(t, err)
 	require.True(t, c.Claimed)
 	require.NoError(t, tx.Rollback(b.ctx))
-	st, err := b.client.Campaign(b.ctx, "tx")
+	st, err := voucherOf(t, b.client).Campaign(b.ctx, "tx")
 	require.NoError(t, err)
 	require.Zero(t, st.Claimed)
 	require.False(t, st.SoldOut)
-	c, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "tx", Member: "erin"})
+	c, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "tx", Member: "erin"})
 	require.NoError(t, err)
 	require.Equal(t, int64(1), c.Seq)
 }
@@ -188,36 +190,36 @@ func TestVoucherCampaignErrors(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
 
-	p, err := b.operator.CreateCampaign(b.ctx, "counted", 5)
+	p, err := voucherOf(t, b.operator).CreateCampaign(b.ctx, "counted", 5)
 	require.NoError(t, err)
 	// The same create again is not an error and changes nothing.
-	again, err := b.operator.CreateCampaign(b.ctx, "counted", 5)
+	again, err := voucherOf(t, b.operator).CreateCampaign(b.ctx, "counted", 5)
 	require.NoError(t, err)
 	require.Equal(t, p, again)
-	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "counted", Member: "m"})
+	_, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "counted", Member: "m"})
 	require.NoError(t, err)
-	again, err = b.operator.CreateCampaign(b.ctx, "counted", 5)
+	again, err = voucherOf(t, b.operator).CreateCampaign(b.ctx, "counted", 5)
 	require.NoError(t, err)
 	require.Equal(t, int64(1), again.Claimed)
 	// Another total is.
-	_, err = b.operator.CreateCampaign(b.ctx, "counted", 6)
-	require.ErrorIs(t, err, quota.ErrCampaignExists)
+	_, err = voucherOf(t, b.operator).CreateCampaign(b.ctx, "counted", 6)
+	require.ErrorIs(t, err, voucher.ErrCampaignExists)
 
-	_, err = b.operator.ImportCodes(b.ctx, "codes", []string{"a", "b"})
+	_, err = voucherOf(t, b.operator).ImportCodes(b.ctx, "codes", []string{"a", "b"})
 	require.NoError(t, err)
-	_, err = b.operator.CreateCampaign(b.ctx, "codes", 2)
-	require.ErrorIs(t, err, quota.ErrCampaignExists, "a code campaign is not a counted pool, whatever its total")
-	_, err = b.operator.ImportCodes(b.ctx, "counted", []string{"x"})
-	require.ErrorIs(t, err, quota.ErrCampaignExists)
+	_, err = voucherOf(t, b.operator).CreateCampaign(b.ctx, "codes", 2)
+	require.ErrorIs(t, err, voucher.ErrCampaignExists, "a code campaign is not a counted pool, whatever its total")
+	_, err = voucherOf(t, b.operator).ImportCodes(b.ctx, "counted", []string{"x"})
+	require.ErrorIs(t, err, voucher.ErrCampaignExists)
 
 	var unclaimed int64
 	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT count(*) FROM pgquota.voucher_code WHERE member IS NULL`).Scan(&unclaimed))
 	require.Equal(t, int64(2), unclaimed)
 
-	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "nope", Member: "m"})
-	require.ErrorIs(t, err, quota.ErrCampaignNotFound)
-	_, err = b.client.Campaign(b.ctx, "nope")
-	require.ErrorIs(t, err, quota.ErrCampaignNotFound)
+	_, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "nope", Member: "m"})
+	require.ErrorIs(t, err, voucher.ErrCampaignNotFound)
+	_, err = voucherOf(t, b.client).Campaign(b.ctx, "nope")
+	require.ErrorIs(t, err, voucher.ErrCampaignNotFound)
 	require.Zero(t, b.countRowsWhere(t, "voucher_pool", "campaign = 'nope'"))
 }
 
@@ -235,50 +237,50 @@ func TestImportCodes(t *testing.T) {
 
 	codes := codeList("c", 100)
 	input := append(append([]string{}, codes...), codes[3], codes[7], codes[3]) // three repeats
-	res, err := b.operator.ImportCodes(b.ctx, "spring", input)
+	res, err := voucherOf(t, b.operator).ImportCodes(b.ctx, "spring", input)
 	require.NoError(t, err)
-	require.Equal(t, quota.ImportResult{Campaign: "spring", Imported: 100, Duplicates: 3, Total: 100}, res)
+	require.Equal(t, voucher.ImportResult{Campaign: "spring", Imported: 100, Duplicates: 3, Total: 100}, res)
 
 	// Re-import: 50 known codes and 20 new ones.
 	input = append(append([]string{}, codes[:50]...), codeList("d", 20)...)
-	res, err = b.operator.ImportCodes(b.ctx, "spring", input)
+	res, err = voucherOf(t, b.operator).ImportCodes(b.ctx, "spring", input)
 	require.NoError(t, err)
-	require.Equal(t, quota.ImportResult{Campaign: "spring", Imported: 20, Duplicates: 50, Total: 120}, res)
+	require.Equal(t, voucher.ImportResult{Campaign: "spring", Imported: 20, Duplicates: 50, Total: 120}, res)
 
 	// Only duplicates.
-	res, err = b.operator.ImportCodes(b.ctx, "spring", codes[:5])
+	res, err = voucherOf(t, b.operator).ImportCodes(b.ctx, "spring", codes[:5])
 	require.NoError(t, err)
-	require.Equal(t, quota.ImportResult{Campaign: "spring", Imported: 0, Duplicates: 5, Total: 120}, res)
+	require.Equal(t, voucher.ImportResult{Campaign: "spring", Imported: 0, Duplicates: 5, Total: 120}, res)
 
-	require.Equal(t, int64(120), b.countRows(t, "voucher_code"))
-	st, err := b.client.Campaign(b.ctx, "spring")
+	require.Equal(t, int64(120), b.CountRows(t, "voucher_code"))
+	st, err := voucherOf(t, b.client).Campaign(b.ctx, "spring")
 	require.NoError(t, err)
-	require.Equal(t, quota.KindCodes, st.Kind)
+	require.Equal(t, voucher.KindCodes, st.Kind)
 	require.Equal(t, int64(120), st.Total)
 	require.Zero(t, st.Claimed)
 	require.Equal(t, int64(120), st.Remaining)
 	require.False(t, st.SoldOut)
 
 	// The same codes in another campaign are other codes.
-	res, err = b.operator.ImportCodes(b.ctx, "autumn", codes[:10])
+	res, err = voucherOf(t, b.operator).ImportCodes(b.ctx, "autumn", codes[:10])
 	require.NoError(t, err)
 	require.Equal(t, int64(10), res.Imported)
 
 	// A campaign's claims show in its status.
 	for i := range 7 {
-		c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "autumn", Member: fmt.Sprintf("m%d", i)})
+		c, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "autumn", Member: fmt.Sprintf("m%d", i)})
 		require.NoError(t, err)
 		require.True(t, c.Claimed)
 	}
-	st, err = b.client.Campaign(b.ctx, "autumn")
+	st, err = voucherOf(t, b.client).Campaign(b.ctx, "autumn")
 	require.NoError(t, err)
-	require.Equal(t, quota.Campaign{Name: "autumn", Kind: quota.KindCodes, Total: 10, Claimed: 7, Remaining: 3, CreatedAt: st.CreatedAt}, st)
+	require.Equal(t, voucher.Campaign{Name: "autumn", Kind: voucher.KindCodes, Total: 10, Claimed: 7, Remaining: 3, CreatedAt: st.CreatedAt}, st)
 
 	// Importing more codes into a partly claimed campaign keeps the claims.
-	res, err = b.operator.ImportCodes(b.ctx, "autumn", codeList("e", 5))
+	res, err = voucherOf(t, b.operator).ImportCodes(b.ctx, "autumn", codeList("e", 5))
 	require.NoError(t, err)
 	require.Equal(t, int64(15), res.Total)
-	st, err = b.client.Campaign(b.ctx, "autumn")
+	st, err = voucherOf(t, b.client).Campaign(b.ctx, "autumn")
 	require.NoError(t, err)
 	require.Equal(t, int64(7), st.Claimed)
 	require.Equal(t, int64(8), st.Remaining)
@@ -290,28 +292,28 @@ func TestImportCodesTxRollback(t *testing.T) {
 
 	tx, err := b.operator.Pool().Begin(b.ctx)
 	require.NoError(t, err)
-	res, err := b.operator.ImportCodesTx(b.ctx, tx, "rolled", codeList("r", 50))
+	res, err := voucherOf(t, b.operator).ImportCodesTx(b.ctx, tx, "rolled", codeList("r", 50))
 	require.NoError(t, err)
 	require.Equal(t, int64(50), res.Imported)
 	// Twice in one transaction: the staging table does not linger.
-	res, err = b.operator.ImportCodesTx(b.ctx, tx, "rolled", codeList("s", 5))
+	res, err = voucherOf(t, b.operator).ImportCodesTx(b.ctx, tx, "rolled", codeList("s", 5))
 	require.NoError(t, err)
 	require.Equal(t, int64(55), res.Total)
 	require.NoError(t, tx.Rollback(b.ctx))
 
 	for _, table := range []string{"voucher_pool", "voucher_code", "voucher_claim"} {
-		require.Zero(t, b.countRows(t, table), table)
+		require.Zero(t, b.CountRows(t, table), table)
 	}
-	_, err = b.client.Campaign(b.ctx, "rolled")
-	require.ErrorIs(t, err, quota.ErrCampaignNotFound)
+	_, err = voucherOf(t, b.client).Campaign(b.ctx, "rolled")
+	require.ErrorIs(t, err, voucher.ErrCampaignNotFound)
 
 	// Committed, it is there.
 	tx, err = b.operator.Pool().Begin(b.ctx)
 	require.NoError(t, err)
-	_, err = b.operator.ImportCodesTx(b.ctx, tx, "kept", codeList("k", 3))
+	_, err = voucherOf(t, b.operator).ImportCodesTx(b.ctx, tx, "kept", codeList("k", 3))
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(b.ctx))
-	require.Equal(t, int64(3), b.countRows(t, "voucher_code"))
+	require.Equal(t, int64(3), b.CountRows(t, "voucher_code"))
 }
 
 // claimCodes runs n concurrent Claim calls by distinct members and
@@ -319,9 +321,9 @@ func TestImportCodesTxRollback(t *testing.T) {
 // twice, every code handed out belongs to the campaign, and the database
 // agrees with what the callers were told. It returns the number of codes
 // handed out.
-func claimCodes(t *testing.T, b *testBundle, claim func(i int, member string) (quota.ClaimResult, error), campaign string, codes []string, n int) int {
+func claimCodes(t *testing.T, b *testBundle, claim func(i int, member string) (voucher.ClaimResult, error), campaign string, codes []string, n int) int {
 	t.Helper()
-	results := make([]quota.ClaimResult, n)
+	results := make([]voucher.ClaimResult, n)
 	errs := make([]error, n)
 	concurrently(n, func(i int) {
 		results[i], errs[i] = claim(i, fmt.Sprintf("member-%03d", i))
@@ -375,11 +377,11 @@ func TestClaimCodeConcurrent(t *testing.T) {
 			t.Parallel()
 			b := setup(t, 16)
 			list := codeList("code", codes)
-			_, err := b.operator.ImportCodes(b.ctx, "drop", list)
+			_, err := voucherOf(t, b.operator).ImportCodes(b.ctx, "drop", list)
 			require.NoError(t, err)
 			client := b.waitClient(t, 30*time.Second)
-			claim := func(_ int, member string) (quota.ClaimResult, error) {
-				return client.Claim(b.ctx, quota.ClaimRequest{Campaign: "drop", Member: member})
+			claim := func(_ int, member string) (voucher.ClaimResult, error) {
+				return voucherOf(t, client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "drop", Member: member})
 			}
 			committing := tc.claimers
 			if tc.inTx {
@@ -389,23 +391,23 @@ func TestClaimCodeConcurrent(t *testing.T) {
 				// find every remaining code locked; that must not read as
 				// sold out, since a rollback may free one.
 				committing = tc.claimers - (tc.claimers+2)/3
-				claim = func(i int, member string) (quota.ClaimResult, error) {
+				claim = func(i int, member string) (voucher.ClaimResult, error) {
 					// READ COMMITTED whatever the server's default: the
 					// callers' transactions must commit or roll back as
 					// the test decides, not fail with 40001.
 					tx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 					if err != nil {
-						return quota.ClaimResult{}, err
+						return voucher.ClaimResult{}, err
 					}
 					defer func() { _ = tx.Rollback(b.ctx) }()
-					c, err := client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "drop", Member: member})
+					c, err := voucherOf(t, client).ClaimTx(b.ctx, tx, voucher.ClaimRequest{Campaign: "drop", Member: member})
 					if err != nil {
-						return quota.ClaimResult{}, err
+						return voucher.ClaimResult{}, err
 					}
 					time.Sleep(20 * time.Millisecond)
 					if i%3 == 0 {
 						// Rolled back: the member holds nothing.
-						return quota.ClaimResult{Campaign: c.Campaign, Member: member, Total: c.Total}, tx.Rollback(b.ctx)
+						return voucher.ClaimResult{Campaign: c.Campaign, Member: member, Total: c.Total}, tx.Rollback(b.ctx)
 					}
 					return c, tx.Commit(b.ctx)
 				}
@@ -416,7 +418,7 @@ func TestClaimCodeConcurrent(t *testing.T) {
 			if committing < codes {
 				return
 			}
-			st, err := b.client.Campaign(b.ctx, "drop")
+			st, err := voucherOf(t, b.client).Campaign(b.ctx, "drop")
 			require.NoError(t, err)
 			require.Equal(t, int64(codes), st.Claimed)
 			require.True(t, st.SoldOut)
@@ -427,14 +429,14 @@ func TestClaimCodeConcurrent(t *testing.T) {
 func TestClaimCodeRepeat(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 16)
-	_, err := b.operator.ImportCodes(b.ctx, "c", codeList("x", 20))
+	_, err := voucherOf(t, b.operator).ImportCodes(b.ctx, "c", codeList("x", 20))
 	require.NoError(t, err)
 
-	first, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "c", Member: "alice"})
+	first, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "c", Member: "alice"})
 	require.NoError(t, err)
 	require.True(t, first.Claimed)
 	require.False(t, first.Repeat)
-	again, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "c", Member: "alice"})
+	again, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "c", Member: "alice"})
 	require.NoError(t, err)
 	require.True(t, again.Claimed)
 	require.True(t, again.Repeat)
@@ -444,11 +446,11 @@ func TestClaimCodeRepeat(t *testing.T) {
 	// A member's concurrent duplicates: one code, the rest repeat it, and
 	// the codes the losers picked go back unclaimed.
 	const dups = 16
-	results := make([]quota.ClaimResult, dups)
+	results := make([]voucher.ClaimResult, dups)
 	errs := make([]error, dups)
 	client := b.waitClient(t, 30*time.Second)
 	concurrently(dups, func(i int) {
-		results[i], errs[i] = client.Claim(b.ctx, quota.ClaimRequest{Campaign: "c", Member: "bob"})
+		results[i], errs[i] = voucherOf(t, client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "c", Member: "bob"})
 	})
 	firsts := 0
 	for i, r := range results {
@@ -462,7 +464,7 @@ func TestClaimCodeRepeat(t *testing.T) {
 	require.Equal(t, 1, firsts)
 	require.Equal(t, int64(1), b.countRowsWhere(t, "voucher_code", "member = 'bob'"))
 	require.Equal(t, int64(18), b.countRowsWhere(t, "voucher_code", "member IS NULL"))
-	st, err := b.client.Campaign(b.ctx, "c")
+	st, err := voucherOf(t, b.client).Campaign(b.ctx, "c")
 	require.NoError(t, err)
 	require.Equal(t, int64(2), st.Claimed)
 	require.Equal(t, int64(18), st.Remaining)
@@ -482,7 +484,7 @@ func TestClaimCodeWaitsForLockedCode(t *testing.T) {
 			t.Parallel()
 			b := setup(t, 8)
 			client := b.waitClient(t, 30*time.Second)
-			_, err := b.operator.ImportCodes(b.ctx, "last", []string{"A", "B"})
+			_, err := voucherOf(t, b.operator).ImportCodes(b.ctx, "last", []string{"A", "B"})
 			require.NoError(t, err)
 
 			// READ COMMITTED whatever the server's default: the test is
@@ -491,25 +493,25 @@ func TestClaimCodeWaitsForLockedCode(t *testing.T) {
 			tx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 			require.NoError(t, err)
 			t.Cleanup(func() { _ = tx.Rollback(b.ctx) })
-			held, err := client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "last", Member: "holder"})
+			held, err := voucherOf(t, client).ClaimTx(b.ctx, tx, voucher.ClaimRequest{Campaign: "last", Member: "holder"})
 			require.NoError(t, err)
 			require.True(t, held.Claimed)
 
 			// The other code is free: a second member gets it at once
 			// (SKIP LOCKED), without waiting for the holder.
-			other, err := client.Claim(b.ctx, quota.ClaimRequest{Campaign: "last", Member: "second"})
+			other, err := voucherOf(t, client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "last", Member: "second"})
 			require.NoError(t, err)
 			require.True(t, other.Claimed)
 			require.NotEqual(t, held.Code, other.Code)
 
 			// The last code is locked: a third member must wait.
 			type outcome struct {
-				claim quota.ClaimResult
+				claim voucher.ClaimResult
 				err   error
 			}
 			done := make(chan outcome, 1)
 			go func() {
-				c, err := client.Claim(b.ctx, quota.ClaimRequest{Campaign: "last", Member: "third"})
+				c, err := voucherOf(t, client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "last", Member: "third"})
 				done <- outcome{c, err}
 			}()
 			select {
@@ -540,7 +542,7 @@ func TestClaimCodeWaitsForLockedCode(t *testing.T) {
 				require.Zero(t, b.countRowsWhere(t, "voucher_code", "member = 'holder'"))
 			}
 			require.Zero(t, b.countRowsWhere(t, "voucher_code", "member IS NULL"))
-			require.Equal(t, int64(2), b.countRows(t, "voucher_claim"))
+			require.Equal(t, int64(2), b.CountRows(t, "voucher_claim"))
 		})
 	}
 }
@@ -552,7 +554,7 @@ func TestClaimCodeWaitsForRollbacks(t *testing.T) {
 	const codes = 6
 	b := setup(t, 2*codes+2)
 	client := b.waitClient(t, 30*time.Second)
-	_, err := b.operator.ImportCodes(b.ctx, "c", codeList("c", codes))
+	_, err := voucherOf(t, b.operator).ImportCodes(b.ctx, "c", codeList("c", codes))
 	require.NoError(t, err)
 
 	holders := make([]pgx.Tx, codes)
@@ -560,20 +562,20 @@ func TestClaimCodeWaitsForRollbacks(t *testing.T) {
 		tx, err := b.pool.Begin(b.ctx)
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = tx.Rollback(b.ctx) })
-		c, err := client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "c", Member: fmt.Sprintf("holder-%d", i)})
+		c, err := voucherOf(t, client).ClaimTx(b.ctx, tx, voucher.ClaimRequest{Campaign: "c", Member: fmt.Sprintf("holder-%d", i)})
 		require.NoError(t, err)
 		require.True(t, c.Claimed)
 		holders[i] = tx
 	}
 
-	results := make([]quota.ClaimResult, codes)
+	results := make([]voucher.ClaimResult, codes)
 	errs := make([]error, codes)
 	var wg sync.WaitGroup
 	for i := range codes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			results[i], errs[i] = client.Claim(b.ctx, quota.ClaimRequest{Campaign: "c", Member: fmt.Sprintf("member-%d", i)})
+			results[i], errs[i] = voucherOf(t, client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "c", Member: fmt.Sprintf("member-%d", i)})
 		}()
 	}
 	time.Sleep(300 * time.Millisecond)
@@ -597,57 +599,58 @@ func TestClaimCodeWaitsForRollbacks(t *testing.T) {
 func TestClaimCodeBusy(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
-	_, err := b.operator.ImportCodes(b.ctx, "one", []string{"only"})
+	_, err := voucherOf(t, b.operator).ImportCodes(b.ctx, "one", []string{"only"})
 	require.NoError(t, err)
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(b.ctx) }()
-	_, err = b.client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "one", Member: "holder"})
+	_, err = voucherOf(t, b.client).ClaimTx(b.ctx, tx, voucher.ClaimRequest{Campaign: "one", Member: "holder"})
 	require.NoError(t, err)
 
-	impatient, err := quota.New(b.pool, &quota.Config{CodeClaimWait: 200 * time.Millisecond})
+	impatient, err := quota.New(b.pool, nil)
+	voucherWith(t, impatient, &voucher.Config{CodeClaimWait: 200 * time.Millisecond})
 	require.NoError(t, err)
-	_, err = impatient.Claim(b.ctx, quota.ClaimRequest{Campaign: "one", Member: "other"})
-	require.ErrorIs(t, err, quota.ErrCodesBusy)
+	_, err = voucherOf(t, impatient).Claim(b.ctx, voucher.ClaimRequest{Campaign: "one", Member: "other"})
+	require.ErrorIs(t, err, voucher.ErrCodesBusy)
 	require.Zero(t, b.countRowsWhere(t, "voucher_claim", "member = 'other'"))
 }
 
 func TestVoucherStatusBothKinds(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
-	_, err := b.operator.CreateCampaign(b.ctx, "counted", 3)
+	_, err := voucherOf(t, b.operator).CreateCampaign(b.ctx, "counted", 3)
 	require.NoError(t, err)
-	_, err = b.operator.ImportCodes(b.ctx, "codes", codeList("z", 4))
+	_, err = voucherOf(t, b.operator).ImportCodes(b.ctx, "codes", codeList("z", 4))
 	require.NoError(t, err)
 
-	want := func(kind quota.CampaignKind, total, claimed int64) quota.Campaign {
-		return quota.Campaign{Kind: kind, Total: total, Claimed: claimed, Remaining: total - claimed, SoldOut: claimed == total}
+	want := func(kind voucher.CampaignKind, total, claimed int64) voucher.Campaign {
+		return voucher.Campaign{Kind: kind, Total: total, Claimed: claimed, Remaining: total - claimed, SoldOut: claimed == total}
 	}
-	check := func(campaign string, w quota.Campaign) {
+	check := func(campaign string, w voucher.Campaign) {
 		t.Helper()
-		st, err := b.client.Campaign(b.ctx, campaign)
+		st, err := voucherOf(t, b.client).Campaign(b.ctx, campaign)
 		require.NoError(t, err)
 		require.False(t, st.CreatedAt.IsZero())
 		w.Name, w.CreatedAt = campaign, st.CreatedAt
 		require.Equal(t, w, st)
 	}
-	check("counted", want(quota.KindCounted, 3, 0))
-	check("codes", want(quota.KindCodes, 4, 0))
+	check("counted", want(voucher.KindCounted, 3, 0))
+	check("codes", want(voucher.KindCodes, 4, 0))
 	for i := range 5 {
-		_, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "counted", Member: fmt.Sprintf("m%d", i)})
+		_, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "counted", Member: fmt.Sprintf("m%d", i)})
 		require.NoError(t, err)
-		_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "codes", Member: fmt.Sprintf("m%d", i)})
+		_, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "codes", Member: fmt.Sprintf("m%d", i)})
 		require.NoError(t, err)
-		check("counted", want(quota.KindCounted, 3, min(int64(i+1), 3)))
-		check("codes", want(quota.KindCodes, 4, min(int64(i+1), 4)))
+		check("counted", want(voucher.KindCounted, 3, min(int64(i+1), 3)))
+		check("codes", want(voucher.KindCodes, 4, min(int64(i+1), 4)))
 	}
 	// Repeats change nothing.
-	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "counted", Member: "m0"})
+	_, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "counted", Member: "m0"})
 	require.NoError(t, err)
-	_, err = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "codes", Member: "m0"})
+	_, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "codes", Member: "m0"})
 	require.NoError(t, err)
-	check("counted", want(quota.KindCounted, 3, 3))
-	check("codes", want(quota.KindCodes, 4, 4))
+	check("counted", want(voucher.KindCounted, 3, 3))
+	check("codes", want(voucher.KindCodes, 4, 4))
 }
 
 // Claims on different campaigns never block each other; a smoke test that
@@ -655,19 +658,19 @@ func TestVoucherStatusBothKinds(t *testing.T) {
 func TestVoucherCampaignsIndependent(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
-	_, err := b.operator.CreateCampaign(b.ctx, "a", 1)
+	_, err := voucherOf(t, b.operator).CreateCampaign(b.ctx, "a", 1)
 	require.NoError(t, err)
-	_, err = b.operator.CreateCampaign(b.ctx, "b", 1)
+	_, err = voucherOf(t, b.operator).CreateCampaign(b.ctx, "b", 1)
 	require.NoError(t, err)
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(b.ctx) }()
-	_, err = b.client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "a", Member: "m"})
+	_, err = voucherOf(t, b.client).ClaimTx(b.ctx, tx, voucher.ClaimRequest{Campaign: "a", Member: "m"})
 	require.NoError(t, err)
 
 	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
 	defer cancel()
-	c, err := b.client.Claim(ctx, quota.ClaimRequest{Campaign: "b", Member: "m"})
+	c, err := voucherOf(t, b.client).Claim(ctx, voucher.ClaimRequest{Campaign: "b", Member: "m"})
 	require.NoError(t, err, "a claim on another campaign must not wait for this one's lock")
 	require.True(t, c.Claimed)
 }
@@ -690,9 +693,9 @@ func TestImportCodesConcurrent(t *testing.T) {
 			distinct[code] = true
 		}
 	}
-	results := make([]quota.ImportResult, importers)
+	results := make([]voucher.ImportResult, importers)
 	errs := make([]error, importers)
-	concurrently(importers, func(i int) { results[i], errs[i] = b.operator.ImportCodes(b.ctx, "race", lists[i]) })
+	concurrently(importers, func(i int) { results[i], errs[i] = voucherOf(t, b.operator).ImportCodes(b.ctx, "race", lists[i]) })
 	var imported int64
 	for i, r := range results {
 		require.NoError(t, errs[i])
@@ -700,8 +703,8 @@ func TestImportCodesConcurrent(t *testing.T) {
 		imported += r.Imported
 	}
 	require.Equal(t, int64(len(distinct)), imported)
-	require.Equal(t, int64(len(distinct)), b.countRows(t, "voucher_code"))
-	st, err := b.client.Campaign(b.ctx, "race")
+	require.Equal(t, int64(len(distinct)), b.CountRows(t, "voucher_code"))
+	st, err := voucherOf(t, b.client).Campaign(b.ctx, "race")
 	require.NoError(t, err)
 	require.Equal(t, int64(len(distinct)), st.Total)
 }
@@ -715,7 +718,7 @@ func TestImportCodesConcurrentSizes(t *testing.T) {
 	sizes := []int{30, 300, 1500, 4000, 90, 2500}
 	for round := range 3 {
 		campaign := fmt.Sprintf("round-%d", round)
-		results := make([]quota.ImportResult, len(sizes))
+		results := make([]voucher.ImportResult, len(sizes))
 		errs := make([]error, len(sizes))
 		distinct := map[string]bool{}
 		lists := make([][]string, len(sizes))
@@ -726,14 +729,14 @@ func TestImportCodesConcurrentSizes(t *testing.T) {
 				distinct[code] = true
 			}
 		}
-		concurrently(len(sizes), func(i int) { results[i], errs[i] = b.operator.ImportCodes(b.ctx, campaign, lists[i]) })
+		concurrently(len(sizes), func(i int) { results[i], errs[i] = voucherOf(t, b.operator).ImportCodes(b.ctx, campaign, lists[i]) })
 		var imported int64
 		for i := range results {
 			require.NoError(t, errs[i], "round %d importer %d", round, i)
 			imported += results[i].Imported
 		}
 		require.Equal(t, int64(len(distinct)), imported, "round %d", round)
-		st, err := b.client.Campaign(b.ctx, campaign)
+		st, err := voucherOf(t, b.client).Campaign(b.ctx, campaign)
 		require.NoError(t, err)
 		require.Equal(t, int64(len(distinct)), st.Total)
 	}
@@ -746,19 +749,19 @@ func TestCreateVoucherPoolConcurrent(t *testing.T) {
 	b := setup(t, 8)
 	const n = 8
 	errs := make([]error, n)
-	concurrently(n, func(i int) { _, errs[i] = b.operator.CreateCampaign(b.ctx, "same", 5) })
+	concurrently(n, func(i int) { _, errs[i] = voucherOf(t, b.operator).CreateCampaign(b.ctx, "same", 5) })
 	for _, err := range errs {
 		require.NoError(t, err)
 	}
-	concurrently(n, func(i int) { _, errs[i] = b.operator.CreateCampaign(b.ctx, "different", int64(i+1)) })
+	concurrently(n, func(i int) { _, errs[i] = voucherOf(t, b.operator).CreateCampaign(b.ctx, "different", int64(i+1)) })
 	won := 0
 	for _, err := range errs {
 		if err == nil {
 			won++
 		} else {
-			require.ErrorIs(t, err, quota.ErrCampaignExists)
+			require.ErrorIs(t, err, voucher.ErrCampaignExists)
 		}
 	}
 	require.Equal(t, 1, won)
-	require.Equal(t, int64(2), b.countRows(t, "voucher_pool"))
+	require.Equal(t, int64(2), b.CountRows(t, "voucher_pool"))
 }

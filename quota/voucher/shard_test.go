@@ -1,4 +1,4 @@
-package quota_test
+package voucher_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // sqlState returns the SQLSTATE of a PostgreSQL error in err's chain.
@@ -49,30 +50,30 @@ func TestShardedPool2000Claimers(t *testing.T) {
 		claimers = 2000
 	)
 	b := setup(t, 16)
-	p, err := b.operator.CreateShardedCampaign(b.ctx, "flash", total, shards)
+	p, err := voucherOf(t, b.operator).CreateShardedCampaign(b.ctx, "flash", total, shards)
 	require.NoError(t, err)
-	require.Equal(t, quota.KindSharded, p.Kind)
+	require.Equal(t, voucher.KindSharded, p.Kind)
 	require.Equal(t, shards, p.Shards)
 	require.Equal(t, int64(total), p.Remaining)
 
-	results := make([]quota.ClaimResult, claimers)
+	results := make([]voucher.ClaimResult, claimers)
 	errs := make([]error, claimers)
 	var mu sync.Mutex
 	var early []string
 	concurrently(claimers, func(i int) {
-		results[i], errs[i] = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "flash", Member: fmt.Sprint("member-", i)})
+		results[i], errs[i] = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "flash", Member: fmt.Sprint("member-", i)})
 		if errs[i] == nil && !results[i].Claimed {
 			// Sold out must mean sold out: every unit is claimed by now
 			// (claims only ever add up, so a later read that finds units
 			// left proves the report early).
-			st, err := b.client.Campaign(b.ctx, "flash")
+			st, err := voucherOf(t, b.client).Campaign(b.ctx, "flash")
 			for try := 0; sqlState(err) == "53200" && try < 10; try++ {
 				// out_of_memory for predicate locks: with the server's
 				// default isolation at SERIALIZABLE (one CI pass), 2,000
 				// claims and the other tests of a shared server can fill
 				// the predicate lock table for a moment.
 				time.Sleep(50 * time.Millisecond)
-				st, err = b.client.Campaign(b.ctx, "flash")
+				st, err = voucherOf(t, b.client).Campaign(b.ctx, "flash")
 			}
 			mu.Lock()
 			if err != nil || !st.SoldOut {
@@ -97,13 +98,13 @@ func TestShardedPool2000Claimers(t *testing.T) {
 	for i, s := range seqs {
 		require.Equal(t, int64(i+1), s, "unit numbers are 1..%d, each once", total)
 	}
-	require.Equal(t, int64(total), b.countRows(t, "voucher_claim"))
+	require.Equal(t, int64(total), b.CountRows(t, "voucher_claim"))
 	totals, claimed := b.shardCounters(t, "flash")
 	require.Len(t, totals, shards)
 	for i := range totals {
 		require.Equal(t, totals[i], claimed[i], "shard %d is full", i)
 	}
-	st, err := b.client.Campaign(b.ctx, "flash")
+	st, err := voucherOf(t, b.client).Campaign(b.ctx, "flash")
 	require.NoError(t, err)
 	require.Equal(t, int64(total), st.Claimed)
 	require.True(t, st.SoldOut)
@@ -121,7 +122,7 @@ func TestShardedPoolEveryUnitReachable(t *testing.T) {
 		t.Run(fmt.Sprint(total), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, 2)
-			_, err := b.operator.CreateShardedCampaign(b.ctx, "p", total, 32)
+			_, err := voucherOf(t, b.operator).CreateShardedCampaign(b.ctx, "p", total, 32)
 			require.NoError(t, err)
 			totals, _ := b.shardCounters(t, "p")
 			var sum int64
@@ -130,11 +131,11 @@ func TestShardedPoolEveryUnitReachable(t *testing.T) {
 			}
 			require.Equal(t, total, sum, "the shards' totals add up to the pool's")
 			for i := range total {
-				c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: fmt.Sprint("m", i)})
+				c, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: fmt.Sprint("m", i)})
 				require.NoError(t, err)
 				require.True(t, c.Claimed, "claim %d of %d", i+1, total)
 			}
-			c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "late"})
+			c, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: "late"})
 			require.NoError(t, err)
 			require.False(t, c.Claimed)
 			_, claimed := b.shardCounters(t, "p")
@@ -151,12 +152,12 @@ func TestShardedPoolConcurrentClicks(t *testing.T) {
 		clicks  = 4
 	)
 	b := setup(t, 16)
-	_, err := b.operator.CreateShardedCampaign(b.ctx, "bf", total, 4)
+	_, err := voucherOf(t, b.operator).CreateShardedCampaign(b.ctx, "bf", total, 4)
 	require.NoError(t, err)
-	results := make([]quota.ClaimResult, members*clicks)
+	results := make([]voucher.ClaimResult, members*clicks)
 	errs := make([]error, members*clicks)
 	concurrently(members*clicks, func(i int) {
-		results[i], errs[i] = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "bf", Member: fmt.Sprintf("m%02d", i%members)})
+		results[i], errs[i] = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "bf", Member: fmt.Sprintf("m%02d", i%members)})
 	})
 	seqByMember := map[string]int64{}
 	for i, r := range results {
@@ -170,12 +171,12 @@ func TestShardedPoolConcurrentClicks(t *testing.T) {
 		seqByMember[r.Member] = r.Seq
 	}
 	require.Len(t, seqByMember, total)
-	require.Equal(t, int64(total), b.countRows(t, "voucher_claim"))
-	st, err := b.client.Campaign(b.ctx, "bf")
+	require.Equal(t, int64(total), b.CountRows(t, "voucher_claim"))
+	st, err := voucherOf(t, b.client).Campaign(b.ctx, "bf")
 	require.NoError(t, err)
 	require.Equal(t, int64(total), st.Claimed)
 
-	again, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "bf", Member: "m00"})
+	again, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "bf", Member: "m00"})
 	require.NoError(t, err)
 	if s, ok := seqByMember["m00"]; ok {
 		require.True(t, again.Repeat)
@@ -195,29 +196,29 @@ func TestShardedPoolWaitsForLockedShards(t *testing.T) {
 		t.Run(fmt.Sprint("commit ", commit), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, 4)
-			_, err := b.operator.CreateShardedCampaign(b.ctx, "p", 2, 2)
+			_, err := voucherOf(t, b.operator).CreateShardedCampaign(b.ctx, "p", 2, 2)
 			require.NoError(t, err)
 			tx, err := b.pool.BeginTx(b.ctx, readCommitted)
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback(b.ctx) }()
-			held, err := b.client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "p", Member: "holder"})
+			held, err := voucherOf(t, b.client).ClaimTx(b.ctx, tx, voucher.ClaimRequest{Campaign: "p", Member: "holder"})
 			require.NoError(t, err)
 			require.True(t, held.Claimed)
 
-			second, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "second"})
+			second, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: "second"})
 			require.NoError(t, err)
 			require.True(t, second.Claimed, "a locked shard is skipped, not waited for, while another has units")
 			require.NotEqual(t, held.Seq, second.Seq)
 
-			done := make(chan quota.ClaimResult, 1)
+			done := make(chan voucher.ClaimResult, 1)
 			go func() {
-				c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "third"})
+				c, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: "third"})
 				if err != nil {
 					t.Errorf("third claim: %v", err)
 				}
 				done <- c
 			}()
-			waitForLockWait(t, b)
+			b.WaitForLockWaits(t, 1)
 			if commit {
 				require.NoError(t, tx.Commit(b.ctx))
 			} else {
@@ -230,7 +231,7 @@ func TestShardedPoolWaitsForLockedShards(t *testing.T) {
 				require.True(t, third.Claimed, "the rolled-back unit goes to the waiting claim")
 				require.Equal(t, held.Seq, third.Seq)
 			}
-			st, err := b.client.Campaign(b.ctx, "p")
+			st, err := voucherOf(t, b.client).Campaign(b.ctx, "p")
 			require.NoError(t, err)
 			require.Equal(t, int64(2), st.Claimed)
 		})
@@ -251,40 +252,40 @@ func TestShardedPoolCreateAndKinds(t *testing.T) {
 		{"p", 0, 1, "total"},
 		{"p", 10, 0, "shards"},
 		{"p", 10, 11, "shards"},
-		{"p", 5000, quota.MaxShards + 1, "shards"},
+		{"p", 5000, voucher.MaxShards + 1, "shards"},
 	} {
-		_, err := b.operator.CreateShardedCampaign(b.ctx, tc.campaign, tc.total, tc.shards)
+		_, err := voucherOf(t, b.operator).CreateShardedCampaign(b.ctx, tc.campaign, tc.total, tc.shards)
 		require.ErrorAs(t, err, &ie, "%+v", tc)
 		require.Equal(t, tc.field, ie.Field)
 	}
-	require.Zero(t, b.countRows(t, "voucher_pool"))
+	require.Zero(t, b.CountRows(t, "voucher_pool"))
 
-	p, err := b.operator.CreateShardedCampaign(b.ctx, "p", 10, 3)
+	p, err := voucherOf(t, b.operator).CreateShardedCampaign(b.ctx, "p", 10, 3)
 	require.NoError(t, err)
 	require.Equal(t, 3, p.Shards)
 	totals, _ := b.shardCounters(t, "p")
 	require.Equal(t, []int64{4, 3, 3}, totals)
-	again, err := b.operator.CreateShardedCampaign(b.ctx, "p", 10, 3)
+	again, err := voucherOf(t, b.operator).CreateShardedCampaign(b.ctx, "p", 10, 3)
 	require.NoError(t, err, "a repeated create is not an error")
 	require.Equal(t, p.CreatedAt, again.CreatedAt)
-	_, err = b.operator.CreateShardedCampaign(b.ctx, "p", 10, 4)
-	require.ErrorIs(t, err, quota.ErrCampaignExists)
-	_, err = b.operator.CreateShardedCampaign(b.ctx, "p", 11, 3)
-	require.ErrorIs(t, err, quota.ErrCampaignExists)
-	_, err = b.operator.CreateCampaign(b.ctx, "p", 10)
-	require.ErrorIs(t, err, quota.ErrCampaignExists)
-	_, err = b.operator.ImportCodes(b.ctx, "p", []string{"x"})
-	require.ErrorIs(t, err, quota.ErrCampaignExists)
+	_, err = voucherOf(t, b.operator).CreateShardedCampaign(b.ctx, "p", 10, 4)
+	require.ErrorIs(t, err, voucher.ErrCampaignExists)
+	_, err = voucherOf(t, b.operator).CreateShardedCampaign(b.ctx, "p", 11, 3)
+	require.ErrorIs(t, err, voucher.ErrCampaignExists)
+	_, err = voucherOf(t, b.operator).CreateCampaign(b.ctx, "p", 10)
+	require.ErrorIs(t, err, voucher.ErrCampaignExists)
+	_, err = voucherOf(t, b.operator).ImportCodes(b.ctx, "p", []string{"x"})
+	require.ErrorIs(t, err, voucher.ErrCampaignExists)
 
-	_, err = b.operator.CreateCampaign(b.ctx, "counted", 10)
+	_, err = voucherOf(t, b.operator).CreateCampaign(b.ctx, "counted", 10)
 	require.NoError(t, err)
-	_, err = b.operator.CreateShardedCampaign(b.ctx, "counted", 10, 2)
-	require.ErrorIs(t, err, quota.ErrCampaignExists)
+	_, err = voucherOf(t, b.operator).CreateShardedCampaign(b.ctx, "counted", 10, 2)
+	require.ErrorIs(t, err, voucher.ErrCampaignExists)
 
 	// The unit numbers of each shard are a consecutive range.
 	seen := map[int64]bool{}
 	for i := range 10 {
-		c, err := b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: fmt.Sprint("m", i)})
+		c, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: fmt.Sprint("m", i)})
 		require.NoError(t, err)
 		require.True(t, c.Claimed)
 		require.GreaterOrEqual(t, c.Seq, int64(1))
@@ -296,10 +297,10 @@ func TestShardedPoolCreateAndKinds(t *testing.T) {
 	// A fresh client learns the kind from its first claim.
 	fresh, err := quota.New(b.pool, nil)
 	require.NoError(t, err)
-	c, err := fresh.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "m3"})
+	c, err := voucherOf(t, fresh).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: "m3"})
 	require.NoError(t, err)
 	require.True(t, c.Repeat)
-	c, err = fresh.Claim(context.Background(), quota.ClaimRequest{Campaign: "p", Member: "other"})
+	c, err = voucherOf(t, fresh).Claim(context.Background(), voucher.ClaimRequest{Campaign: "p", Member: "other"})
 	require.NoError(t, err)
 	require.False(t, c.Claimed)
 }
@@ -316,16 +317,16 @@ func TestShardedPoolKeyedClaims(t *testing.T) {
 		copies  = 3
 	)
 	b := setup(t, 16)
-	_, err := b.operator.CreateShardedCampaign(b.ctx, "p", total, 8)
+	_, err := voucherOf(t, b.operator).CreateShardedCampaign(b.ctx, "p", total, 8)
 	require.NoError(t, err)
-	results := make([]quota.ClaimResult, members*copies)
+	results := make([]voucher.ClaimResult, members*copies)
 	errs := make([]error, members*copies)
 	concurrently(members*copies, func(i int) {
 		m := i % members
-		results[i], errs[i] = b.client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: fmt.Sprint("m", m), Idempotency: quota.IdempotencyKey{Key: fmt.Sprint("click-", m)}})
+		results[i], errs[i] = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: fmt.Sprint("m", m), Idempotency: quota.IdempotencyKey{Key: fmt.Sprint("click-", m)}})
 	})
 	held := 0
-	byMember := map[string][]quota.ClaimResult{}
+	byMember := map[string][]voucher.ClaimResult{}
 	for i, r := range results {
 		require.NoError(t, errs[i])
 		byMember[r.Member] = append(byMember[r.Member], r)
@@ -349,19 +350,19 @@ func TestShardedPoolKeyedClaims(t *testing.T) {
 		}
 	}
 	require.Equal(t, total, held)
-	require.Equal(t, int64(members), b.ledgerRows(t))
-	st, err := b.client.Campaign(b.ctx, "p")
+	require.Equal(t, int64(members), b.LedgerRows(t))
+	st, err := voucherOf(t, b.client).Campaign(b.ctx, "p")
 	require.NoError(t, err)
 	require.Equal(t, int64(total), st.Claimed)
 
 	// A fresh client (no cached kind) replays.
 	fresh, err := quota.New(b.pool, nil)
 	require.NoError(t, err)
-	r, err := fresh.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "m0", Idempotency: quota.IdempotencyKey{Key: "click-0"}})
+	r, err := voucherOf(t, fresh).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: "m0", Idempotency: quota.IdempotencyKey{Key: "click-0"}})
 	require.NoError(t, err)
 	require.True(t, r.Replayed)
 	require.Equal(t, byMember["m0"][0].GrantID, r.GrantID)
-	_, err = fresh.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "m1", Idempotency: quota.IdempotencyKey{Key: "click-0"}})
+	_, err = voucherOf(t, fresh).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: "m1", Idempotency: quota.IdempotencyKey{Key: "click-0"}})
 	require.ErrorIs(t, err, quota.ErrIdempotencyKeyReused)
 }
 
@@ -378,22 +379,23 @@ func TestShardedClaimsInFlight(t *testing.T) {
 		t.Run(fmt.Sprint("bound ", bound), func(t *testing.T) {
 			t.Parallel()
 			b := setup(t, 6)
-			client, err := quota.New(b.pool, &quota.Config{ShardedClaimsInFlight: bound})
+			client, err := quota.New(b.pool, nil)
+			voucherWith(t, client, &voucher.Config{ShardedClaimsInFlight: bound})
 			require.NoError(t, err)
-			_, err = b.operator.CreateShardedCampaign(b.ctx, "p", 2, 2)
+			_, err = voucherOf(t, b.operator).CreateShardedCampaign(b.ctx, "p", 2, 2)
 			require.NoError(t, err)
 			tx, err := b.pool.BeginTx(b.ctx, readCommitted)
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback(b.ctx) }()
-			held, err := client.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "p", Member: "holder"})
+			held, err := voucherOf(t, client).ClaimTx(b.ctx, tx, voucher.ClaimRequest{Campaign: "p", Member: "holder"})
 			require.NoError(t, err)
 			require.True(t, held.Claimed)
-			second, err := client.Claim(b.ctx, quota.ClaimRequest{Campaign: "p", Member: "second"})
+			second, err := voucherOf(t, client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "p", Member: "second"})
 			require.NoError(t, err)
 			require.True(t, second.Claimed)
 
 			third := claimAsync(t, b.ctx, client, "p", "third")
-			waitForLockWaits(t, b, 1)
+			b.WaitForLockWaits(t, 1)
 
 			if bound == 1 {
 				// A claim whose context ends while it waits at the gate
@@ -401,7 +403,7 @@ func TestShardedClaimsInFlight(t *testing.T) {
 				ctx, cancel := context.WithCancel(b.ctx)
 				fourthErr := make(chan error, 1)
 				go func() {
-					_, err := client.Claim(ctx, quota.ClaimRequest{Campaign: "p", Member: "fourth"})
+					_, err := voucherOf(t, client).Claim(ctx, voucher.ClaimRequest{Campaign: "p", Member: "fourth"})
 					fourthErr <- err
 				}()
 				time.Sleep(30 * time.Millisecond)
@@ -414,14 +416,14 @@ func TestShardedClaimsInFlight(t *testing.T) {
 				// for any length of time.
 				fifth := claimAsync(t, b.ctx, client, "p", "fifth")
 				time.Sleep(50 * time.Millisecond)
-				require.Equal(t, 1, lockWaits(t, b), "only the admitted claim waits in the database")
-				waitForLockWaits(t, b, 2)
+				require.Equal(t, 1, b.LockWaits(t), "only the admitted claim waits in the database")
+				b.WaitForLockWaits(t, 2)
 				require.NoError(t, tx.Rollback(b.ctx))
 				a, c := <-third, <-fifth
 				require.True(t, a.Claimed != c.Claimed, "one of the two waiting claims gets the rolled-back unit")
 			} else {
 				fourth := claimAsync(t, b.ctx, client, "p", "fourth")
-				waitForLockWaits(t, b, 2)
+				b.WaitForLockWaits(t, 2)
 				require.NoError(t, tx.Rollback(b.ctx))
 				a, c := <-third, <-fourth
 				require.True(t, a.Claimed != c.Claimed, "one of the two waiting claims gets the rolled-back unit")
@@ -439,7 +441,7 @@ func TestShardedClaimsInFlight(t *testing.T) {
 			require.Contains(t, members, "second")
 			require.NotContains(t, members, "fourth", "a claim given up at the gate wrote nothing")
 			require.NotContains(t, members, "holder", "the holder's transaction rolled back")
-			st, err := client.Campaign(b.ctx, "p")
+			st, err := voucherOf(t, client).Campaign(b.ctx, "p")
 			require.NoError(t, err)
 			require.Equal(t, int64(2), st.Claimed)
 			require.True(t, st.SoldOut)
@@ -447,31 +449,13 @@ func TestShardedClaimsInFlight(t *testing.T) {
 	}
 }
 
-// lockWaits returns the number of sessions of the test's database waiting
-// for a lock.
-func lockWaits(t *testing.T, b *testBundle) int {
-	t.Helper()
-	var n int
-	require.NoError(t, b.pool.QueryRow(b.ctx, `
-		SELECT count(*) FROM pg_stat_activity
-		WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n))
-	return n
-}
-
-// waitForLockWaits waits until n sessions of the test's database wait for
-// a lock.
-func waitForLockWaits(t *testing.T, b *testBundle, n int) {
-	t.Helper()
-	waitFor(t, fmt.Sprintf("%d lock waits", n), func() bool { return lockWaits(t, b) >= n })
-}
-
 // claimAsync runs Claim in a goroutine and returns where its claim
 // arrives; an error fails the test.
-func claimAsync(t *testing.T, ctx context.Context, client *quota.Client, campaign, member string) <-chan quota.ClaimResult {
+func claimAsync(t *testing.T, ctx context.Context, client *quota.Client, campaign, member string) <-chan voucher.ClaimResult {
 	t.Helper()
-	out := make(chan quota.ClaimResult, 1)
+	out := make(chan voucher.ClaimResult, 1)
 	go func() {
-		c, err := client.Claim(ctx, quota.ClaimRequest{Campaign: campaign, Member: member})
+		c, err := voucherOf(t, client).Claim(ctx, voucher.ClaimRequest{Campaign: campaign, Member: member})
 		if err != nil {
 			t.Errorf("%s's claim: %v", member, err)
 		}

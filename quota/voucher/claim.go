@@ -1,4 +1,4 @@
-package quota
+package voucher
 
 import (
 	"context"
@@ -10,42 +10,43 @@ import (
 
 	"github.com/pgquota/pgquota/db"
 	"github.com/pgquota/pgquota/internal/core"
+	"github.com/pgquota/pgquota/quota"
 )
 
 // ClaimRequest asks for one voucher of a campaign for a member.
 type ClaimRequest struct {
-	// Campaign is the campaign's name, 1 to MaxNameBytes bytes, no control
+	// Campaign is the campaign's name, 1 to quota.MaxNameBytes bytes, no control
 	// characters. It may be of any kind (KindCounted, KindSharded,
 	// KindCodes): Claim serves each.
 	Campaign string
-	// Member is who claims, 1 to MaxNameBytes bytes, no control characters.
+	// Member is who claims, 1 to quota.MaxNameBytes bytes, no control characters.
 	// A member holds at most one voucher per campaign.
 	Member string
 	// Idempotency, when its Key is set, records the claim in the ledger
-	// under that key, as for GrantRequest; its Scope defaults to Campaign.
+	// under that key, as for quota.GrantRequest; its Scope defaults to Campaign.
 	// A repeat with the same key and request returns the first outcome (a
 	// sold-out result included) with Replayed set; the same key with
-	// another campaign or member fails with ErrIdempotencyKeyReused.
-	Idempotency IdempotencyKey
+	// another campaign or member fails with quota.ErrIdempotencyKeyReused.
+	Idempotency quota.IdempotencyKey
 }
 
 // checkClaimRequest validates a claim request, once, and returns its
 // fingerprint (the key with its default scope filled in).
-func checkClaimRequest(req ClaimRequest) (request, error) {
+func checkClaimRequest(req ClaimRequest) (core.Request, error) {
 	if err := core.CheckName("campaign", req.Campaign); err != nil {
-		return request{}, err
+		return core.Request{}, err
 	}
 	if err := core.CheckName("member", req.Member); err != nil {
-		return request{}, err
+		return core.Request{}, err
 	}
 	key := req.Idempotency
 	if key.Key != "" {
 		var err error
-		if key, err = checkKey(key, req.Campaign); err != nil {
-			return request{}, err
+		if key.Scope, err = core.CheckKey(key.Key, key.Scope, req.Campaign); err != nil {
+			return core.Request{}, err
 		}
 	}
-	return request{key: key, operation: OpClaim, target: req.Campaign, member: req.Member, amount: 1}, nil
+	return core.Request{Scope: key.Scope, Key: key.Key, Operation: core.OpNameClaim, Target: req.Campaign, Member: req.Member, Amount: 1}, nil
 }
 
 // Claim hands member one voucher of a campaign, whatever its kind, in one
@@ -76,23 +77,23 @@ func checkClaimRequest(req ClaimRequest) (request, error) {
 // With req.Idempotency the claim and its ledger row are one call; the
 // ledger key is taken before the pool or shard row is locked, and every
 // final outcome (sold out included) is stored. Serialization failures and
-// deadlocks are retried as for Grant.
+// deadlocks are retried as for quota.Client.Grant.
 //
-// Errors: *InputError (ErrInvalidInput) for a bad campaign, member or
+// Errors: *quota.InputError (quota.ErrInvalidInput) for a bad campaign, member or
 // idempotency key; ErrCampaignNotFound; ErrCodesBusy (code campaigns);
-// ErrIdempotencyKeyReused; the context's error; ErrSchemaMissing; database
+// quota.ErrIdempotencyKeyReused; the context's error; quota.ErrSchemaMissing; database
 // errors (SQLSTATE kept; XX000 if a sharded pool found every shard full and
 // then still had units, which cannot happen while units are never given
 // back).
 //
-// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// quota.ErrOutcomeUnknown: the request (its statement, or its transaction's
 // COMMIT) was sent and no reply said how it ended, so it may have been
 // applied; to learn the outcome, repeat the call (with the same key, if
 // any): a member holds at most one voucher, so the repeat returns the first
 // claim (Repeat, or Replayed with a key) or claims once.
 func (c *Client) Claim(ctx context.Context, req ClaimRequest) (cl ClaimResult, err error) {
-	defer c.claimDone(ctx, core.OpClaim, c.m.Now(), &cl, &err)
-	return c.claim(ctx, c.db, req)
+	defer c.claimDone(ctx, core.OpClaim, c.core.M.Now(), &cl, &err)
+	return c.claim(ctx, c.core.DB, req)
 }
 
 // ClaimTx is Claim inside the caller's transaction: the voucher is the
@@ -103,7 +104,7 @@ func (c *Client) Claim(ctx context.Context, req ClaimRequest) (cl ClaimResult, e
 // Serialization failures and deadlocks are returned unchanged, as for
 // GrantTx.
 func (c *Client) ClaimTx(ctx context.Context, tx pgx.Tx, req ClaimRequest) (cl ClaimResult, err error) {
-	defer c.claimDone(ctx, core.OpClaimTx, c.m.Now(), &cl, &err)
+	defer c.claimDone(ctx, core.OpClaimTx, c.core.M.Now(), &cl, &err)
 	return c.claim(ctx, tx, req)
 }
 
@@ -112,15 +113,15 @@ func (c *Client) claim(ctx context.Context, x db.DBTX, req ClaimRequest) (ClaimR
 	if err != nil {
 		return ClaimResult{}, err
 	}
-	attempt := func() (ClaimResult, error) { return c.claimUnkeyed(ctx, x, fp.target, fp.member) }
-	if fp.key.Key != "" {
+	attempt := func() (ClaimResult, error) { return c.claimUnkeyed(ctx, x, fp.Target, fp.Member) }
+	if fp.Key != "" {
 		attempt = func() (ClaimResult, error) { return c.claimKeyed(ctx, x, fp) }
 	}
 	res, err := attempt()
 	if !errors.Is(err, errCodesLocked) {
 		return res, err
 	}
-	return c.whileCodesLocked(ctx, fp.target, func() (ClaimResult, error) {
+	return c.whileCodesLocked(ctx, fp.Target, func() (ClaimResult, error) {
 		res, err := attempt()
 		if err != nil && !errors.Is(err, errCodesLocked) {
 			return res, backoff.Permanent(err)
@@ -149,10 +150,10 @@ func (c *Client) claimUnkeyed(ctx context.Context, x db.DBTX, campaign, member s
 				return db.VoucherClaimRow{}, err
 			}
 			defer release()
-			return c.queries.VoucherClaim(ctx, rp.Pool, params)
+			return c.core.Queries.VoucherClaim(ctx, rp.Pool, params)
 		})
 	} else {
-		row, err = c.queries.VoucherClaim(ctx, x, params)
+		row, err = c.core.Queries.VoucherClaim(ctx, x, params)
 	}
 	if err != nil {
 		return ClaimResult{}, core.DBError("claim voucher", err)
@@ -186,11 +187,11 @@ func (c *Client) claimUnkeyed(ctx context.Context, x db.DBTX, campaign, member s
 // in one call. fp is the request's fingerprint (checkClaimRequest). A code
 // campaign whose unclaimed codes are all locked returns errCodesLocked,
 // with nothing written (no ledger row either).
-func (c *Client) claimKeyed(ctx context.Context, x db.DBTX, fp request) (ClaimResult, error) {
-	campaign, member, key := fp.target, fp.member, fp.key
-	return runKeyed(ctx, c, x, fp, func() (ClaimResult, int64, error) {
-		row, err := c.queries.LedgerClaim(ctx, x, db.LedgerClaimParams{
-			Scope: key.Scope, IdempotencyKey: key.Key, Campaign: campaign, Member: member,
+func (c *Client) claimKeyed(ctx context.Context, x db.DBTX, fp core.Request) (ClaimResult, error) {
+	campaign, member := fp.Target, fp.Member
+	return core.RunKeyed(ctx, c.core.Queries, x, fp, func() (ClaimResult, int64, error) {
+		row, err := c.core.Queries.LedgerClaim(ctx, x, db.LedgerClaimParams{
+			Scope: fp.Scope, IdempotencyKey: fp.Key, Campaign: campaign, Member: member,
 		})
 		switch {
 		case err != nil:
@@ -211,12 +212,27 @@ func (c *Client) claimKeyed(ctx context.Context, x db.DBTX, fp request) (ClaimRe
 			Code:      row.Code,
 			ClaimedAt: core.TimeFromPG(row.ClaimedAt),
 			Total:     row.Total,
-			Keyed:     Keyed{GrantID: row.GrantID, IdempotencyScope: key.Scope, IdempotencyKey: key.Key},
+			Keyed:     quota.Keyed{GrantID: row.GrantID, IdempotencyScope: fp.Scope, IdempotencyKey: fp.Key},
 		}, 0, nil
 	}, claimFromEntry)
 }
 
 // claimDone is the metrics hook of Claim and ClaimTx.
 func (c *Client) claimDone(ctx context.Context, o core.Op, start time.Time, cl *ClaimResult, err *error) {
-	c.m.ClaimDone(ctx, o, start, cl.Repeat, cl.Claimed, err)
+	c.core.M.ClaimDone(ctx, o, start, cl.Repeat, cl.Claimed, err)
+}
+
+// claimFromEntry replays a keyed claim's stored outcome.
+func claimFromEntry(e db.PgquotaLedgerEntry) ClaimResult {
+	return ClaimResult{
+		Campaign:  e.Target,
+		Member:    e.Member,
+		Claimed:   e.Granted,
+		Repeat:    e.Repeat,
+		Seq:       e.Seq,
+		Code:      e.Code,
+		ClaimedAt: core.TimeFromPG(e.ClaimedAt),
+		Total:     e.LimitValue,
+		Keyed:     quota.Keyed{GrantID: e.GrantID, IdempotencyScope: e.Scope, IdempotencyKey: e.IdempotencyKey, Replayed: true},
+	}
 }

@@ -1,4 +1,4 @@
-package quota
+package voucher
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"github.com/pgquota/pgquota/db"
 	"github.com/pgquota/pgquota/internal/core"
 	"github.com/pgquota/pgquota/internal/dbutil"
+	"github.com/pgquota/pgquota/quota"
 )
 
 // CampaignKind tells how a campaign hands out vouchers.
@@ -64,8 +65,8 @@ type ClaimResult struct {
 	// Total is the campaign's total (units, or imported codes).
 	Total int64 `json:"total"`
 	// Keyed is the ledger record of a claim made with an idempotency key
-	// (Claim, Claim).
-	Keyed
+	// (ClaimRequest.Idempotency; Claim, ClaimTx).
+	quota.Keyed
 }
 
 // ImportResult reports what ImportCodes did.
@@ -83,16 +84,16 @@ type ImportResult struct {
 // CreateCampaign creates a counted voucher pool of total units. Creating
 // a pool that exists with the same total returns it unchanged.
 //
-// Errors: *InputError for a bad campaign or a total below 1;
+// Errors: *quota.InputError for a bad campaign or a total below 1;
 // ErrCampaignExists when it exists with another total or as a code
-// campaign; ErrSchemaMissing; database errors.
+// campaign; quota.ErrSchemaMissing; database errors.
 //
-// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// quota.ErrOutcomeUnknown: the request (its statement, or its transaction's
 // COMMIT) was sent and no reply said how it ended, so it may have been
 // applied; to learn the outcome, repeat the call with the same total (a
 // create that exists with it returns the pool).
 func (c *Client) CreateCampaign(ctx context.Context, campaign string, total int64) (Campaign, error) {
-	return c.createVoucherPool(ctx, c.db, campaign, total)
+	return c.createVoucherPool(ctx, c.core.DB, campaign, total)
 }
 
 // CreateCampaignTx is CreateCampaign inside the caller's transaction.
@@ -107,16 +108,16 @@ func (c *Client) createVoucherPool(ctx context.Context, x db.DBTX, campaign stri
 	if err := core.CheckUnits("total", total, 1); err != nil {
 		return Campaign{}, err
 	}
-	row, err := c.queries.VoucherPoolCreate(ctx, x, db.VoucherPoolCreateParams{
+	row, err := c.core.Queries.VoucherPoolCreate(ctx, x, db.VoucherPoolCreateParams{
 		Campaign: campaign, Kind: string(KindCounted), Total: total,
 	})
 	if err == nil {
 		return poolFromRow(row, row.Claimed), nil
 	}
-	if !isNoRows(err) {
+	if !errors.Is(err, pgx.ErrNoRows) {
 		return Campaign{}, core.DBError("create voucher pool", err)
 	}
-	existing, err := c.queries.VoucherPoolGet(ctx, x, campaign)
+	existing, err := c.core.Queries.VoucherPoolGet(ctx, x, campaign)
 	if err != nil {
 		return Campaign{}, core.DBError("create voucher pool", err)
 	}
@@ -142,14 +143,14 @@ func poolFromRow(r db.PgquotaVoucherPool, claimed int64) Campaign {
 // the sum of its shards' claimed units, read in one statement (one
 // snapshot).
 //
-// Errors: *InputError for a bad campaign; ErrCampaignNotFound;
-// ErrSchemaMissing; database errors.
+// Errors: *quota.InputError for a bad campaign; ErrCampaignNotFound;
+// quota.ErrSchemaMissing; database errors.
 func (c *Client) Campaign(ctx context.Context, campaign string) (Campaign, error) {
 	if err := core.CheckName("campaign", campaign); err != nil {
 		return Campaign{}, err
 	}
-	row, err := c.queries.VoucherPoolStatus(ctx, c.db.Reads(), campaign)
-	if isNoRows(err) {
+	row, err := c.core.Queries.VoucherPoolStatus(ctx, c.core.DB.Reads(), campaign)
+	if errors.Is(err, pgx.ErrNoRows) {
 		return Campaign{}, core.Errorf("%w: %q", ErrCampaignNotFound, campaign)
 	}
 	if err != nil {
@@ -195,12 +196,12 @@ func (c *Client) whileCodesLocked(ctx context.Context, campaign string, attempt 
 // skipped and counted. Every code is validated first: one bad code rejects
 // the whole import and nothing is written.
 //
-// Errors: *InputError for a bad campaign or code (naming its index), or an
+// Errors: *quota.InputError for a bad campaign or code (naming its index), or an
 // empty list; ErrCampaignExists when the campaign is a counted pool;
-// ErrPermissionDenied when the role is not a member of pgquota_operator;
-// ErrSchemaMissing; database errors.
+// quota.ErrPermissionDenied when the role is not a member of pgquota_operator;
+// quota.ErrSchemaMissing; database errors.
 //
-// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// quota.ErrOutcomeUnknown: the request (its statement, or its transaction's
 // COMMIT) was sent and no reply said how it ended, so it may have been
 // applied; to learn the outcome, repeat the call with the same codes (codes
 // already in the campaign are skipped).
@@ -208,8 +209,8 @@ func (c *Client) ImportCodes(ctx context.Context, campaign string, codes []strin
 	if err := checkImport(campaign, codes); err != nil {
 		return ImportResult{}, err
 	}
-	return core.Retry(ctx, c.policy, func() (ImportResult, error) {
-		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (ImportResult, error) {
+	return core.Retry(ctx, c.core.Policy, func() (ImportResult, error) {
+		return dbutil.WithTxResult(ctx, c.core.Pool, func(tx pgx.Tx) (ImportResult, error) {
 			return c.importCodes(ctx, tx, campaign, codes)
 		})
 	})
@@ -239,11 +240,11 @@ func checkImport(campaign string, codes []string) error {
 }
 
 func (c *Client) importCodes(ctx context.Context, tx pgx.Tx, campaign string, codes []string) (ImportResult, error) {
-	pool, err := c.queries.VoucherPoolCreate(ctx, tx, db.VoucherPoolCreateParams{
+	pool, err := c.core.Queries.VoucherPoolCreate(ctx, tx, db.VoucherPoolCreateParams{
 		Campaign: campaign, Kind: string(KindCodes), Total: 0,
 	})
-	if isNoRows(err) {
-		pool, err = c.queries.VoucherPoolGet(ctx, tx, campaign)
+	if errors.Is(err, pgx.ErrNoRows) {
+		pool, err = c.core.Queries.VoucherPoolGet(ctx, tx, campaign)
 	}
 	if err != nil {
 		return ImportResult{}, core.DBError("import codes", err)

@@ -1,7 +1,8 @@
-package quota
+package voucher
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -41,12 +42,12 @@ const MaxShards = 1024
 // from 1 to total, each shard holding a consecutive range. Creating a pool
 // that exists with the same total and shards returns it unchanged.
 //
-// Errors: *InputError for a bad campaign, a total below 1, or a number of
+// Errors: *quota.InputError for a bad campaign, a total below 1, or a number of
 // shards out of range; ErrCampaignExists when the campaign exists with
-// another total, number of shards or kind; ErrSchemaMissing; database
-// errors. Serialization failures and deadlocks are retried as for Grant.
+// another total, number of shards or kind; quota.ErrSchemaMissing; database
+// errors. Serialization failures and deadlocks are retried as for quota.Client.Grant.
 //
-// ErrOutcomeUnknown: the request (its statement, or its transaction's
+// quota.ErrOutcomeUnknown: the request (its statement, or its transaction's
 // COMMIT) was sent and no reply said how it ended, so it may have been
 // applied; to learn the outcome, repeat the call with the same total and
 // shards.
@@ -54,8 +55,8 @@ func (c *Client) CreateShardedCampaign(ctx context.Context, campaign string, tot
 	if err := checkShardedPool(campaign, total, shards); err != nil {
 		return Campaign{}, err
 	}
-	return core.Retry(ctx, c.policy, func() (Campaign, error) {
-		return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (Campaign, error) {
+	return core.Retry(ctx, c.core.Policy, func() (Campaign, error) {
+		return dbutil.WithTxResult(ctx, c.core.Pool, func(tx pgx.Tx) (Campaign, error) {
 			return c.createShardedPool(ctx, tx, campaign, total, shards)
 		})
 	})
@@ -105,11 +106,11 @@ func shardSplit(total int64, n int) (ids []int32, bases, totals []int64) {
 }
 
 func (c *Client) createShardedPool(ctx context.Context, tx pgx.Tx, campaign string, total int64, shards int) (Campaign, error) {
-	row, err := c.queries.VoucherPoolCreate(ctx, tx, db.VoucherPoolCreateParams{
+	row, err := c.core.Queries.VoucherPoolCreate(ctx, tx, db.VoucherPoolCreateParams{
 		Campaign: campaign, Kind: string(KindSharded), Total: total,
 	})
-	if isNoRows(err) {
-		existing, err := c.queries.VoucherPoolStatus(ctx, tx, campaign)
+	if errors.Is(err, pgx.ErrNoRows) {
+		existing, err := c.core.Queries.VoucherPoolStatus(ctx, tx, campaign)
 		if err != nil {
 			return Campaign{}, core.DBError("create sharded pool", err)
 		}
@@ -122,7 +123,7 @@ func (c *Client) createShardedPool(ctx context.Context, tx pgx.Tx, campaign stri
 		return Campaign{}, core.DBError("create sharded pool", err)
 	}
 	ids, bases, totals := shardSplit(total, shards)
-	err = c.queries.VoucherShardCreate(ctx, tx, db.VoucherShardCreateParams{
+	err = c.core.Queries.VoucherShardCreate(ctx, tx, db.VoucherShardCreateParams{
 		Campaign: campaign, Shards: ids, Bases: bases, Totals: totals,
 	})
 	if err != nil {

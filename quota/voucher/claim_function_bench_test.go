@@ -1,4 +1,4 @@
-package quota_test
+package voucher_test
 
 import (
 	"context"
@@ -179,9 +179,9 @@ func BenchmarkClaimFunctionVsStatement(b *testing.B) {
 						ctx := context.Background()
 						campaign := fmt.Sprint("bench-", seq.Add(1))
 						if kind == "counted" {
-							_, err = setup.CreateCampaign(ctx, campaign, quota.MaxUnits)
+							_, err = voucherOf(b, setup).CreateCampaign(ctx, campaign, quota.MaxUnits)
 						} else {
-							_, err = setup.CreateShardedCampaign(ctx, campaign, quota.MaxUnits, shards)
+							_, err = voucherOf(b, setup).CreateShardedCampaign(ctx, campaign, quota.MaxUnits, shards)
 						}
 						if err != nil {
 							b.Fatal(err)

@@ -1,4 +1,4 @@
-package quota_test
+package voucher_test
 
 import (
 	"context"
@@ -12,23 +12,6 @@ import (
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/quota"
 )
-
-// lookPgbench returns pgbench from $PATH, else from $PGQUOTA_PG_BIN; the
-// test fails when neither has it.
-func lookPgbench(t *testing.T) string {
-	t.Helper()
-	if p, err := exec.LookPath("pgbench"); err == nil {
-		return p
-	}
-	if dir := os.Getenv("PGQUOTA_PG_BIN"); dir != "" {
-		p := filepath.Join(dir, "pgbench")
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	t.Fatal("pgbench is neither on $PATH nor in $PGQUOTA_PG_BIN: install PostgreSQL's client tools or set PGQUOTA_PG_BIN")
-	return ""
-}
 
 // 20 pgbench clients (from outside Go, through the SQL interface only)
 // race for a counted pool of 1 voucher, each as its own member
@@ -46,9 +29,9 @@ func TestClaimFunctionPgbenchRaceOneVoucher(t *testing.T) {
 	b.client, err = quota.New(b.pool, nil)
 	require.NoError(t, err)
 	b.operator = operatorOf(t, b.client)
-	_, err = b.operator.CreateCampaign(b.ctx, "one", 1)
+	_, err = voucherOf(t, b.operator).CreateCampaign(b.ctx, "one", 1)
 	require.NoError(t, err)
-	_, err = b.operator.CreateCampaign(b.ctx, "one-keyed", 1)
+	_, err = voucherOf(t, b.operator).CreateCampaign(b.ctx, "one-keyed", 1)
 	require.NoError(t, err)
 
 	script := filepath.Join(t.TempDir(), "claim.sql")

@@ -1,4 +1,4 @@
-package quota_test
+package voucher_test
 
 import (
 	"fmt"
@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/voucher"
 )
 
 // One Claim call serves counted pools, sharded pools and code campaigns:
@@ -20,11 +21,11 @@ import (
 func TestClaimOneCallServesEveryKind(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 16)
-	_, err := b.operator.CreateCampaign(b.ctx, "counted", 5)
+	_, err := voucherOf(t, b.operator).CreateCampaign(b.ctx, "counted", 5)
 	require.NoError(t, err)
-	_, err = b.operator.CreateShardedCampaign(b.ctx, "sharded", 6, 3)
+	_, err = voucherOf(t, b.operator).CreateShardedCampaign(b.ctx, "sharded", 6, 3)
 	require.NoError(t, err)
-	_, err = b.operator.ImportCodes(b.ctx, "codes", []string{"A", "B", "C", "D"})
+	_, err = voucherOf(t, b.operator).ImportCodes(b.ctx, "codes", []string{"A", "B", "C", "D"})
 	require.NoError(t, err)
 	totals := map[string]int64{"counted": 5, "sharded": 6, "codes": 4}
 
@@ -37,7 +38,7 @@ func TestClaimOneCallServesEveryKind(t *testing.T) {
 	const members = 12
 	type out struct {
 		campaign, member string
-		res              quota.ClaimResult
+		res              voucher.ClaimResult
 		err              error
 	}
 	var (
@@ -53,18 +54,18 @@ func TestClaimOneCallServesEveryKind(t *testing.T) {
 					defer wg.Done()
 					c := clients[(m+way)%2]
 					member := fmt.Sprintf("m%d", m)
-					req := quota.ClaimRequest{Campaign: campaign, Member: member}
-					var res quota.ClaimResult
+					req := voucher.ClaimRequest{Campaign: campaign, Member: member}
+					var res voucher.ClaimResult
 					var err error
 					switch way {
 					case 0:
-						res, err = c.Claim(b.ctx, req)
+						res, err = voucherOf(t, c).Claim(b.ctx, req)
 					case 1:
 						req.Idempotency = quota.IdempotencyKey{Key: "k-" + member}
-						res, err = c.Claim(b.ctx, req)
+						res, err = voucherOf(t, c).Claim(b.ctx, req)
 					case 2:
 						err = quota.RunInTx(b.ctx, b.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
-							res, err = c.ClaimTx(b.ctx, tx, req)
+							res, err = voucherOf(t, c).ClaimTx(b.ctx, tx, req)
 							return err
 						})
 					}
@@ -108,7 +109,7 @@ func TestClaimOneCallServesEveryKind(t *testing.T) {
 			distinct[v] = true
 		}
 		require.Len(t, distinct, int(total), "%s: each voucher handed out once", campaign)
-		st, err := b.client.Campaign(b.ctx, campaign)
+		st, err := voucherOf(t, b.client).Campaign(b.ctx, campaign)
 		require.NoError(t, err)
 		require.Equal(t, total, st.Claimed, campaign)
 		require.True(t, st.SoldOut, campaign)
@@ -130,13 +131,13 @@ func TestClaimOneCallServesEveryKind(t *testing.T) {
 func TestClaimTxFirstClaimOfCodeCampaignKeepsTheTransaction(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
-	_, err := b.operator.ImportCodes(b.ctx, "codes", []string{"ONLY"})
+	_, err := voucherOf(t, b.operator).ImportCodes(b.ctx, "codes", []string{"ONLY"})
 	require.NoError(t, err)
 	fresh, err := quota.New(b.pool, testConfig(t, nil))
 	require.NoError(t, err)
 	tx, err := b.pool.Begin(b.ctx)
 	require.NoError(t, err)
-	res, err := fresh.ClaimTx(b.ctx, tx, quota.ClaimRequest{Campaign: "codes", Member: "alice"})
+	res, err := voucherOf(t, fresh).ClaimTx(b.ctx, tx, voucher.ClaimRequest{Campaign: "codes", Member: "alice"})
 	require.NoError(t, err)
 	require.True(t, res.Claimed)
 	require.Equal(t, "ONLY", res.Code)
