@@ -177,25 +177,20 @@ func (c *Client) grantBatch(ctx context.Context, x db.DBTX, reqs []GrantRequest)
 			// batch's statements would fail with 25P02 instead.
 			return nil, err
 		}
+		n, err := checkGrantRequest(req, shaped)
+		if err != nil {
+			out[i].Err = err
+			continue
+		}
+		valid[i] = true
 		if shaped {
-			n, err := checkLimitsRequest(req)
-			if err != nil {
-				out[i].Err = err
-				continue
-			}
-			names[i], valid[i] = n, true
+			names[i] = n
 			if len(req.Quotas) > 0 {
 				for _, q := range n {
 					multi[groupCounter{q, req.Member}] = true
 				}
 			}
-			continue
 		}
-		if err := checkGrantRequest(req); err != nil {
-			out[i].Err = err
-			continue
-		}
-		valid[i] = true
 	}
 	var lb limitsBatch
 	todo := make([]int, 0, len(reqs))
@@ -243,30 +238,6 @@ func (c *Client) grantBatchDecide(ctx context.Context, x db.DBTX, reqs []GrantRe
 		return nil
 	}
 	return c.grantBatchStatement(ctx, x, reqs, todo, out, nil)
-}
-
-// checkGrantRequest validates a grant request as Grant does.
-func checkGrantRequest(req GrantRequest) error {
-	if err := core.CheckName("quota name", req.Quota); err != nil {
-		return err
-	}
-	if err := core.CheckName("member", req.Member); err != nil {
-		return err
-	}
-	if err := core.CheckUnits("amount", req.Amount, 1); err != nil {
-		return err
-	}
-	if req.Limit != nil {
-		if err := core.CheckUnits("limit", *req.Limit, 0); err != nil {
-			return err
-		}
-	}
-	if req.Idempotency.Key != "" {
-		if _, err := checkKey(req.Idempotency, req.Quota); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // grantBatchStatement runs the batch statement for the requests todo

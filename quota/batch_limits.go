@@ -25,7 +25,7 @@ type limitsBatch struct {
 }
 
 // grantLimitsBatch runs pgquota.grant_limits_batch for the requests of lb
-// (validated by checkLimitsRequest) and fills their outcomes: a result, or
+// (validated by checkGrantRequest) and fills their outcomes: a result, or
 // the request's own error (ErrQuotaNotFound, ErrNoLimit, *InputError for a
 // rolling limit above MaxRollingLimit). On the pool (ownTx) a serialization
 // failure or deadlock is retried; in a transaction it is returned.

@@ -150,17 +150,16 @@ type GrantResult struct {
 // any other error nothing was written.
 func (c *Client) Grant(ctx context.Context, req GrantRequest) (res GrantResult, err error) {
 	defer c.grantDone(ctx, core.OpGrant, c.m.Now(), &req, &res, &err)
+	// The request is checked once, here (checkGrantRequest, validate.go).
 	// Several quotas at once take pgquota.grant_limits (grant_multi.go),
-	// which checks its request; so do rates, fixed durations and rolling
+	// which refuses a key; so do rates, fixed durations and rolling
 	// windows where the group commit or the coalescer takes the call (their
-	// batches go through pgquota.grant_limits_batch, batch_limits.go). The
-	// plain path needs no kind: pgquota.grant serves every kind,
-	// pgquota.grant_keyed reports it.
-	if (len(req.Quotas) > 0 || c.grouper != nil || c.coalescer != nil) && c.shapedRoute(ctx, c.db.Reads(), req) {
-		if _, err := checkLimitsRequest(req); err != nil {
-			return GrantResult{}, err
-		}
-	} else if err := checkGrantRequest(req); err != nil {
+	// batches go through pgquota.grant_limits_batch, batch_limits.go), so
+	// their kind is read first (shapedRoute). The plain path needs no
+	// kind: pgquota.grant serves every kind, pgquota.grant_keyed reports
+	// it (grantKeyed).
+	limits := (len(req.Quotas) > 0 || c.grouper != nil || c.coalescer != nil) && c.shapedRoute(ctx, c.db.Reads(), req)
+	if _, err := checkGrantRequest(req, limits); err != nil {
 		return GrantResult{}, err
 	}
 	if c.grouper != nil && groupable(req) {
@@ -185,17 +184,17 @@ func (c *Client) Grant(ctx context.Context, req GrantRequest) (res GrantResult, 
 // if tx committed, or grants itself if tx rolled back.
 func (c *Client) GrantTx(ctx context.Context, tx pgx.Tx, req GrantRequest) (res GrantResult, err error) {
 	defer c.grantDone(ctx, core.OpGrantTx, c.m.Now(), &req, &res, &err)
-	if len(req.Quotas) > 0 {
-		return c.grantLimits(ctx, tx, req)
-	}
-	if err := checkGrantRequest(req); err != nil {
+	// No kind is needed: pgquota.grant serves every kind, and
+	// pgquota.grant_keyed reports a key for a rate, fixed or rolling
+	// quota (grantKeyed).
+	if _, err := checkGrantRequest(req, false); err != nil {
 		return GrantResult{}, err
 	}
 	return c.grant(ctx, tx, req)
 }
 
-// grant runs one grant request, validated by its caller (checkGrantRequest:
-// Grant, GrantTx, GrantBatch), which is the only place requests are
+// grant runs one grant request, validated by its caller (Grant, GrantTx,
+// GrantBatch), with checkGrantRequest, the only place requests are
 // checked. One statement for a quota of any kind: pgquota.grant (UsageGrant)
 // delegates rates, fixed and rolling windows to pgquota.grant_limits.
 func (c *Client) grant(ctx context.Context, x db.DBTX, req GrantRequest) (GrantResult, error) {
@@ -315,17 +314,12 @@ func (c *Client) RevokeTx(ctx context.Context, tx pgx.Tx, req RevokeRequest) (Re
 }
 
 func (c *Client) revoke(ctx context.Context, x db.DBTX, req RevokeRequest) (RevokeResult, error) {
-	if err := core.CheckName("quota name", req.Quota); err != nil {
+	key, err := checkRevokeRequest(req)
+	if err != nil {
 		return RevokeResult{}, err
 	}
-	if err := core.CheckName("member", req.Member); err != nil {
-		return RevokeResult{}, err
-	}
-	if err := core.CheckUnits("amount", req.Amount, 1); err != nil {
-		return RevokeResult{}, err
-	}
-	if req.Idempotency.Key != "" {
-		return c.revokeKeyed(ctx, x, req)
+	if key.Key != "" {
+		return c.revokeKeyed(ctx, x, req, key)
 	}
 	row, err := c.queries.UsageRevoke(ctx, x, db.UsageRevokeParams{
 		QuotaName: req.Quota, Member: req.Member, Amount: req.Amount,

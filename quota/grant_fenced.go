@@ -76,20 +76,12 @@ func fencedGrantLease(quota, member string) string {
 // saying the counter changed when it did 50 times in a row.
 func (c *Client) grantFenced(ctx context.Context, req GrantRequest, ttl time.Duration) (res GrantResult, err error) {
 	defer c.grantDone(ctx, core.OpGrantFenced, c.m.Now(), &req, &res, &err)
-	if err := core.CheckName("quota name", req.Quota); err != nil {
-		return GrantResult{}, err
-	}
-	if err := core.CheckName("member", req.Member); err != nil {
-		return GrantResult{}, err
-	}
-	if err := core.CheckUnits("amount", req.Amount, 1); err != nil {
+	// grantFenced reads one quota and no key: only those fields are checked.
+	if _, err := checkGrantRequest(GrantRequest{Quota: req.Quota, Member: req.Member, Amount: req.Amount, Limit: req.Limit}, false); err != nil {
 		return GrantResult{}, err
 	}
 	var limit pgtype.Int8
 	if req.Limit != nil {
-		if err := core.CheckUnits("limit", *req.Limit, 0); err != nil {
-			return GrantResult{}, err
-		}
 		limit = pgtype.Int8{Int64: *req.Limit, Valid: true}
 	}
 	if ttl == 0 {

@@ -3,7 +3,6 @@ package quota
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"time"
 
@@ -56,57 +55,13 @@ type LimitResult struct {
 	ResetAfter time.Duration `json:"reset_after"`
 }
 
-// checkLimitsRequest validates a grant for pgquota.grant_limits and
-// returns the quota names it names.
-func checkLimitsRequest(req GrantRequest) ([]string, error) {
-	names := req.Quotas
-	if len(names) == 0 {
-		names = []string{req.Quota}
-	} else if req.Quota != "" {
-		return nil, core.Invalid("quota", "set Quota or Quotas, not both")
+// quotaNames returns the quotas a request checked by checkGrantRequest
+// names: req.Quotas, or req.Quota alone.
+func quotaNames(req GrantRequest) []string {
+	if len(req.Quotas) > 0 {
+		return req.Quotas
 	}
-	if len(names) > MaxQuotasPerGrant {
-		return nil, core.Invalid("quotas", "at most %d quotas per grant, got %d", MaxQuotasPerGrant, len(names))
-	}
-	seen := make(map[string]bool, len(names))
-	for i, n := range names {
-		field := "quota name"
-		if len(req.Quotas) > 0 {
-			field = fmt.Sprintf("quotas[%d]", i)
-		}
-		if err := core.CheckName(field, n); err != nil {
-			return nil, err
-		}
-		if seen[n] {
-			return nil, core.Invalid(field, "names quota %q twice", n)
-		}
-		seen[n] = true
-	}
-	if err := core.CheckName("member", req.Member); err != nil {
-		return nil, err
-	}
-	if err := core.CheckUnits("amount", req.Amount, 1); err != nil {
-		return nil, err
-	}
-	if req.Limit != nil {
-		if len(req.Quotas) > 0 {
-			return nil, core.Invalid("limit", "a call's limit is not accepted with several quotas (set member limits instead)")
-		}
-		if err := core.CheckUnits("limit", *req.Limit, 0); err != nil {
-			return nil, err
-		}
-	}
-	if req.Idempotency.Key != "" {
-		return nil, errKeyedShaped()
-	}
-	return names, nil
-}
-
-// errKeyedShaped is the error of a keyed grant against several quotas or a
-// quota of kind rate, fixed or rolling (pgquota.grant_keyed writes nothing
-// for those kinds and reports the kind).
-func errKeyedShaped() error {
-	return core.Invalid("idempotency key", "not supported for a grant against several quotas or a quota of kind rate, fixed or rolling (only calendar quotas record keyed grants)")
+	return []string{req.Quota}
 }
 
 // shapedRoute reports whether req is decided by pgquota.grant_limits: a
@@ -131,6 +86,8 @@ func (c *Client) shapedRouteErr(ctx context.Context, x db.DBTX, req GrantRequest
 		return true, nil
 	}
 	if core.CheckName("quota name", req.Quota) != nil {
+		// Not a check (checkGrantRequest reports the name): a name the
+		// database cannot hold is not looked up.
 		return false, nil
 	}
 	if w, ok := c.kinds.Load(req.Quota); ok && w.Shaped() && req.Idempotency.Key != "" {
@@ -157,11 +114,10 @@ func (c *Client) grantLimits(ctx context.Context, x db.DBTX, req GrantRequest) (
 	return c.grantLimitsOnce(ctx, x, req)
 }
 
+// grantLimitsOnce runs the statement for req, validated by its caller
+// (checkGrantRequest).
 func (c *Client) grantLimitsOnce(ctx context.Context, x db.DBTX, req GrantRequest) (GrantResult, error) {
-	names, err := checkLimitsRequest(req)
-	if err != nil {
-		return GrantResult{}, err
-	}
+	names := quotaNames(req)
 	var limit pgtype.Int8
 	if req.Limit != nil {
 		limit = pgtype.Int8{Int64: *req.Limit, Valid: true}

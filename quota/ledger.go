@@ -155,11 +155,9 @@ func (c *Client) grantKeyed(ctx context.Context, x db.DBTX, fp request) (GrantRe
 	}, grantFromEntry)
 }
 
-func (c *Client) revokeKeyed(ctx context.Context, x db.DBTX, req RevokeRequest) (RevokeResult, error) {
-	key, err := checkKey(req.Idempotency, req.Quota)
-	if err != nil {
-		return RevokeResult{}, err
-	}
+// revokeKeyed runs a keyed revoke request, validated by revoke
+// (checkRevokeRequest, which filled in key's scope).
+func (c *Client) revokeKeyed(ctx context.Context, x db.DBTX, req RevokeRequest, key IdempotencyKey) (RevokeResult, error) {
 	fp := request{key: key, operation: OpRevoke, target: req.Quota, member: req.Member, amount: req.Amount}
 	return runKeyed(ctx, c, x, fp, func() (RevokeResult, int64, error) {
 		row, err := c.queries.LedgerRevoke(ctx, x, db.LedgerRevokeParams{
