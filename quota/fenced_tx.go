@@ -6,8 +6,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-
-	"github.com/pgquota/pgquota/internal/dbutil"
 )
 
 // FencedTxRequest names the fencing token FencedTx presents before it runs
@@ -97,15 +95,12 @@ func (c *Client) FencedTx(ctx context.Context, req FencedTxRequest, fn func(tx p
 	if err := checkPresentToken(present); err != nil {
 		return err
 	}
-	_, err := retry(ctx, c.policy, func() (struct{}, error) {
-		return struct{}{}, dbutil.WithTxOptions(ctx, c.pool, req.TxOptions, func(tx pgx.Tx) error {
-			if err := c.PresentTokenTx(ctx, tx, present); err != nil {
-				return err
-			}
-			return mapFenceErrorOf(fn(tx))
-		})
+	return retryTx(ctx, c.policy, c.pool, req.TxOptions, func(tx pgx.Tx) error {
+		if err := c.PresentTokenTx(ctx, tx, present); err != nil {
+			return err
+		}
+		return mapFenceErrorOf(fn(tx))
 	})
-	return err
 }
 
 // checkPresentToken checks a PresentTokenRequest's fields, naming the bad

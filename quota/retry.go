@@ -84,7 +84,12 @@ type TxBeginner interface {
 // REPEATABLE READ or SERIALIZABLE, or when the database's
 // default_transaction_isolation is one of those.
 func RunInTx(ctx context.Context, db TxBeginner, opts pgx.TxOptions, fn func(tx pgx.Tx) error) error {
-	p := retryPolicy{maxElapsed: DefaultRetryMaxElapsed, resetCaches: cacheResetter(db)}
+	return retryTx(ctx, retryPolicy{maxElapsed: DefaultRetryMaxElapsed, resetCaches: cacheResetter(db)}, db, opts, fn)
+}
+
+// retryTx runs fn in a transaction begun on db with opts, committed, and
+// run again from BEGIN as p says (retry): RunInTx and FencedTx.
+func retryTx(ctx context.Context, p retryPolicy, db TxBeginner, opts pgx.TxOptions, fn func(tx pgx.Tx) error) error {
 	_, err := retry(ctx, p, func() (struct{}, error) {
 		return struct{}{}, dbutil.WithTxOptions(ctx, db, opts, fn)
 	})
