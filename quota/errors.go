@@ -1,6 +1,7 @@
 package quota
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/pgquota/pgquota/internal/core"
@@ -98,6 +99,22 @@ var (
 // (migrations/00021_sql_errors.sql; docs/sql.md). Every call maps it to
 // ErrQuotaNotFound, with the *pgconn.PgError kept in the chain.
 const SQLStateQuotaNotFound = core.SQLStateQuotaNotFound
+
+// SQLState returns the SQLSTATE that reports err, for an output that
+// carries one (the CLI's --json "sqlstate"): the code of the first
+// *pgconn.PgError in err's chain when the server raised it; else
+// SQLStateQuotaNotFound when err wraps ErrQuotaNotFound, which the
+// library also learns from an empty read and pgquota's SQL functions raise
+// as PQ010; else "".
+func SQLState(err error) string {
+	if code := core.SQLState(err); code != "" {
+		return code
+	}
+	if errors.Is(err, ErrQuotaNotFound) {
+		return SQLStateQuotaNotFound
+	}
+	return ""
+}
 
 // ErrOutcomeUnknown marks an error after which it is unknown whether a
 // state-changing call took effect: its statement, or the COMMIT of the

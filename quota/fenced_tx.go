@@ -8,7 +8,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/pgquota/pgquota/internal/core"
-	"github.com/pgquota/pgquota/internal/dbutil"
 )
 
 // FencedTxRequest names the fencing token FencedTx presents before it runs
@@ -98,15 +97,12 @@ func (c *Client) FencedTx(ctx context.Context, req FencedTxRequest, fn func(tx p
 	if err := checkPresentToken(present); err != nil {
 		return err
 	}
-	_, err := core.Retry(ctx, c.policy, func() (struct{}, error) {
-		return struct{}{}, dbutil.WithTxOptions(ctx, c.pool, req.TxOptions, func(tx pgx.Tx) error {
-			if err := c.PresentTokenTx(ctx, tx, present); err != nil {
-				return err
-			}
-			return mapFenceErrorOf(fn(tx))
-		})
+	return core.RetryTx(ctx, c.policy, c.pool, req.TxOptions, func(tx pgx.Tx) error {
+		if err := c.PresentTokenTx(ctx, tx, present); err != nil {
+			return err
+		}
+		return mapFenceErrorOf(fn(tx))
 	})
-	return err
 }
 
 // checkPresentToken checks a PresentTokenRequest's fields, naming the bad

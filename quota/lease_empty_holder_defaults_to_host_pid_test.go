@@ -22,6 +22,57 @@ func hostPID(t *testing.T) string {
 	return fmt.Sprintf("%s:%d", host, os.Getpid())
 }
 
+// inTx runs acquire in a transaction of its own on b's pool, committed
+// when acquire succeeds.
+func inTx[T any](b *testBundle, acquire func(tx pgx.Tx) (T, error)) (v T, err error) {
+	err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
+		v, err = acquire(tx)
+		return err
+	})
+	return v, err
+}
+
+// emptyHolderPath is one acquire path called with an empty holder on key
+// (a lease name or a semaphore), as the lease it took.
+type emptyHolderPath func(key string) (quota.Lease, error)
+
+// requireEmptyHolderIsHostPID calls each path with an empty holder and
+// checks that the lease it took, and its row in pgquota.lease, name
+// host:pid; that the lease renews, keeping its token and holder and
+// extending its expiry; that another holder (acquireOther, "other" as
+// holder) gets whileHeld until it is released, and then takes it with a
+// larger token.
+func requireEmptyHolderIsHostPID(t *testing.T, b *testBundle, paths map[string]emptyHolderPath,
+	acquireOther func(key string) (quota.Lease, error), whileHeld error,
+) {
+	t.Helper()
+	want := hostPID(t)
+	for call, acquire := range paths {
+		key := "empty-holder-" + call
+		l, err := acquire(key)
+		require.NoError(t, err, call)
+		require.Equal(t, want, l.Holder, call)
+		var stored string
+		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT holder FROM pgquota.lease WHERE name = $1`, l.Name).Scan(&stored), call)
+		require.Equal(t, want, stored, "%s: the lease row names host:pid", call)
+
+		renewed, err := b.client.Renew(b.ctx, l.Name, l.Token, 2*time.Minute)
+		require.NoError(t, err, call)
+		require.Equal(t, l.Token, renewed.Token, call)
+		require.Equal(t, want, renewed.Holder, call)
+		require.True(t, renewed.ExpiresAt.After(l.ExpiresAt), "%s: the renewal extends the lease", call)
+
+		_, err = acquireOther(key)
+		require.ErrorIs(t, err, whileHeld, "%s: held, so refused", call)
+		_, err = b.client.Release(b.ctx, l.Name, l.Token)
+		require.NoError(t, err, call)
+		other, err := acquireOther(key)
+		require.NoError(t, err, "%s: released, so free", call)
+		require.Greater(t, other.Token, l.Token, call)
+		require.Equal(t, "other", other.Holder, call)
+	}
+}
+
 // An empty AcquireRequest.Holder is stored as host:pid by every acquire
 // path (plain, in a transaction, waiting, with a payload), as DoRequest and
 // the CLI already did; the lease it returns renews and releases, and
@@ -29,49 +80,25 @@ func hostPID(t *testing.T) string {
 func TestAcquireWithEmptyHolderStoresHostPIDAndRenewsAndReleases(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
-	want := hostPID(t)
-	require.Equal(t, want, quota.DefaultHolder())
+	require.Equal(t, hostPID(t), quota.DefaultHolder())
 
-	acquirers := map[string]func(name string) (quota.Lease, error){
-		"Acquire": func(name string) (quota.Lease, error) {
-			return b.client.Acquire(b.ctx, quota.AcquireRequest{Name: name, TTL: time.Minute})
-		},
+	req := func(name string) quota.AcquireRequest { return quota.AcquireRequest{Name: name, TTL: time.Minute} }
+	requireEmptyHolderIsHostPID(t, b, map[string]emptyHolderPath{
+		"Acquire": func(name string) (quota.Lease, error) { return b.client.Acquire(b.ctx, req(name)) },
 		"AcquireWithPayload": func(name string) (quota.Lease, error) {
-			return b.client.Acquire(b.ctx, quota.AcquireRequest{Name: name, TTL: time.Minute, Payload: "p"})
+			r := req(name)
+			r.Payload = "p"
+			return b.client.Acquire(b.ctx, r)
 		},
-		"AcquireWait": func(name string) (quota.Lease, error) {
-			return b.client.AcquireWait(b.ctx, quota.AcquireRequest{Name: name, TTL: time.Minute}, nil)
+		"AcquireWait": func(name string) (quota.Lease, error) { return b.client.AcquireWait(b.ctx, req(name), nil) },
+		"AcquireTx": func(name string) (quota.Lease, error) {
+			return inTx(b, func(tx pgx.Tx) (quota.Lease, error) { return b.client.AcquireTx(b.ctx, tx, req(name)) })
 		},
-		"AcquireTx": func(name string) (l quota.Lease, err error) {
-			err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-				l, err = b.client.AcquireTx(b.ctx, tx, quota.AcquireRequest{Name: name, TTL: time.Minute})
-				return err
-			})
-			return l, err
-		},
-	}
-	for call, acquire := range acquirers {
-		name := "empty-holder-" + call
-		l, err := acquire(name)
-		require.NoError(t, err, call)
-		require.Equal(t, want, l.Holder, call)
-		var stored string
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT holder FROM pgquota.lease WHERE name = $1`, name).Scan(&stored), call)
-		require.Equal(t, want, stored, "%s: the row names host:pid", call)
-
-		renewed, err := b.client.Renew(b.ctx, name, l.Token, 2*time.Minute)
-		require.NoError(t, err, call)
-		require.Equal(t, l.Token, renewed.Token, call)
-		require.Equal(t, want, renewed.Holder, call)
-		require.True(t, renewed.ExpiresAt.After(l.ExpiresAt), "%s: the renewal extends the lease", call)
-
-		_, err = b.client.Release(b.ctx, name, l.Token)
-		require.NoError(t, err, call)
-		next, err := b.client.Acquire(b.ctx, quota.AcquireRequest{Name: name, Holder: "next", TTL: time.Minute})
-		require.NoError(t, err, "%s: released, so free", call)
-		require.Greater(t, next.Token, l.Token, call)
-		require.Equal(t, "next", next.Holder, call)
-	}
+	}, func(name string) (quota.Lease, error) {
+		r := req(name)
+		r.Holder = "other"
+		return b.client.Acquire(b.ctx, r)
+	}, quota.ErrLeaseHeld)
 }
 
 // An empty SlotRequest.Holder is stored as host:pid by AcquireSlot,
@@ -80,42 +107,20 @@ func TestAcquireWithEmptyHolderStoresHostPIDAndRenewsAndReleases(t *testing.T) {
 func TestAcquireSlotWithEmptyHolderStoresHostPIDAndRenewsAndReleases(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 0)
-	want := hostPID(t)
 
-	acquirers := map[string]func(sem string) (quota.Slot, error){
-		"AcquireSlot": func(sem string) (quota.Slot, error) {
-			return b.client.AcquireSlot(b.ctx, quota.SlotRequest{Semaphore: sem, Limit: 1, TTL: time.Minute})
-		},
-		"AcquireSlotWait": func(sem string) (quota.Slot, error) {
-			return b.client.AcquireSlotWait(b.ctx, quota.SlotRequest{Semaphore: sem, Limit: 1, TTL: time.Minute}, nil)
-		},
-		"AcquireSlotTx": func(sem string) (s quota.Slot, err error) {
-			err = pgx.BeginFunc(b.ctx, b.pool, func(tx pgx.Tx) error {
-				s, err = b.client.AcquireSlotTx(b.ctx, tx, quota.SlotRequest{Semaphore: sem, Limit: 1, TTL: time.Minute})
-				return err
-			})
-			return s, err
-		},
+	req := func(sem string) quota.SlotRequest {
+		return quota.SlotRequest{Semaphore: sem, Limit: 1, TTL: time.Minute}
 	}
-	for call, acquire := range acquirers {
-		sem := "empty-holder-" + call
-		s, err := acquire(sem)
-		require.NoError(t, err, call)
-		require.Equal(t, want, s.Holder, call)
-		var stored string
-		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT holder FROM pgquota.lease WHERE name = $1`, s.Name).Scan(&stored), call)
-		require.Equal(t, want, stored, "%s: the slot's lease row names host:pid", call)
-
-		renewed, err := b.client.Renew(b.ctx, s.Name, s.Token, 2*time.Minute)
-		require.NoError(t, err, call)
-		require.Equal(t, s.Token, renewed.Token, call)
-
-		_, err = b.client.AcquireSlot(b.ctx, quota.SlotRequest{Semaphore: sem, Limit: 1, Holder: "other", TTL: time.Minute})
-		require.ErrorIs(t, err, quota.ErrSemaphoreFull, "%s: the one slot is held", call)
-		_, err = b.client.Release(b.ctx, s.Name, s.Token)
-		require.NoError(t, err, call)
-		other, err := b.client.AcquireSlot(b.ctx, quota.SlotRequest{Semaphore: sem, Limit: 1, Holder: "other", TTL: time.Minute})
-		require.NoError(t, err, "%s: released, so the slot is free", call)
-		require.Greater(t, other.Token, s.Token, call)
-	}
+	lease := func(s quota.Slot, err error) (quota.Lease, error) { return s.Lease, err }
+	requireEmptyHolderIsHostPID(t, b, map[string]emptyHolderPath{
+		"AcquireSlot":     func(sem string) (quota.Lease, error) { return lease(b.client.AcquireSlot(b.ctx, req(sem))) },
+		"AcquireSlotWait": func(sem string) (quota.Lease, error) { return lease(b.client.AcquireSlotWait(b.ctx, req(sem), nil)) },
+		"AcquireSlotTx": func(sem string) (quota.Lease, error) {
+			return lease(inTx(b, func(tx pgx.Tx) (quota.Slot, error) { return b.client.AcquireSlotTx(b.ctx, tx, req(sem)) }))
+		},
+	}, func(sem string) (quota.Lease, error) {
+		r := req(sem)
+		r.Holder = "other"
+		return lease(b.client.AcquireSlot(b.ctx, r))
+	}, quota.ErrSemaphoreFull)
 }

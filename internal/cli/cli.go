@@ -15,7 +15,6 @@ import (
 	"github.com/pgquota/pgquota/quota/voucher"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 	"go.opentelemetry.io/otel/metric"
@@ -110,9 +109,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 // errorJSON is the one object `--json` prints on stderr for a failed
 // command. Code names the exit status (usage, error, outcome_unknown);
-// SQLState is the PostgreSQL error code when the failure came from the
-// server (PQ010 for an unknown quota, as pgquota.grant raises in SQL,
-// also when the library learnt it from an empty read), else null.
+// SQLState is quota.SQLState's code: the PostgreSQL error code when the
+// failure came from the server, PQ010 for an unknown quota (as
+// pgquota.grant raises in SQL) also when the library learnt it from an
+// empty read, else null.
 type errorJSON struct {
 	Code       string  `json:"code"`
 	ExitStatus int     `json:"exit_status"`
@@ -136,13 +136,7 @@ func (a *app) printError(err error, code int, msg string) {
 	case ExitOutcomeUnknown:
 		e.Code = "outcome_unknown"
 	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		e.SQLState = &pgErr.Code
-	} else if errors.Is(err, quota.ErrQuotaNotFound) {
-		// The library found no definition by reading it; the server's
-		// functions raise PQ010 for the same case in SQL.
-		code := quota.SQLStateQuotaNotFound
+	if code := quota.SQLState(err); code != "" {
 		e.SQLState = &code
 	}
 	b, _ := jsonValue(e, "")

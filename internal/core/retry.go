@@ -42,7 +42,12 @@ func IsRetryable(err error) bool {
 
 // RunInTx is quota.RunInTx, which documents it.
 func RunInTx(ctx context.Context, db dbutil.TxBeginner, opts pgx.TxOptions, fn func(tx pgx.Tx) error) error {
-	p := RetryPolicy{MaxElapsed: DefaultRetryMaxElapsed, ResetCaches: CacheResetter(db)}
+	return RetryTx(ctx, RetryPolicy{MaxElapsed: DefaultRetryMaxElapsed, ResetCaches: CacheResetter(db)}, db, opts, fn)
+}
+
+// RetryTx runs fn in a transaction begun on db with opts, committed, and
+// run again from BEGIN as p says (Retry): RunInTx and FencedTx.
+func RetryTx(ctx context.Context, p RetryPolicy, db dbutil.TxBeginner, opts pgx.TxOptions, fn func(tx pgx.Tx) error) error {
 	_, err := Retry(ctx, p, func() (struct{}, error) {
 		return struct{}{}, dbutil.WithTxOptions(ctx, db, opts, fn)
 	})

@@ -20,11 +20,8 @@ package pgtest
 
 import (
 	"context"
-	"crypto/sha256"
 	"database/sql"
-	"encoding/hex"
 	"fmt"
-	"io/fs"
 	"net/url"
 	"os"
 	"strings"
@@ -38,6 +35,7 @@ import (
 	"github.com/testcontainers/testcontainers-go"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 
+	"github.com/pgquota/pgquota/internal/testdb"
 	"github.com/pgquota/pgquota/migrations"
 )
 
@@ -137,22 +135,7 @@ func config(tb testing.TB) pgtestdb.Config {
 // (migrations.Up), and names it by a hash of the migration files.
 type migrator struct{}
 
-func (migrator) Hash() (string, error) {
-	h := sha256.New()
-	err := fs.WalkDir(migrations.FS, ".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		b, err := fs.ReadFile(migrations.FS, path)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(h, "%s\x00%d\x00", path, len(b))
-		h.Write(b)
-		return nil
-	})
-	return hex.EncodeToString(h.Sum(nil))[:16], err
-}
+func (migrator) Hash() (string, error) { return testdb.MigrationsHash() }
 
 func (migrator) Migrate(ctx context.Context, db *sql.DB, _ pgtestdb.Config) error {
 	_, err := migrations.Up(ctx, db)

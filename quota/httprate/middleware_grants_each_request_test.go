@@ -62,6 +62,28 @@ func (b *mwBundle) used(t *testing.T, q, m string) int64 {
 
 func headerKey(r *http.Request) (string, error) { return r.Header.Get("X-API-Key"), nil }
 
+// apiKey is the configuration most tests use: quota "api", keyed by the
+// X-API-Key header.
+var apiKey = httprate.MiddlewareConfig{Quota: "api", Key: headerKey}
+
+// handler returns okHandler(calls) behind cfg's middleware.
+func (b *mwBundle) handler(t *testing.T, cfg httprate.MiddlewareConfig, calls *atomic.Int64) http.Handler {
+	t.Helper()
+	mw, err := httprate.Middleware(b.client, cfg)
+	require.NoError(t, err)
+	return mw(okHandler(calls))
+}
+
+// serve sends h a GET / with key as its X-API-Key, under ctx, and returns
+// the response.
+func serve(ctx context.Context, h http.Handler, key string) *httptest.ResponseRecorder {
+	req := httptest.NewRequestWithContext(ctx, http.MethodGet, "/", nil)
+	req.Header.Set("X-API-Key", key)
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec
+}
+
 // okHandler answers 200 "ok" and counts its calls; it checks that the
 // request's context carries the grant.
 func okHandler(calls *atomic.Int64) http.Handler {
@@ -82,27 +104,18 @@ func okHandler(calls *atomic.Int64) http.Handler {
 func TestMiddlewarePassesUpToTheLimitThenAnswers429(t *testing.T) {
 	t.Parallel()
 	b := mwSetup(t, 2, quota.Definition{Name: "api", Window: quota.WindowDay, DefaultLimit: quota.Limit(3)})
-	mw, err := httprate.Middleware(b.client, httprate.MiddlewareConfig{Quota: "api", Key: headerKey})
-	require.NoError(t, err)
 	var calls atomic.Int64
-	h := mw(okHandler(&calls))
+	h := b.handler(t, apiKey, &calls)
 
-	serve := func(key string) *httptest.ResponseRecorder {
-		req := httptest.NewRequest(http.MethodGet, "/", nil)
-		req.Header.Set("X-API-Key", key)
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec
-	}
 	for i := 1; i <= 3; i++ {
-		rec := serve("k1")
+		rec := serve(b.ctx, h, "k1")
 		require.Equal(t, http.StatusOK, rec.Code, "request %d", i)
 		require.Equal(t, "ok", rec.Body.String())
 		require.Regexp(t, fmt.Sprintf(`^"api";r=%d;t=\d+$`, 3-i), rec.Header().Get(httprate.HeaderRateLimit), "request %d", i)
 		require.Regexp(t, `^"api";q=3;w=86400$`, rec.Header().Get(httprate.HeaderPolicy))
 		require.Empty(t, rec.Header().Get(httprate.HeaderRetryAfter))
 	}
-	rec := serve("k1")
+	rec := serve(b.ctx, h, "k1")
 	require.Equal(t, http.StatusTooManyRequests, rec.Code)
 	ra, err := strconv.Atoi(rec.Header().Get(httprate.HeaderRetryAfter))
 	require.NoError(t, err, "Retry-After is whole seconds: %q", rec.Header().Get(httprate.HeaderRetryAfter))
@@ -111,7 +124,7 @@ func TestMiddlewarePassesUpToTheLimitThenAnswers429(t *testing.T) {
 	require.Equal(t, int64(3), calls.Load(), "the denied request never reached the handler")
 	require.Equal(t, int64(3), b.used(t, "api", "k1"), "a denial counts nothing")
 
-	require.Equal(t, http.StatusOK, serve("k2").Code, "another key has its own counter")
+	require.Equal(t, http.StatusOK, serve(b.ctx, h, "k2").Code, "another key has its own counter")
 	require.Equal(t, int64(1), b.used(t, "api", "k2"))
 }
 
@@ -122,10 +135,8 @@ func TestMiddlewareConcurrentRequestsCounterEqualsPassed(t *testing.T) {
 	t.Parallel()
 	const limit, requests = 37, 200
 	b := mwSetup(t, 8, quota.Definition{Name: "api", Window: quota.WindowHour, DefaultLimit: quota.Limit(limit)})
-	mw, err := httprate.Middleware(b.client, httprate.MiddlewareConfig{Quota: "api", Key: headerKey})
-	require.NoError(t, err)
 	var calls atomic.Int64
-	srv := httptest.NewServer(mw(okHandler(&calls)))
+	srv := httptest.NewServer(b.handler(t, apiKey, &calls))
 	t.Cleanup(srv.Close)
 	hc := &http.Client{Transport: &http.Transport{MaxConnsPerHost: 32}, Timeout: time.Minute}
 
@@ -174,19 +185,13 @@ func TestMiddlewareBadKeyIs400AndMisconfigurationIs500(t *testing.T) {
 	t.Parallel()
 	b := mwSetup(t, 2, quota.Definition{Name: "api", Window: quota.WindowDay, DefaultLimit: quota.Limit(3)})
 	var calls atomic.Int64
-	serve := func(cfg httprate.MiddlewareConfig, key string) *httptest.ResponseRecorder {
-		mw, err := httprate.Middleware(b.client, cfg)
-		require.NoError(t, err)
-		req := httptest.NewRequest(http.MethodGet, "/", nil)
-		req.Header.Set("X-API-Key", key)
-		rec := httptest.NewRecorder()
-		mw(okHandler(&calls)).ServeHTTP(rec, req)
-		return rec
+	send := func(cfg httprate.MiddlewareConfig, key string) *httptest.ResponseRecorder {
+		return serve(b.ctx, b.handler(t, cfg, &calls), key)
 	}
 	errNoKey := errors.New("no API key")
 	failing := func(*http.Request) (string, error) { return "", errNoKey }
 	var seen error
-	rec := serve(httprate.MiddlewareConfig{Quota: "api", Key: failing, OnError: func(w http.ResponseWriter, r *http.Request, err error) {
+	rec := send(httprate.MiddlewareConfig{Quota: "api", Key: failing, OnError: func(w http.ResponseWriter, r *http.Request, err error) {
 		seen = err
 		httprate.WriteError(w, r, err)
 	}}, "")
@@ -194,10 +199,10 @@ func TestMiddlewareBadKeyIs400AndMisconfigurationIs500(t *testing.T) {
 	var ke *httprate.KeyError
 	require.ErrorAs(t, seen, &ke)
 	require.ErrorIs(t, seen, errNoKey)
-	require.Equal(t, http.StatusBadRequest, serve(httprate.MiddlewareConfig{Quota: "api", Key: headerKey}, "").Code, "an empty key")
-	require.Equal(t, http.StatusBadRequest, serve(httprate.MiddlewareConfig{Quota: "api", Key: headerKey}, "a\x01b").Code, "a control character")
+	require.Equal(t, http.StatusBadRequest, send(apiKey, "").Code, "an empty key")
+	require.Equal(t, http.StatusBadRequest, send(apiKey, "a\x01b").Code, "a control character")
 
-	rec = serve(httprate.MiddlewareConfig{Quota: "undefined", Key: headerKey}, "k")
+	rec = send(httprate.MiddlewareConfig{Quota: "undefined", Key: headerKey}, "k")
 	require.Equal(t, http.StatusInternalServerError, rec.Code)
 	require.Contains(t, rec.Body.String(), "misconfigured")
 	require.Zero(t, calls.Load())
@@ -220,7 +225,7 @@ func TestMiddlewareBadKeyIs400AndMisconfigurationIs500(t *testing.T) {
 		require.ErrorIs(t, err, quota.ErrInvalidInput)
 		require.Equal(t, tc.field, ie.Field)
 	}
-	_, err := httprate.Middleware(nil, httprate.MiddlewareConfig{Quota: "api", Key: headerKey})
+	_, err := httprate.Middleware(nil, apiKey)
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
 }
 
@@ -232,18 +237,9 @@ func TestMiddlewareBadKeyIs400AndMisconfigurationIs500(t *testing.T) {
 func TestMiddlewareDatabaseErrorsAre503AndSayWhetherCounted(t *testing.T) {
 	t.Parallel()
 	b := mwSetup(t, 2, quota.Definition{Name: "api", Window: quota.WindowNone, DefaultLimit: quota.Limit(100)})
-	mw, err := httprate.Middleware(b.client, httprate.MiddlewareConfig{Quota: "api", Key: headerKey})
-	require.NoError(t, err)
 	var calls atomic.Int64
-	h := mw(okHandler(&calls))
-	serve := func(ctx context.Context) *httptest.ResponseRecorder {
-		req := httptest.NewRequestWithContext(ctx, http.MethodGet, "/", nil)
-		req.Header.Set("X-API-Key", "k")
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		return rec
-	}
-	require.Equal(t, http.StatusOK, serve(b.ctx).Code, "the first request creates the counter row")
+	h := b.handler(t, apiKey, &calls)
+	require.Equal(t, http.StatusOK, serve(b.ctx, h, "k").Code, "the first request creates the counter row")
 
 	tx, err := b.owner.Begin(b.ctx)
 	require.NoError(t, err)
@@ -252,7 +248,7 @@ func TestMiddlewareDatabaseErrorsAre503AndSayWhetherCounted(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(b.ctx, 300*time.Millisecond)
 	defer cancel()
-	rec := serve(ctx)
+	rec := serve(ctx, h, "k")
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code, rec.Body.String())
 	require.Equal(t, "1", rec.Header().Get(httprate.HeaderRetryAfter))
 	require.Contains(t, rec.Body.String(), "outcome unknown")
@@ -261,7 +257,7 @@ func TestMiddlewareDatabaseErrorsAre503AndSayWhetherCounted(t *testing.T) {
 	require.Equal(t, int64(1), calls.Load(), "the unknown request was not served")
 
 	b.pool.Close()
-	rec = serve(b.ctx)
+	rec = serve(b.ctx, h, "k")
 	require.Equal(t, http.StatusServiceUnavailable, rec.Code, rec.Body.String())
 	require.Contains(t, rec.Body.String(), "was not counted")
 	require.Equal(t, int64(1), calls.Load())

@@ -41,10 +41,8 @@ package quotatest
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"io/fs"
 	"net/url"
 	"os"
 	"testing"
@@ -53,6 +51,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/pgquota/pgquota/internal/testdb"
 	"github.com/pgquota/pgquota/migrations"
 )
 
@@ -168,7 +167,7 @@ const templateLockKey = `hashtextextended('pgquota.quotatest.template', 0)`
 // advisory lock, migrated under a temporary name and renamed when
 // complete, so that a build interrupted halfway is never copied.
 func ensureTemplate(ctx context.Context, admin *pgx.Conn, base *url.URL) (string, error) {
-	hash, err := migrationsHash()
+	hash, err := testdb.MigrationsHash()
 	if err != nil {
 		return "", err
 	}
@@ -243,28 +242,6 @@ func dropDatabase(base *url.URL, name string) error {
 		return fmt.Errorf("drop database %s: %w", name, err)
 	}
 	return nil
-}
-
-// migrationsHash names this build's migrations: the first 16 hexadecimal
-// digits of a SHA-256 over the names and contents of migrations.FS.
-func migrationsHash() (string, error) {
-	h := sha256.New()
-	err := fs.WalkDir(migrations.FS, ".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
-			return err
-		}
-		b, err := fs.ReadFile(migrations.FS, path)
-		if err != nil {
-			return err
-		}
-		fmt.Fprintf(h, "%s\x00%d\x00", path, len(b))
-		h.Write(b)
-		return nil
-	})
-	if err != nil {
-		return "", fmt.Errorf("hash the migrations: %w", err)
-	}
-	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }
 
 // withDatabase returns base with its path set to the database name.
