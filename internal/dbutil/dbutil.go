@@ -50,9 +50,19 @@ func WithTxOptions(ctx context.Context, b TxBeginner, opts pgx.TxOptions, fn fun
 	return run(ctx, tx, fn)
 }
 
-// run runs fn in tx and commits, or rolls back as WithTx describes.
+// run runs fn in tx and commits, or rolls back as WithTx describes. A
+// panic in fn rolls tx back (so its connection goes back to the pool, and
+// no lock it took outlives the call) and goes on panicking.
 func run(ctx context.Context, tx pgx.Tx, fn func(tx pgx.Tx) error) (err error) {
-	if err := fn(tx); err != nil {
+	panicked := true
+	defer func() {
+		if panicked {
+			Rollback(ctx, tx, &err)
+		}
+	}()
+	err = fn(tx)
+	panicked = false
+	if err != nil {
 		Rollback(ctx, tx, &err)
 		return err
 	}
@@ -65,7 +75,13 @@ func run(ctx context.Context, tx pgx.Tx, fn func(tx pgx.Tx) error) (err error) {
 	// pgx closed the connection, and PostgreSQL rolls back a transaction
 	// whose connection is gone. Only the COMMIT's own lost reply leaves the
 	// outcome unknown.
-	return MarkOutcome(tx.Commit(ctx))
+	err = tx.Commit(ctx)
+	if errors.Is(err, pgx.ErrTxClosed) {
+		// fn ended the transaction itself (a COMMIT or ROLLBACK of its
+		// own): whether its writes stand is not known here.
+		return &outcomeUnknownError{err: fmt.Errorf("the transaction was ended by the function run in it (it must not commit or roll back itself), so whether its writes committed is unknown: %w", err)}
+	}
+	return MarkOutcome(err)
 }
 
 // Rollback rolls tx back under context.WithoutCancel(ctx) with a short

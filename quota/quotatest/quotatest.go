@@ -192,6 +192,10 @@ func ensureTemplate(ctx context.Context, admin *pgx.Conn, base *url.URL) (string
 	building := tpl + "_build"
 	for _, stmt := range []string{
 		"DROP DATABASE IF EXISTS " + pgx.Identifier{building}.Sanitize() + " WITH (FORCE)", // left by a process that died building it
+		// A database of the template's name not marked as a template: a
+		// process died between the rename and the mark, or someone unmarked
+		// it to drop it. It was never a complete template; build it anew.
+		"DROP DATABASE IF EXISTS " + pgx.Identifier{tpl}.Sanitize() + " WITH (FORCE)",
 		"CREATE DATABASE " + pgx.Identifier{building}.Sanitize(),
 	} {
 		if _, err := admin.Exec(ctx, stmt); err != nil {
