@@ -155,10 +155,10 @@ func (c *Client) defineQuota(ctx context.Context, x db.DBTX, d Definition) (Quot
 		return Quota{}, core.Invalid("window", "%q is a calendar window: period, burst and origin apply to windows rate, fixed and rolling", string(d.Window))
 	}
 	if d.Window == "" {
-		return Quota{}, core.Invalid("window", "is required (one of hour, day, week, month, none)")
+		return Quota{}, core.Invalid("window", "is required (one of hour, day, week, month, none, rate, fixed, rolling)")
 	}
 	if !d.Window.valid() {
-		return Quota{}, core.Invalid("window", "%q is not one of hour, day, week, month, none", string(d.Window))
+		return Quota{}, core.Invalid("window", "%q is not one of hour, day, week, month, none, rate, fixed, rolling", string(d.Window))
 	}
 	tz := d.TimeZone
 	if tz == "" {

@@ -93,7 +93,7 @@ prints the database's.`,
 			return a.output(v, func(w *tabwriter.Writer) {
 				row(w, "pgquota", v.Version)
 				row(w, "go", v.Go)
-				row(w, "schema version", fmt.Sprintf("%d (pgquota migrate up applies it)", v.Schema))
+				row(w, "schema version", fmt.Sprintf("%d (the migration this build needs; pgquota migrate version shows the database's)", v.Schema))
 			})
 		},
 	}

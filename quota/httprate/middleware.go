@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 
 	"github.com/pgquota/pgquota/quota"
@@ -134,9 +135,15 @@ func Middleware(client *quota.Client, cfg MiddlewareConfig) (func(http.Handler) 
 //     fields the grant checks, such as a quota name).
 //
 // The body never carries the database's message, which may name tables
-// or roles; log err in a custom OnError when it matters.
+// or roles. Every error but a *KeyError (a client's mistake) is logged with
+// slog's default logger (slog.ErrorContext, with the request's method and
+// path), so that a misconfigured quota is seen in the service's log; set
+// OnError to log otherwise.
 func WriteError(w http.ResponseWriter, r *http.Request, err error) {
 	var ke *KeyError
+	if !errors.As(err, &ke) {
+		slog.ErrorContext(r.Context(), "pgquota rate limit: the grant failed", "method", r.Method, "path", r.URL.Path, "error", err)
+	}
 	switch {
 	case errors.As(err, &ke):
 		http.Error(w, "rate limit key missing or not valid", http.StatusBadRequest)
