@@ -88,8 +88,8 @@ type GrantResult struct {
 	// quota of kind rate, fixed or rolling (grant_multi.go): DeniedBy names
 	// the quota that refused ("" when granted), Limits holds each quota's
 	// outcome. Both are zero for calendar grants on their own.
-	RetryAfter time.Duration `json:"retry_after"`
-	ResetAfter time.Duration `json:"reset_after"`
+	RetryAfter time.Duration `json:"-"`
+	ResetAfter time.Duration `json:"-"`
 	DecidedAt  time.Time     `json:"decided_at"`
 	DeniedBy   string        `json:"denied_by"`
 	Limits     []LimitResult `json:"limits"`
@@ -375,7 +375,7 @@ type Usage struct {
 	// period or a fixed or rolling window's length (0 for the calendar
 	// windows).
 	Burst  int64         `json:"burst"`
-	Period time.Duration `json:"period"`
+	Period time.Duration `json:"-"`
 	// ResetAfter is how long after DBNow the member is back at its full limit
 	// with no grant meanwhile, as GrantResult.ResetAfter: the window's end
 	// (Never for WindowNone), when a rate's bucket is full again, when the
@@ -385,8 +385,8 @@ type Usage struct {
 	// rolling window leaves it, when a rate emits its next unit (Never for
 	// a rate of limit 0).
 	// Both are rounded up to whole microseconds.
-	ResetAfter  time.Duration `json:"reset_after"`
-	RefillAfter time.Duration `json:"refill_after"`
+	ResetAfter  time.Duration `json:"-"`
+	RefillAfter time.Duration `json:"-"`
 	// DBNow is the database clock's instant of the read.
 	DBNow time.Time `json:"db_now"`
 }

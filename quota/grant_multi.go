@@ -42,7 +42,7 @@ type LimitResult struct {
 	Burst int64 `json:"burst"`
 	// Period is a rate's period or a fixed or rolling window's length; 0
 	// for the calendar windows.
-	Period time.Duration `json:"period"`
+	Period time.Duration `json:"-"`
 	// WindowStart and WindowEnd bound the counter's window (calendar and
 	// fixed windows; zero for the others and for WindowNone).
 	WindowStart time.Time `json:"window_start"`
@@ -51,8 +51,8 @@ type LimitResult struct {
 	// same amount (0 when it has, Never when it never will). ResetAfter is
 	// how long until it is back at its full limit (Never for a lifetime
 	// counter, or a rate of limit 0).
-	RetryAfter time.Duration `json:"retry_after"`
-	ResetAfter time.Duration `json:"reset_after"`
+	RetryAfter time.Duration `json:"-"`
+	ResetAfter time.Duration `json:"-"`
 }
 
 // quotaNames returns the quotas a request checked by checkGrantRequest

@@ -104,7 +104,7 @@ type Quota struct {
 	DefaultLimit *int64 `json:"default_limit"`
 	// Period, Burst and Origin are the shape of a quota of kind rate,
 	// fixed or rolling (see Definition); zero for calendar windows.
-	Period    time.Duration `json:"period"`
+	Period    time.Duration `json:"-"`
 	Burst     int64         `json:"burst"`
 	Origin    time.Time     `json:"origin"`
 	CreatedAt time.Time     `json:"created_at"`

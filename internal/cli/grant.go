@@ -115,7 +115,7 @@ failed).`,
 			if err != nil {
 				return err
 			}
-			if err := a.output(grantOut(res), func(w *tabwriter.Writer) {
+			if err := a.output(res, func(w *tabwriter.Writer) {
 				row(w, "granted", yesNo(res.Granted))
 				row(w, "quota", res.Quota)
 				row(w, "member", res.Member)
@@ -281,7 +281,7 @@ and refill_after_ms, rounded up, -1 for never.`,
 			if err != nil {
 				return err
 			}
-			return a.output(usageOut(u), func(w *tabwriter.Writer) {
+			return a.output(u, func(w *tabwriter.Writer) {
 				row(w, "quota", u.Quota)
 				row(w, "member", u.Member)
 				row(w, "kind", u.Window)

@@ -322,15 +322,7 @@ func (a *app) outboxStatusCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			out := struct {
-				Pending   int64     `json:"pending"`
-				Retrying  int64     `json:"retrying"`
-				Delivered int64     `json:"delivered"`
-				Dead      int64     `json:"dead"`
-				LagMS     int64     `json:"lag_ms"`
-				DBNow     time.Time `json:"db_now"`
-			}{st.Pending, st.Retrying, st.Delivered, st.Dead, st.Lag.Milliseconds(), st.At}
-			return a.output(out, func(w *tabwriter.Writer) {
+			return a.output(st, func(w *tabwriter.Writer) {
 				row(w, "pending", st.Pending)
 				row(w, "retrying", st.Retrying)
 				row(w, "delivered", st.Delivered)

@@ -185,13 +185,9 @@ func (a *app) printQuotas(qs []quota.Quota, single bool) error {
 		}
 		return *q.DefaultLimit
 	}
-	out := make([]quotaJSON, len(qs))
-	for i, q := range qs {
-		out[i] = quotaOut(q)
-	}
-	var v any = out
+	var v any = qs
 	if single {
-		v = out[0]
+		v = qs[0]
 	}
 	return a.output(v, func(w *tabwriter.Writer) {
 		if single {

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -172,9 +173,33 @@ type Status struct {
 	Dead      int64 `json:"dead"`
 	// Lag is the age of the oldest pending event by the database clock, 0
 	// when none is pending.
-	Lag time.Duration `json:"lag_ns"`
-	// At is the database clock's time of the reading.
-	At time.Time `json:"at"`
+	Lag time.Duration `json:"-"`
+	// DBNow is the database clock's time of the reading.
+	DBNow time.Time `json:"db_now"`
+}
+
+type statusJSON Status
+
+type statusWire struct {
+	statusJSON
+	LagMS int64 `json:"lag_ms"`
+}
+
+// MarshalJSON encodes s with Lag in whole milliseconds (lag_ms), as the
+// pgquota command prints it (docs/json-output.md).
+func (s Status) MarshalJSON() ([]byte, error) {
+	return json.Marshal(statusWire{statusJSON(s), s.Lag.Milliseconds()})
+}
+
+// UnmarshalJSON decodes what MarshalJSON encodes.
+func (s *Status) UnmarshalJSON(b []byte) error {
+	var w statusWire
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	*s = Status(w.statusJSON)
+	s.Lag = time.Duration(w.LagMS) * time.Millisecond
+	return nil
 }
 
 // Status counts the outbox's events by state and measures the lag.
@@ -193,7 +218,7 @@ func (c *Client) Status(ctx context.Context) (Status, error) {
 		Delivered: row.Delivered,
 		Dead:      row.Dead,
 		Lag:       time.Duration(row.LagSeconds * float64(time.Second)),
-		At:        core.TimeFromPG(row.Now),
+		DBNow:     core.TimeFromPG(row.Now),
 	}, nil
 }
 

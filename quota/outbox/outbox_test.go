@@ -316,7 +316,7 @@ func TestRelayRetryAndDeadLetter(t *testing.T) {
 	require.Zero(t, res.Claimed, "a dead event is not delivered again")
 	st, err = b.events.Status(b.ctx)
 	require.NoError(t, err)
-	require.Equal(t, outbox.Status{Dead: 1, At: st.At}, st)
+	require.Equal(t, outbox.Status{Dead: 1, DBNow: st.DBNow}, st)
 
 	// Reaping removes finished events older than the period.
 	n, err := rc.Reap(b.ctx, 24*time.Hour)
