@@ -56,7 +56,7 @@ test: ## Run every test with the race detector against PGQUOTA_TEST_DATABASE_URL
 
 .PHONY: crash-rounds
 crash-rounds: ## 20 immediate shutdowns (the test's default; PGQUOTA_CRASH_ROUNDS=N for more) of a throwaway server under synchronous_commit = off: prints how many tokens were issued twice (must be 0) and outcomes lost; about 40s
-	PGQUOTA_CRASH_ROUNDS=$(or $(PGQUOTA_CRASH_ROUNDS),20) go test -count=1 -v -run '^TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit$$' ./quota/
+	PGQUOTA_CRASH_ROUNDS=$(or $(PGQUOTA_CRASH_ROUNDS),20) go test -count=1 -v -run '^TestLeaseCallsSurviveImmediateShutdownUnderAsyncCommit$$' ./quota/lease/
 
 .PHONY: failover-demo
 failover-demo: ## The failover sequence from the shell (.ci/failover-demo): primary, lagging standby, crash, pg_promote(); prints the old and new token and the stale write's exit status (3)

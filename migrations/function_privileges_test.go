@@ -15,6 +15,7 @@ import (
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/migrations"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/lease"
 )
 
 // pinnedSearchPath is the search_path every allowlisted function runs with.
@@ -164,12 +165,14 @@ func TestUpgradeFrom00017WithAppRoleInUse(t *testing.T) {
 	g, err := client.Grant(ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 3})
 	require.NoError(t, err)
 	require.False(t, g.Granted, "3 + 3 > 5")
-	l, err := client.Acquire(ctx, quota.AcquireRequest{Name: "l", Holder: "h", TTL: time.Minute})
+	leases, err := lease.New(client)
 	require.NoError(t, err)
-	l2, err := client.Renew(ctx, "l", l.Token, time.Minute)
+	l, err := leases.Acquire(ctx, lease.AcquireRequest{Name: "l", Holder: "h", TTL: time.Minute})
+	require.NoError(t, err)
+	l2, err := leases.Renew(ctx, "l", l.Token, time.Minute)
 	require.NoError(t, err)
 	require.Equal(t, l.Token, l2.Token)
-	_, err = client.Release(ctx, "l", l.Token)
+	_, err = leases.Release(ctx, "l", l.Token)
 	require.NoError(t, err)
 	_, err = app.Exec(ctx, `UPDATE pgquota.usage SET used = 0`)
 	require.Equal(t, "42501", pgErrCode(err))

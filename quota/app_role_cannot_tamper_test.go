@@ -12,6 +12,8 @@ import (
 
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
+	"github.com/pgquota/pgquota/quota/lease"
 	"github.com/pgquota/pgquota/quota/outbox"
 	"github.com/pgquota/pgquota/quota/voucher"
 )
@@ -73,7 +75,7 @@ func TestAppRoleCannotTamper(t *testing.T) {
 	}
 	keyed, err := b.appC.Grant(ctx, quota.GrantRequest{Quota: "q", Member: "k", Amount: 1, Idempotency: quota.IdempotencyKey{Key: "key1"}})
 	require.NoError(t, err)
-	l, err := b.appC.Acquire(ctx, quota.AcquireRequest{Name: "res", Holder: "a", TTL: time.Minute})
+	l, err := leaseOf(t, b.appC).Acquire(ctx, lease.AcquireRequest{Name: "res", Holder: "a", TTL: time.Minute})
 	require.NoError(t, err)
 	_, err = b.owner.Exec(ctx, `CREATE TABLE public.guarded (id int PRIMARY KEY, tok bigint)`)
 	require.NoError(t, err)
@@ -81,7 +83,7 @@ func TestAppRoleCannotTamper(t *testing.T) {
 	require.NoError(t, err)
 	ownerC, err := quota.New(b.owner, nil)
 	require.NoError(t, err)
-	_, err = ownerC.GuardTable(ctx, quota.GuardTableRequest{Table: "public.guarded", Column: "tok"})
+	_, err = fenceOf(t, ownerC).GuardTable(ctx, fence.GuardTableRequest{Table: "public.guarded", Column: "tok"})
 	require.NoError(t, err)
 	eventID, err := outboxOf(t, b.appC).Enqueue(ctx, "topic", []byte("x"), nil)
 	require.NoError(t, err)
@@ -135,11 +137,11 @@ func TestAppRoleCannotTamper(t *testing.T) {
 	g, err := b.appC.Grant(ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1})
 	require.NoError(t, err)
 	require.False(t, g.Granted, "the limit of 5 still holds")
-	got, err := b.appC.Lease(ctx, "res")
+	got, err := leaseOf(t, b.appC).Get(ctx, "res")
 	require.NoError(t, err)
 	require.Equal(t, l.Token, got.Token)
 	require.Equal(t, "a", got.Holder)
-	fs, err := b.appC.FenceState(ctx, "res")
+	fs, err := fenceOf(t, b.appC).State(ctx, "res")
 	require.NoError(t, err)
 	require.Equal(t, l.Token, fs.Highest)
 	var external bool
@@ -152,7 +154,7 @@ func TestAppRoleCannotTamper(t *testing.T) {
 	require.NoError(t, b.owner.QueryRow(ctx, `SELECT epoch FROM pgquota.lease_epoch`).Scan(&epochAfter))
 	require.Equal(t, epoch, epochAfter)
 	// A holder still writes the guarded table with its own token.
-	gl, err := b.appC.Acquire(ctx, quota.AcquireRequest{Name: "public.guarded", Holder: "a", TTL: time.Minute})
+	gl, err := leaseOf(t, b.appC).Acquire(ctx, lease.AcquireRequest{Name: "public.guarded", Holder: "a", TTL: time.Minute})
 	require.NoError(t, err)
 	require.NoError(t, pgx.BeginFunc(ctx, b.app, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pgquota.present_token('public.guarded', $1, 'public.guarded')`, gl.Token); err != nil {
@@ -218,11 +220,11 @@ func TestOperatorRoleDefinesAndAppRoleIsToldWhichRole(t *testing.T) {
 			return err
 		}},
 		{"bump the lease epoch", func(c *quota.Client) error {
-			_, err := c.BumpLeaseEpoch(ctx, quota.BumpLeaseEpochRequest{NoStandbys: true, Timeout: time.Minute})
+			_, err := leaseOf(t, c).BumpEpoch(ctx, lease.BumpEpochRequest{NoStandbys: true, Timeout: time.Minute})
 			return err
 		}},
 		{"reap leases", func(c *quota.Client) error {
-			_, err := c.ReapLeases(ctx, quota.ReapLeasesRequest{OlderThan: time.Hour})
+			_, err := leaseOf(t, c).Reap(ctx, lease.ReapRequest{OlderThan: time.Hour})
 			return err
 		}},
 		{"reap the ledger", func(c *quota.Client) error { _, err := c.ReapLedger(ctx, time.Hour); return err }},

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/lease"
 	"github.com/pgquota/pgquota/quota/outbox"
 )
 
@@ -131,7 +132,7 @@ func TestCachedStatementRetriedAfterDeallocate(t *testing.T) {
 	require.NoError(t, err)
 	_, err = outboxOf(t, c).Enqueue(ctx, "t", nil, nil)
 	require.NoError(t, err)
-	l, err := c.Acquire(ctx, quota.AcquireRequest{Name: "r", Holder: "h", TTL: time.Minute})
+	l, err := leaseOf(t, c).Acquire(ctx, lease.AcquireRequest{Name: "r", Holder: "h", TTL: time.Minute})
 	require.NoError(t, err)
 	_, err = outboxOf(t, c).Events(ctx, outbox.Filter{})
 	require.NoError(t, err)
@@ -144,12 +145,12 @@ func TestCachedStatementRetriedAfterDeallocate(t *testing.T) {
 
 	_, err = pool.Exec(ctx, "DEALLOCATE ALL")
 	require.NoError(t, err)
-	_, err = c.Renew(ctx, "r", l.Token, time.Minute)
+	_, err = leaseOf(t, c).Renew(ctx, "r", l.Token, time.Minute)
 	require.NoError(t, err, "renew")
 
 	_, err = pool.Exec(ctx, "DEALLOCATE ALL")
 	require.NoError(t, err)
-	got, err := c.Lease(ctx, "r")
+	got, err := leaseOf(t, c).Get(ctx, "r")
 	require.NoError(t, err, "lease read")
 	require.Equal(t, l.Token, got.Token)
 }

@@ -1,14 +1,10 @@
 package quota_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net"
 	"net/url"
 	"sync/atomic"
 	"testing"
@@ -208,100 +204,6 @@ func TestGrantCancelledAtRandom(t *testing.T) {
 	require.Zero(t, b.pool.Stat().AcquiredConns())
 }
 
-// replyDropper is a TCP proxy between a test's pool and PostgreSQL that can
-// lose a reply after the server committed: when armed, it holds back the
-// server's messages up to the next ReadyForQuery (which PostgreSQL sends
-// after the implicit transaction of a statement has committed); if they
-// include a CommandComplete, it discards them and cuts both connections,
-// so the client never learns the outcome. Replies without a
-// CommandComplete (a prepare, a ping) pass.
-//
-// With dropTag set, only a reply whose CommandComplete carries that command
-// tag ("COMMIT", "INSERT 0 1") is dropped; the others pass.
-type replyDropper struct {
-	ln      net.Listener
-	target  string
-	armed   atomic.Bool
-	dropTag string
-	dropped chan struct{}
-}
-
-func newReplyDropper(t *testing.T, target string) *replyDropper {
-	t.Helper()
-	return newTagDropper(t, target, "")
-}
-
-// newTagDropper returns a replyDropper that drops only a reply with the
-// command tag dropTag ("" for any).
-func newTagDropper(t *testing.T, target, dropTag string) *replyDropper {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &replyDropper{ln: ln, target: target, dropTag: dropTag, dropped: make(chan struct{}, 1)}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			client, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			server, err := net.Dial("tcp", target)
-			if err != nil {
-				client.Close()
-				continue
-			}
-			go func() {
-				_, _ = io.Copy(server, client)
-				server.Close()
-			}()
-			go p.serverToClient(server, client)
-		}
-	}()
-	return p
-}
-
-// serverToClient forwards the server's messages (a type byte and a length,
-// from the first byte: the test connects without SSL) and drops a reply
-// when armed.
-func (p *replyDropper) serverToClient(server, client net.Conn) {
-	defer client.Close()
-	defer server.Close()
-	var held []byte
-	completed := false
-	for {
-		hdr := make([]byte, 5)
-		if _, err := io.ReadFull(server, hdr); err != nil {
-			return
-		}
-		msg := make([]byte, 1+binary.BigEndian.Uint32(hdr[1:]))
-		copy(msg, hdr)
-		if _, err := io.ReadFull(server, msg[5:]); err != nil {
-			return
-		}
-		if !p.armed.Load() {
-			if _, err := client.Write(msg); err != nil {
-				return
-			}
-			continue
-		}
-		held = append(held, msg...)
-		if msg[0] == 'C' && (p.dropTag == "" || string(bytes.TrimRight(msg[5:], "\x00")) == p.dropTag) {
-			completed = true
-		}
-		if msg[0] != 'Z' {
-			continue
-		}
-		if completed && p.armed.CompareAndSwap(true, false) {
-			p.dropped <- struct{}{}
-			return // the reply is lost; both connections are cut
-		}
-		if _, err := client.Write(held); err != nil {
-			return
-		}
-		held, completed = held[:0], false
-	}
-}
-
 // The first reply of a keyed grant is lost after the grant committed; the
 // retry with the same key reports the committed grant and grants nothing
 // more.
@@ -317,7 +219,7 @@ func TestGrantKeyedRetryAfterLostReply(t *testing.T) {
 	u, err := url.Parse(dbURL)
 	require.NoError(t, err)
 	proxy := newReplyDropper(t, u.Host)
-	u.Host = proxy.ln.Addr().String()
+	u.Host = proxy.Ln.Addr().String()
 	viaProxy, err := quota.New(pgtest.Connect(t, u.String(), 1), nil)
 	require.NoError(t, err)
 	// A Client's first grant on a quota name reads the quota's kind first
@@ -328,11 +230,11 @@ func TestGrantKeyedRetryAfterLostReply(t *testing.T) {
 	require.True(t, warm.Granted)
 
 	req := quota.GrantRequest{Quota: "q", Member: "m", Amount: 1, Idempotency: key("order-42")}
-	proxy.armed.Store(true)
+	proxy.Armed.Store(true)
 	_, err = viaProxy.Grant(b.ctx, req)
 	require.Error(t, err, "the reply was lost")
 	select {
-	case <-proxy.dropped:
+	case <-proxy.Dropped:
 	default:
 		t.Fatalf("the proxy dropped no reply; the call failed with %v", err)
 	}

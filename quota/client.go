@@ -2,10 +2,8 @@ package quota
 
 import (
 	"context"
-	"errors"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"go.opentelemetry.io/otel/metric"
@@ -102,15 +100,14 @@ type Config struct {
 // Client runs pgquota's operations on a connection pool. It is safe for
 // concurrent use by many goroutines.
 //
-// The calls that change quota, voucher, lease, fence, ledger and outbox
-// state have a twin XTx that runs inside the caller's pgx.Tx (GrantTx,
-// CompensateGrantTx, voucher.Client.ClaimTx, AcquireTx, WriteFencedRowTx, and
-// outbox.Client.EnqueueTx, ...),
-// so the caller's own writes and pgquota's commit or roll back together.
-// The exceptions own their transactions or wait between them: AcquireWait,
-// AcquireSlotWait, Keepalive, Do, Election, the Relay, ReapLedger,
-// outbox's Relay and Reap, ReapLeases, BumpLeaseEpoch and Migrate; RenewSlot and
-// ReleaseSlot are RenewTx and ReleaseTx on the slot's lease.
+// The calls that change quota and ledger state have a twin XTx that runs
+// inside the caller's pgx.Tx (GrantTx, CompensateGrantTx, ...; and in the
+// capability packages voucher.Client.ClaimTx, lease.Client.AcquireTx,
+// fence.Client.WriteRowTx, outbox.Client.EnqueueTx, ...), so the caller's
+// own writes and pgquota's commit or roll back together. The exceptions
+// own their transactions or wait between them: ReapLedger and Migrate
+// here, and those their packages name (lease's AcquireWait, Keepalive,
+// Do, Election, Reap and BumpEpoch; outbox's Relay and Reap).
 type Client struct {
 	pool *pgxpool.Pool
 	// db runs single statements on pool and retries serialization failures
@@ -123,8 +120,6 @@ type Client struct {
 	policy core.RetryPolicy
 	cfg    Config
 
-	notifier leaseNotifier // AcquireWait's shared LISTEN connection (lease.go)
-
 	// m holds the instruments; nil without Config.MeterProvider (metrics.go).
 	m *core.Metrics
 
@@ -136,14 +131,6 @@ type Client struct {
 
 	// kinds caches each quota's kind, to pick its grant statement (shape.go).
 	kinds kindCache
-
-	// testHookFencedGrantPause, set by tests only, runs in grantFenced
-	// between the read and the fenced write.
-	testHookFencedGrantPause func(context.Context, Lease)
-
-	// testHookFencedGrantRelease, set by tests only, runs in grantFenced
-	// just before it releases its lease.
-	testHookFencedGrantRelease func(context.Context, Lease)
 
 	// testHookCoalesceSend, set by tests only, runs before each coalesced
 	// statement with the number of calls it decides, after they were
@@ -257,7 +244,7 @@ func (c *Client) CheckSchema(ctx context.Context) error {
 }
 
 // isNoRows reports whether err is pgx's "no rows in result set".
-func isNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) }
+func isNoRows(err error) bool { return core.IsNoRows(err) }
 
 // isForeignKeyViolation reports SQLSTATE 23503: a row referred to a quota
 // or campaign that does not exist.

@@ -12,6 +12,8 @@ import (
 
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
+	"github.com/pgquota/pgquota/quota/lease"
 	"github.com/pgquota/pgquota/quota/voucher"
 )
 
@@ -47,29 +49,6 @@ func serializableSetup(t *testing.T, maxConns int32) *testBundle {
 	return &testBundle{ctx: t.Context(), pool: pool, client: client, operator: operator, owner: pgtest.ConnectOwner(t, dbURL, 1)}
 }
 
-// errList collects errors from goroutines.
-type errList struct {
-	mu   sync.Mutex
-	n    int
-	errs []error
-}
-
-func (l *errList) add(err error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.n++
-	if err != nil {
-		l.errs = append(l.errs, err)
-	}
-}
-
-func (l *errList) requireNone(t *testing.T, what string) {
-	t.Helper()
-	if len(l.errs) > 0 {
-		t.Errorf("%s: %d of %d calls failed, first: %v", what, len(l.errs), l.n, l.errs[0])
-	}
-}
-
 // Serialization failures (40001) and deadlocks are
 // retried where pgquota owns the transaction. Calls on the pool run in a
 // transaction pgquota owns (one statement, or ImportCodes' own); with
@@ -94,9 +73,9 @@ func TestBreakDefaultSerializable(t *testing.T) {
 	concurrently(32, func(i int) {
 		for range 5 {
 			res, err := b.client.Grant(b.ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 2})
-			grants.add(err)
+			grants.Add(err)
 			r, rerr := b.client.Revoke(b.ctx, quota.RevokeRequest{Quota: "q", Member: "m", Amount: 1})
-			revokes.add(rerr)
+			revokes.Add(rerr)
 			mu.Lock()
 			if err == nil && res.Granted {
 				granted += res.Amount
@@ -105,33 +84,33 @@ func TestBreakDefaultSerializable(t *testing.T) {
 			mu.Unlock()
 		}
 		_, err := voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "pool", Member: fmt.Sprint("member-", i)})
-		claims.add(err)
+		claims.Add(err)
 		_, err = voucherOf(t, b.client).Claim(b.ctx, voucher.ClaimRequest{Campaign: "codes", Member: fmt.Sprint("member-", i)})
-		codeClaims.add(err)
+		codeClaims.Add(err)
 		_, err = voucherOf(t, b.operator).ImportCodes(b.ctx, "codes", []string{fmt.Sprint("new-", i), "shared"})
-		imports.add(err)
-		l, err := b.client.Acquire(b.ctx, quota.AcquireRequest{Name: "lease", Holder: "h", TTL: time.Millisecond})
-		if errors.Is(err, quota.ErrLeaseHeld) {
+		imports.Add(err)
+		l, err := leaseOf(t, b.client).Acquire(b.ctx, lease.AcquireRequest{Name: "lease", Holder: "h", TTL: time.Millisecond})
+		if errors.Is(err, lease.ErrHeld) {
 			err = nil
 		}
-		acquires.add(err)
+		acquires.Add(err)
 		if err == nil && l.Token > 0 {
-			_, err = b.client.WriteFencedRow(b.ctx, quota.WriteFencedRowRequest{Resource: "res", Key: "k", Value: "v", Token: l.Token})
+			_, err = fenceOf(t, b.client).WriteRow(b.ctx, fence.WriteRowRequest{Resource: "res", Key: "k", Value: "v", Token: l.Token})
 			if err != nil && errorsIsStale(err) {
 				err = nil
 			}
-			writes.add(err)
+			writes.Add(err)
 		}
 	})
-	grants.requireNone(t, "Grant")
-	revokes.requireNone(t, "Revoke")
-	claims.requireNone(t, "Claim counted")
-	codeClaims.requireNone(t, "Claim codes")
-	imports.requireNone(t, "ImportCodes")
-	acquires.requireNone(t, "Acquire")
-	writes.requireNone(t, "WriteFencedRow")
+	grants.RequireNone(t, "Grant")
+	revokes.RequireNone(t, "Revoke")
+	claims.RequireNone(t, "Claim counted")
+	codeClaims.RequireNone(t, "Claim codes")
+	imports.RequireNone(t, "ImportCodes")
+	acquires.RequireNone(t, "Acquire")
+	writes.RequireNone(t, "WriteFencedRow")
 	sum, _ := b.usageRows(t, "q", "m")
 	require.Equal(t, granted-revoked, sum)
 }
 
-func errorsIsStale(err error) bool { return errors.Is(err, quota.ErrStaleToken) }
+func errorsIsStale(err error) bool { return errors.Is(err, fence.ErrStaleToken) }

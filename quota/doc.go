@@ -59,8 +59,8 @@
 // month cut in the quota's IANA time zone, or none (a lifetime cap); a
 // fixed window of any length from an origin; a rolling window (at most N
 // in any period of length W); or a rate with a burst (Window names the
-// kind). Semaphores (AcquireSlot) limit how many hold at once, each holder
-// a lease with its own fencing token. Every
+// kind). Semaphores (package lease: AcquireSlot) limit how many hold at
+// once, each holder a lease with its own fencing token. Every
 // window boundary and every expiry is computed by the database clock
 // (clock_timestamp(), through the SQL function pgquota.clock()), never by
 // an application server's clock, and never by now(), which freezes at the
@@ -100,13 +100,8 @@
 // package's conditional updates), or the storage must reject writes carrying
 // stale fencing tokens.
 //
-// Lease tokens survive crashes and failovers (migrations/00007_token_epoch.sql):
-// a token is (epoch << 40) + n with the epoch from the server's WAL
-// timeline, so tokens issued after the promotion of a standby exceed every
-// token issued before it, whatever the replication lag (see LeaseEpoch).
-// Acquire, Renew, Release, fenced writes and writes of guarded tables
-// raise their transaction's synchronous_commit from off to on (inside the
-// caller's transaction for the Tx twins), so none that reported success is
-// lost in a crash and no token is issued twice; 'local' and the remote
-// levels are kept, as they flush the local WAL already.
+// Leases with fencing tokens, elections and semaphores are package
+// quota/lease; fenced rows and guarded tables, which reject writes of a
+// deposed holder, package quota/fence; the transactional outbox, package
+// quota/outbox. Each builds its client on a Client (lease.New(client), ...).
 package quota

@@ -70,9 +70,9 @@ var (
 	// migrations.AppRole (pgquota_app), with `pgquota migrate grant-app
 	// --role ROLE` run as the schema's owner. The operator's calls
 	// (DefineQuota and DefineQuotaTx of every kind, SetMemberLimit,
-	// ClearMemberLimit, voucher.Client.CreateCampaign, CreateShardedCampaign and
-	// ImportCodes,
-	// BumpLeaseEpoch, GuardTable, ReapLeases, ReapLedger) need
+	// ClearMemberLimit, ReapLedger; voucher.Client's CreateCampaign,
+	// CreateShardedCampaign and ImportCodes; lease.Client.BumpEpoch and
+	// Reap; fence.Client.GuardTable) need
 	// migrations.OperatorRole (`pgquota migrate grant-operator`), the
 	// relay's (package outbox: Relay.Run, Relay.RunOnce, Client.Reap) migrations.RelayRole (`grant-relay`); the
 	// message then names that role and command (docs/trust-model.md).
@@ -127,19 +127,20 @@ func SQLState(err error) string {
 // net.Error, io.ErrUnexpectedEOF, context.Canceled, ...).
 //
 // The calls without a Tx suffix that change state can return it: Grant,
-// GrantBatch, Revoke, CompensateGrant, voucher.Client.Claim,
-// CreateCampaign, CreateShardedCampaign and ImportCodes, DefineQuota, SetMemberLimit,
-// ClearMemberLimit, Acquire, AcquireWait, Renew, Release, WriteFencedRow,
-// GuardTable, ReapLedger, outbox.Client.Enqueue and Reap, and RunInTx and FencedTx
-// (for their COMMIT). pgquota never retries such an error blindly. Learn the outcome
+// GrantBatch, Revoke, CompensateGrant, DefineQuota, SetMemberLimit,
+// ClearMemberLimit, ReapLedger, RunInTx (for its COMMIT); and in the
+// capability packages voucher.Client's Claim, CreateCampaign,
+// CreateShardedCampaign and ImportCodes, lease.Client's Acquire,
+// AcquireWait, Renew and Release, fence.Client's WriteRow, GuardTable and
+// RunTx (for its COMMIT), outbox.Client's Enqueue and Reap. pgquota never retries such an error blindly. Learn the outcome
 // by repeating the call with the same idempotency key where it takes one
 // (GrantRequest.Idempotency, RevokeRequest.Idempotency, the WithKey claims:
 // the repeat returns the first outcome and changes nothing more), by
-// repeating a call that is idempotent by itself (Acquire with the same
-// AcquireRequest.Attempt, Renew, Release, CompensateGrant, WriteFencedRow of the
+// repeating a call that is idempotent by itself (lease Acquire with the same
+// lease.AcquireRequest.Attempt, Renew, Release, CompensateGrant, fence WriteRow of the
 // same value, the creates and defines with the same arguments, a claim by
 // the same member), or by reading the state (Usage, LedgerEntryByKey,
-// Lease, FencedRow, outbox.Client.Events, voucher.Client.Campaign). An unkeyed Grant,
+// lease.Client.Get, fence.Client.Row, outbox.Client.Events, voucher.Client.Campaign). An unkeyed Grant,
 // GrantBatch, Revoke or outbox Enqueue repeated blindly may apply twice.
 //
 // The XTx calls never return it: their statements run in the caller's
@@ -196,69 +197,6 @@ func (e *SchemaVersionError) Unwrap() []error {
 	return out
 }
 
-// Sentinel errors of the fenced lock (lease.go, fence.go, keepalive.go).
-var (
-	// ErrLeaseHeld is returned by Acquire, AcquireTx and Do (without
-	// DoRequest.Wait) when another acquisition attempt holds the lease,
-	// wrapped in a *LeaseHeldError that names the holder and the expiry.
-	// AcquireWait, Do with Wait and Election.Campaign return it only when
-	// their context ends first.
-	ErrLeaseHeld = core.ErrLeaseHeld
-
-	// ErrLeaseLost is returned by Renew, RenewTx, Release, ReleaseTx,
-	// SetLeasePayload, SetLeasePayloadTx and Leadership.Proclaim when the
-	// lease is no longer held with the given token (it expired by
-	// the database clock, was released, or another holder took it over), by
-	// WriteFencedRow, WriteFencedRowTx, PresentTokenTx and FencedTx when
-	// the lease the write is checked against is not held with the token
-	// (SQLSTATE PQ002), and is the cause of Keeper.Context (and so of the
-	// contexts Do and Campaign give) when a renewal found the lease lost. A deposed
-	// holder can neither extend, end, nor write under its successor's lease.
-	ErrLeaseLost = core.ErrLeaseLost
-
-	// ErrLeaseNotFound is returned by Lease when no lease of that name was
-	// ever acquired, or its row was deleted by ReapLeases.
-	ErrLeaseNotFound = core.ErrLeaseNotFound
-
-	// ErrFencedRowNotFound is returned by FencedRow when the resource has no
-	// row of that key.
-	ErrFencedRowNotFound = core.ErrFencedRowNotFound
-
-	// ErrStaleToken is returned by WriteFencedRow, WriteFencedRowTx,
-	// PresentTokenTx and FencedTx, and by MapFenceError for an error from a guarded
-	// application table, when
-	// the write's fencing token is below the highest token seen for the
-	// resource (or below the token of the lease it is checked against). It
-	// is wrapped in a *StaleTokenError. Nothing was written.
-	ErrStaleToken = core.ErrStaleToken
-
-	// ErrTokenNotPresented is returned by MapFenceError (and FencedTx, for
-	// fn's statements) for an error from a table guarded by GuardTable (SQLSTATE PQ003) when the statement
-	// ran in a transaction that presented no fencing token for the table's
-	// resource (PresentTokenTx or SELECT pgquota.present_token(...) first,
-	// in the same transaction), or one that pgquota.present_token did not
-	// admit. Nothing of the statement was written.
-	ErrTokenNotPresented = core.ErrTokenNotPresented
-
-	// ErrWrongLease is returned (by FencedTx, and through MapFenceError,
-	// SQLSTATE PQ004, SQLStateWrongLease) when a fencing token is presented or written for
-	// a resource bound to another lease or semaphore than the one that
-	// issued it, or with a lease name for a resource that takes external
-	// tokens only (see GuardTableRequest). Nothing was written and no mark
-	// moved.
-	ErrWrongLease = core.ErrWrongLease
-
-	// ErrKeepaliveStopped is the cause of a Keeper's context after
-	// Keeper.Stop.
-	ErrKeepaliveStopped = core.ErrKeepaliveStopped
-
-	// ErrLeaseExpiring is the cause of a Keeper's context when no renewal
-	// was confirmed in time: the context ends a safety margin before the
-	// last expiry the database confirmed. The cause also wraps the last
-	// renewal error, if any.
-	ErrLeaseExpiring = core.ErrLeaseExpiring
-)
-
 // Sentinel errors of coalesced and batched grants (coalesce.go, batch.go).
 var (
 	// ErrGrantAbandoned is returned by Grant with Config.Coalesce or
@@ -273,7 +211,3 @@ var (
 	// nothing was granted for it.
 	ErrGrantAbandoned = core.ErrGrantAbandoned
 )
-
-// ErrNoLeader is returned by Election.Leader when no campaigner holds the
-// election's lease (nobody ever won, or the last leader resigned or lost it).
-var ErrNoLeader = core.ErrNoLeader

@@ -11,6 +11,7 @@ import (
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/migrations"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/lease"
 	"github.com/pgquota/pgquota/quota/voucher"
 )
 
@@ -85,8 +86,8 @@ func TestErrorsCarryOnePrefix(t *testing.T) {
 	check("grant not found", err, quota.ErrGrantNotFound)
 	_, err = voucherOf(t, c).Campaign(ctx, "nope")
 	check("campaign not found", err, voucher.ErrCampaignNotFound)
-	_, err = c.Lease(ctx, "nope")
-	check("lease not found", err, quota.ErrLeaseNotFound)
+	_, err = leaseOf(t, c).Get(ctx, "nope")
+	check("lease not found", err, lease.ErrNotFound)
 	_, err = b.operator.DefineQuota(ctx, quota.Definition{Name: "q", Window: quota.WindowRate, DefaultLimit: ptr(int64(5)), Period: time.Second})
 	check("kind change", err, quota.ErrQuotaKindChange)
 

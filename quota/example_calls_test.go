@@ -2,10 +2,8 @@ package quota_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -80,31 +78,25 @@ func ExampleClient_CompensateGrant() {
 	// revoked=3 used=0 replayed=true
 }
 
-// Take a lease and write under its fencing token; a write carrying an
-// older holder's token is refused.
-func ExampleClient_WriteFencedRow() {
+// Optional limits are *int64 (nil means "not given"): quota.Limit makes one.
+func ExampleLimit() {
 	ctx := context.Background()
 	client, _, done := exampleClient(ctx)
 	defer done()
-	first, err := client.Acquire(ctx, quota.AcquireRequest{Name: "report", Holder: "worker-1", TTL: time.Minute})
+	if _, err := client.DefineQuota(ctx, quota.Definition{Name: "uploads", Window: quota.WindowDay, DefaultLimit: quota.Limit(3)}); err != nil {
+		log.Fatal(err)
+	}
+	res, err := client.Grant(ctx, quota.GrantRequest{Quota: "uploads", Member: "acme", Amount: 2})
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, err := client.Release(ctx, first.Name, first.Token); err != nil {
-		log.Fatal(err)
-	}
-	second, err := client.Acquire(ctx, quota.AcquireRequest{Name: "report", Holder: "worker-2", TTL: time.Minute})
+	fmt.Println("default limit:", res.Granted, res.Limit)
+	res, err = client.Grant(ctx, quota.GrantRequest{Quota: "uploads", Member: "acme", Amount: 1, Limit: quota.Limit(2)})
 	if err != nil {
 		log.Fatal(err)
 	}
-	row, err := client.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "report", Key: "status", Value: "done", Token: second.Token})
-	if err != nil {
-		log.Fatal(err)
-	}
-	fmt.Printf("written %s=%s by the newer token: %t\n", row.Key, row.Value, row.Token == second.Token)
-	_, err = client.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "report", Key: "status", Value: "stale", Token: first.Token})
-	fmt.Println("older token refused:", errors.Is(err, quota.ErrStaleToken) || errors.Is(err, quota.ErrLeaseLost))
+	fmt.Println("call's limit:", res.Granted, res.Limit)
 	// Output:
-	// written status=done by the newer token: true
-	// older token refused: true
+	// default limit: true 3
+	// call's limit: false 2
 }

@@ -47,14 +47,14 @@ func TestGrantMultiSerializableDefaultRetried(t *testing.T) {
 	granted := 0
 	concurrently(40, func(i int) {
 		res, err := clients[i%2].Grant(ctx, quota.GrantRequest{Quotas: []string{"day", "rate"}, Member: "m", Amount: 1})
-		errs.add(err)
+		errs.Add(err)
 		if err == nil && res.Granted {
 			mu.Lock()
 			granted++
 			mu.Unlock()
 		}
 	})
-	errs.requireNone(t, "multi-quota grants under SERIALIZABLE")
+	errs.RequireNone(t, "multi-quota grants under SERIALIZABLE")
 	require.Equal(t, 40, granted)
 	sum, _ := b.usageRows(t, "day", "m")
 	require.Equal(t, int64(40), sum)

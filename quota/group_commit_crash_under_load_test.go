@@ -48,13 +48,13 @@ func TestGroupedAndCoalescedGrantsSurviveImmediateShutdownUnderLoad(t *testing.T
 	for round := range crashRounds(t, 2) {
 		tg := targets[round%len(targets)]
 		spread, capped := fmt.Sprintf("spread-%d", round), fmt.Sprintf("capped-%d", round)
-		admin, closeAdmin := crashClient(t, cl.URL(tg.database))
+		admin, closeAdmin := crashClient(t, cl.URL(tg.Database))
 		_, err := admin.DefineQuota(ctx, quota.Definition{Name: spread, Window: quota.WindowNone, DefaultLimit: ptr[int64](1 << 40)})
 		require.NoError(t, err)
 		_, err = admin.DefineQuota(ctx, quota.Definition{Name: capped, Window: quota.WindowNone, DefaultLimit: ptr[int64](hotCap)})
 		require.NoError(t, err)
 		closeAdmin()
-		cl.Exec(tg.database, "CHECKPOINT")
+		cl.Exec(tg.Database, "CHECKPOINT")
 
 		var mu sync.Mutex
 		accounts := map[groupCounterKey]*groupAccount{}
@@ -67,7 +67,7 @@ func TestGroupedAndCoalescedGrantsSurviveImmediateShutdownUnderLoad(t *testing.T
 		}
 		load := newCrashLoad(t)
 		onAbandoned := func(req quota.GrantRequest, res quota.GrantResult, err error) {
-			unknown := err != nil && load.failed(fmt.Sprintf("abandoned grant of %d on %s/%s", req.Amount, req.Quota, req.Member), err)
+			unknown := err != nil && load.Failed(fmt.Sprintf("abandoned grant of %d on %s/%s", req.Amount, req.Quota, req.Member), err)
 			mu.Lock()
 			defer mu.Unlock()
 			a := account(req.Quota, req.Member)
@@ -84,7 +84,7 @@ func TestGroupedAndCoalescedGrantsSurviveImmediateShutdownUnderLoad(t *testing.T
 		var closers []func()
 		for i := range 4 {
 			cfg := &quota.Config{GroupCommit: i%2 == 0, Coalesce: i%2 == 1, OnAbandonedGrant: onAbandoned}
-			c, closePool := crashLoadPool(t, tg.url, 6, cfg)
+			c, closePool := crashLoadPool(t, tg.URL, 6, cfg)
 			requireSynchronousCommit(t, c, tg)
 			if cfg.GroupCommit {
 				quota.SetGroupSend(c, func(reqs []quota.GrantRequest) {
@@ -108,7 +108,7 @@ func TestGroupedAndCoalescedGrantsSurviveImmediateShutdownUnderLoad(t *testing.T
 		}
 
 		calls := make([]int, workers)
-		load.start(workers, func(w int) {
+		load.Start(workers, func(w int) {
 			calls[w]++
 			req := quota.GrantRequest{Quota: spread, Member: fmt.Sprintf("m%d", w%8), Amount: int64(1 + w%2)}
 			if w%3 == 0 {
@@ -122,7 +122,7 @@ func TestGroupedAndCoalescedGrantsSurviveImmediateShutdownUnderLoad(t *testing.T
 			}
 			res, err := clients[w%4].Grant(callCtx, req)
 			if err != nil {
-				unknown := load.failed(fmt.Sprintf("grant of %d on %s/%s", req.Amount, req.Quota, req.Member), err, context.DeadlineExceeded)
+				unknown := load.Failed(fmt.Sprintf("grant of %d on %s/%s", req.Amount, req.Quota, req.Member), err, context.DeadlineExceeded)
 				mu.Lock()
 				a := account(req.Quota, req.Member)
 				switch {
@@ -142,13 +142,13 @@ func TestGroupedAndCoalescedGrantsSurviveImmediateShutdownUnderLoad(t *testing.T
 			}
 		})
 		time.Sleep(1200 * time.Millisecond)
-		load.crash(cl)
+		load.Crash(cl)
 
 		// checkCounters reads every counter: at least the units reported
 		// granted, at most those plus the units of unknown outcome (and of
 		// abandoned calls whose outcome has not reached the hook yet).
 		checkCounters := func(when string) (granted, unknown int64) {
-			check, closeCheck := crashClient(t, cl.URL(tg.database))
+			check, closeCheck := crashClient(t, cl.URL(tg.Database))
 			defer closeCheck()
 			mu.Lock()
 			defer mu.Unlock()
@@ -170,9 +170,9 @@ func TestGroupedAndCoalescedGrantsSurviveImmediateShutdownUnderLoad(t *testing.T
 		grantedBefore, unknownBefore := checkCounters("after the restart")
 		require.Positive(t, grantedBefore, "round %d: nothing granted before the crash", round)
 
-		load.resume()
+		load.Resume()
 		time.Sleep(1200 * time.Millisecond)
-		load.stop()
+		load.Stop()
 		// Every abandoned call's outcome reaches the hook once its
 		// statement returns.
 		require.Eventually(t, func() bool {
@@ -198,12 +198,12 @@ func TestGroupedAndCoalescedGrantsSurviveImmediateShutdownUnderLoad(t *testing.T
 			abandoned += a.abandoned
 		}
 		mu.Unlock()
-		unknownErrs, preSend := load.errorCounts()
+		unknownErrs, preSend := load.ErrorCounts()
 		require.Positive(t, unknownErrs+preSend, "round %d: no call noticed the crash", round)
 		t.Logf("round %d (%s): %d units granted (%d before the crash, %d units then of unknown outcome), %d units of unknown outcome, "+
 			"%d units abandoned; %d groups and %d coalesced statements of several calls; crash and restart took %s; "+
 			"%d errors of unknown outcome, %d clear errors before sending",
-			round, tg.what, granted, grantedBefore, unknownBefore, unknown, abandoned, groups, batches,
-			load.crashDur.Round(time.Millisecond), unknownErrs, preSend)
+			round, tg.What, granted, grantedBefore, unknownBefore, unknown, abandoned, groups, batches,
+			load.CrashDur.Round(time.Millisecond), unknownErrs, preSend)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
+	"github.com/pgquota/pgquota/quota/lease"
 )
 
 // A deposed holder's writes are counted as stale, the holder's own as
@@ -21,32 +23,32 @@ func TestMetricsFencedWritesAndLeaseOutcomes(t *testing.T) {
 	c2, m2 := b.meteredClient(t, nil)
 	ctx := b.ctx
 
-	old, err := c1.Acquire(ctx, quota.AcquireRequest{Name: "job", Holder: "a", TTL: time.Minute})
+	old, err := leaseOf(t, c1).Acquire(ctx, lease.AcquireRequest{Name: "job", Holder: "a", TTL: time.Minute})
 	require.NoError(t, err)
-	_, err = c2.Acquire(ctx, quota.AcquireRequest{Name: "job", Holder: "b", TTL: time.Minute})
-	require.ErrorIs(t, err, quota.ErrLeaseHeld)
-	_, err = c1.Release(ctx, "job", old.Token)
+	_, err = leaseOf(t, c2).Acquire(ctx, lease.AcquireRequest{Name: "job", Holder: "b", TTL: time.Minute})
+	require.ErrorIs(t, err, lease.ErrHeld)
+	_, err = leaseOf(t, c1).Release(ctx, "job", old.Token)
 	require.NoError(t, err)
-	cur, err := c2.Acquire(ctx, quota.AcquireRequest{Name: "job", Holder: "b", TTL: time.Minute})
+	cur, err := leaseOf(t, c2).Acquire(ctx, lease.AcquireRequest{Name: "job", Holder: "b", TTL: time.Minute})
 	require.NoError(t, err)
 	require.Greater(t, cur.Token, old.Token)
 
 	for i := range 3 { // the paused old holder wakes up and writes
-		_, err := c1.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "job", Key: "k", Value: "old", Token: old.Token})
-		require.ErrorIs(t, err, quota.ErrStaleToken, i)
+		_, err := fenceOf(t, c1).WriteRow(ctx, fence.WriteRowRequest{Resource: "job", Key: "k", Value: "old", Token: old.Token})
+		require.ErrorIs(t, err, fence.ErrStaleToken, i)
 	}
 	for range 2 {
-		_, err := c2.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "job", Key: "k", Value: "new", Token: cur.Token, Lease: "job"})
+		_, err := fenceOf(t, c2).WriteRow(ctx, fence.WriteRowRequest{Resource: "job", Key: "k", Value: "new", Token: cur.Token, Lease: "job"})
 		require.NoError(t, err)
 	}
-	_, err = c1.Renew(ctx, "job", old.Token, time.Minute)
-	require.ErrorIs(t, err, quota.ErrLeaseLost)
-	_, err = c2.Renew(ctx, "job", cur.Token, time.Minute)
+	_, err = leaseOf(t, c1).Renew(ctx, "job", old.Token, time.Minute)
+	require.ErrorIs(t, err, lease.ErrLost)
+	_, err = leaseOf(t, c2).Renew(ctx, "job", cur.Token, time.Minute)
 	require.NoError(t, err)
-	_, err = c2.Release(ctx, "job", cur.Token)
+	_, err = leaseOf(t, c2).Release(ctx, "job", cur.Token)
 	require.NoError(t, err)
-	_, err = c2.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "job", Key: "k", Value: "late", Token: cur.Token, Lease: "job"})
-	require.ErrorIs(t, err, quota.ErrLeaseLost)
+	_, err = fenceOf(t, c2).WriteRow(ctx, fence.WriteRowRequest{Resource: "job", Key: "k", Value: "late", Token: cur.Token, Lease: "job"})
+	require.ErrorIs(t, err, lease.ErrLost)
 
 	for outcome, want := range map[string]int64{"written": 2, "stale_token": 3, "lease_lost": 1, "error": 0} {
 		require.Equal(t, want, sumOf(t, "pgquota.fence.writes", map[string]string{"pgquota.outcome": outcome}, m1, m2), outcome)
@@ -74,17 +76,17 @@ func TestMetricsRenewalMarginByDatabaseClock(t *testing.T) {
 	b := setup(t, 4)
 	c, m := b.meteredClient(t, nil)
 	b.setClock(t, "2030-01-01 00:00:00+00")
-	l, err := c.Acquire(b.ctx, quota.AcquireRequest{Name: "margin", Holder: "a", TTL: time.Minute})
+	l, err := leaseOf(t, c).Acquire(b.ctx, lease.AcquireRequest{Name: "margin", Holder: "a", TTL: time.Minute})
 	require.NoError(t, err)
 	b.setClock(t, "2030-01-01 00:00:45+00")
-	_, err = c.Renew(b.ctx, "margin", l.Token, time.Minute)
+	_, err = leaseOf(t, c).Renew(b.ctx, "margin", l.Token, time.Minute)
 	require.NoError(t, err)
 	b.setClock(t, "2030-01-01 00:01:40+00") // 5s before the renewed expiry
-	_, err = c.Renew(b.ctx, "margin", l.Token, time.Minute)
+	_, err = leaseOf(t, c).Renew(b.ctx, "margin", l.Token, time.Minute)
 	require.NoError(t, err)
 	b.setClock(t, "2030-01-01 00:03:00+00") // expired: lost, no margin
-	_, err = c.Renew(b.ctx, "margin", l.Token, time.Minute)
-	require.ErrorIs(t, err, quota.ErrLeaseLost)
+	_, err = leaseOf(t, c).Renew(b.ctx, "margin", l.Token, time.Minute)
+	require.ErrorIs(t, err, lease.ErrLost)
 
 	n, sum := histOf(t, "pgquota.lease.renewal.margin", nil, m)
 	require.Equal(t, uint64(2), n)
@@ -98,7 +100,7 @@ func TestMetricsOutcomeUnknownCounted(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 4)
 	c, m := b.meteredClient(t, nil)
-	l, err := c.Acquire(b.ctx, quota.AcquireRequest{Name: "locked", Holder: "a", TTL: time.Minute})
+	l, err := leaseOf(t, c).Acquire(b.ctx, lease.AcquireRequest{Name: "locked", Holder: "a", TTL: time.Minute})
 	require.NoError(t, err)
 	tx, err := b.owner.Begin(b.ctx)
 	require.NoError(t, err)
@@ -108,7 +110,7 @@ func TestMetricsOutcomeUnknownCounted(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(b.ctx, 300*time.Millisecond)
 	defer cancel()
-	_, err = c.Renew(ctx, "locked", l.Token, time.Minute)
+	_, err = leaseOf(t, c).Renew(ctx, "locked", l.Token, time.Minute)
 	require.ErrorIs(t, err, quota.ErrOutcomeUnknown)
 
 	require.Equal(t, int64(1), sumOf(t, "pgquota.outcome_unknown", map[string]string{"pgquota.operation": "renew"}, m))

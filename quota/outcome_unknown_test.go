@@ -15,6 +15,8 @@ import (
 
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
+	"github.com/pgquota/pgquota/quota/lease"
 	"github.com/pgquota/pgquota/quota/voucher"
 )
 
@@ -59,11 +61,11 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 		{
 			name: "Acquire",
 			call: func(ctx context.Context, c *quota.Client, _ any) error {
-				_, err := c.Acquire(ctx, quota.AcquireRequest{Name: "job", Holder: "a", TTL: time.Minute})
+				_, err := leaseOf(t, c).Acquire(ctx, lease.AcquireRequest{Name: "job", Holder: "a", TTL: time.Minute})
 				return err
 			},
 			landed: func(t *testing.T, b *testBundle, _ any) bool {
-				l, err := b.client.Lease(b.ctx, "job")
+				l, err := leaseOf(t, b.client).Get(b.ctx, "job")
 				require.NoError(t, err)
 				return l.Held && l.Holder == "a"
 			},
@@ -74,12 +76,12 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 				return b.acquire(t, "res", "a", time.Minute)
 			},
 			call: func(ctx context.Context, c *quota.Client, prepared any) error {
-				l := prepared.(quota.Lease)
-				_, err := c.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "res", Key: "k", Value: "v1", Token: l.Token, Lease: "res"})
+				l := prepared.(lease.Lease)
+				_, err := fenceOf(t, c).WriteRow(ctx, fence.WriteRowRequest{Resource: "res", Key: "k", Value: "v1", Token: l.Token, Lease: "res"})
 				return err
 			},
 			landed: func(t *testing.T, b *testBundle, _ any) bool {
-				r, err := b.client.FencedRow(b.ctx, "res", "k")
+				r, err := fenceOf(t, b.client).Row(b.ctx, "res", "k")
 				require.NoError(t, err)
 				return r.Value == "v1"
 			},
@@ -162,19 +164,19 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			operator: true,
 			prepare: func(t *testing.T, b *testBundle) any {
 				l := b.acquire(t, "old", "a", time.Minute)
-				_, err := b.client.Release(b.ctx, "old", l.Token)
+				_, err := leaseOf(t, b.client).Release(b.ctx, "old", l.Token)
 				require.NoError(t, err)
 				_, err = b.owner.Exec(b.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() - interval '2 hours' WHERE name = 'old'`)
 				require.NoError(t, err)
 				return nil
 			},
 			call: func(ctx context.Context, c *quota.Client, _ any) error {
-				_, err := c.ReapLeases(ctx, quota.ReapLeasesRequest{OlderThan: time.Hour})
+				_, err := leaseOf(t, c).Reap(ctx, lease.ReapRequest{OlderThan: time.Hour})
 				return err
 			},
 			landed: func(t *testing.T, b *testBundle, _ any) bool {
-				_, err := b.client.Lease(b.ctx, "old")
-				return errors.Is(err, quota.ErrLeaseNotFound)
+				_, err := leaseOf(t, b.client).Get(b.ctx, "old")
+				return errors.Is(err, lease.ErrNotFound)
 			},
 		},
 		{
@@ -225,7 +227,7 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			u, err := url.Parse(dbURL)
 			require.NoError(t, err)
 			proxy := newTagDropper(t, u.Host, tc.dropTag)
-			u.Host = proxy.ln.Addr().String()
+			u.Host = proxy.Ln.Addr().String()
 			connect := pgtest.Connect
 			if tc.operator {
 				connect = pgtest.ConnectOperator
@@ -241,10 +243,10 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			require.NoError(t, err)
 			require.NoError(t, quota.WarmKinds(b.ctx, viaProxy, names...))
 
-			proxy.armed.Store(true)
+			proxy.Armed.Store(true)
 			err = tc.call(b.ctx, viaProxy, prepared)
 			select {
-			case <-proxy.dropped:
+			case <-proxy.Dropped:
 			default:
 				t.Fatalf("the proxy dropped no reply; the call returned %v", err)
 			}
@@ -284,7 +286,7 @@ func TestOutcomeKnownWhenNothingWasSent(t *testing.T) {
 	var connectErr *pgconn.ConnectError
 	require.ErrorAs(t, err, &connectErr)
 	require.NotErrorIs(t, err, quota.ErrOutcomeUnknown, "nothing was sent: %v", err)
-	_, err = refused.Acquire(b.ctx, quota.AcquireRequest{Name: "job", Holder: "a", TTL: time.Minute})
+	_, err = leaseOf(t, refused).Acquire(b.ctx, lease.AcquireRequest{Name: "job", Holder: "a", TTL: time.Minute})
 	require.Error(t, err)
 	require.NotErrorIs(t, err, quota.ErrOutcomeUnknown)
 	_, err = outboxOf(t, refused).Enqueue(b.ctx, "mail", []byte("x"), nil)

@@ -2,7 +2,6 @@ package quota
 
 import (
 	"strings"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/pgquota/pgquota/internal/core"
@@ -53,12 +52,6 @@ func ParsePoolerMode(field, s string) (PoolerMode, error) {
 	}
 	return "", core.Invalid(field, "must be none or transaction, got %q", s)
 }
-
-// pollerMaxInterval is AcquireWait's default WaitOptions.MaxInterval when
-// nothing wakes a waiter early on a release (Config.Pooler is
-// PoolerTransaction, or WaitOptions.NoListen): a release is then noticed
-// within about this long.
-const pollerMaxInterval = 100 * time.Millisecond
 
 // CheckExecMode returns nil when pgx's query exec mode is safe behind a
 // pooler of kind m, and otherwise an *InputError (ErrInvalidInput) that

@@ -4,11 +4,13 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgquota/pgquota/internal/testbundle"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/lease"
 	"github.com/pgquota/pgquota/quota/outbox"
 	"github.com/pgquota/pgquota/quota/voucher"
 )
@@ -31,13 +33,36 @@ func setup(t *testing.T, maxConns int32) *testBundle {
 }
 
 // The harness's role clients and config (testbundle documents them).
-const roleConns = testbundle.RoleConns
+const (
+	roleConns      = testbundle.RoleConns
+	envCrashRounds = testbundle.EnvCrashRounds
+)
 
 var (
 	operatorOf = testbundle.OperatorOf
 	relayOf    = testbundle.RelayOf
 	relayWith  = testbundle.RelayWith
 	testConfig = testbundle.Config
+
+	// leaseOf and fenceOf return the lease and fence client on a quota
+	// client (packages lease and fence), one per quota client, for the
+	// tests here that still need leases or fenced writes.
+	leaseOf = testbundle.LeaseOf
+	fenceOf = testbundle.FenceOf
+
+	// The crash tests' helpers (testbundle/crash.go).
+	crashRounds              = testbundle.CrashRounds
+	newCrashCluster          = testbundle.NewCrashCluster
+	crashLoadPool            = testbundle.CrashLoadPool
+	crashClient              = testbundle.CrashClient
+	requireSynchronousCommit = testbundle.RequireSynchronousCommit
+	newCrashLoad             = testbundle.NewCrashLoad
+
+	failoverPrimary = testbundle.FailoverPrimary
+	failoverClient  = testbundle.FailoverClient
+
+	newReplyDropper = testbundle.NewReplyDropper
+	newTagDropper   = testbundle.NewTagDropper
 
 	concurrently  = testbundle.Concurrently
 	waitFor       = testbundle.WaitFor
@@ -48,6 +73,9 @@ var (
 	exampleDatabase = testbundle.ExampleDatabase
 	exampleClient   = testbundle.ExampleClient
 )
+
+// errList collects errors from goroutines (testbundle.ErrList).
+type errList = testbundle.ErrList
 
 func ptr[T any](v T) *T { return &v }
 
@@ -102,16 +130,6 @@ func (b *testBundle) bundle() *testbundle.Bundle {
 	return &testbundle.Bundle{Ctx: b.ctx, Pool: b.pool, Client: b.client, Operator: b.operator, Owner: b.owner}
 }
 
-func (b *testBundle) ownerClient(t *testing.T) *quota.Client {
-	t.Helper()
-	return b.bundle().OwnerClient(t)
-}
-
-func (b *testBundle) appDDL(t *testing.T, ddl string, schemas []string, tables ...string) {
-	t.Helper()
-	b.bundle().AppDDL(t, ddl, schemas, tables...)
-}
-
 func (b *testBundle) define(t *testing.T, d quota.Definition) quota.Quota {
 	t.Helper()
 	return b.bundle().Define(t, d)
@@ -132,4 +150,14 @@ func (b *testBundle) setClock(t *testing.T, at string) { t.Helper(); b.bundle().
 func waitForLockWaits(t *testing.T, b *testBundle, n int) {
 	t.Helper()
 	b.bundle().WaitForLockWaits(t, n)
+}
+
+// acquire acquires a lease (package lease) or fails the test.
+func (b *testBundle) acquire(t *testing.T, name, holder string, ttl time.Duration) lease.Lease {
+	t.Helper()
+	l, err := leaseOf(t, b.client).Acquire(b.ctx, lease.AcquireRequest{Name: name, Holder: holder, TTL: ttl})
+	if err != nil {
+		t.Fatalf("acquire %s: %v", name, err)
+	}
+	return l
 }

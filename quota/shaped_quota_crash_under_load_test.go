@@ -68,7 +68,7 @@ func TestShapedQuotaGrantsSurviveImmediateShutdownUnderLoad(t *testing.T) {
 		tg := targets[round%len(targets)]
 		name := func(s string) string { return fmt.Sprintf("%s-%d", s, round) }
 		rate, fixed, roll := name("rate"), name("fixed"), name("roll")
-		admin, closeAdmin := crashClient(t, cl.URL(tg.database))
+		admin, closeAdmin := crashClient(t, cl.URL(tg.Database))
 		for _, d := range []quota.Definition{
 			{Name: rate, Window: quota.WindowRate, DefaultLimit: ptr[int64](rateLimit), Period: time.Second, Burst: rateBurst},
 			{Name: fixed, Window: quota.WindowFixed, DefaultLimit: ptr[int64](fixedLimit), Period: fixedPeriod},
@@ -78,12 +78,12 @@ func TestShapedQuotaGrantsSurviveImmediateShutdownUnderLoad(t *testing.T) {
 			require.NoError(t, err)
 		}
 		closeAdmin()
-		cl.Exec(tg.database, "CHECKPOINT")
+		cl.Exec(tg.Database, "CHECKPOINT")
 
 		var clients []*quota.Client
 		var closers []func()
 		for range 2 {
-			c, closePool := crashLoadPool(t, tg.url, 8, nil)
+			c, closePool := crashLoadPool(t, tg.URL, 8, nil)
 			requireSynchronousCommit(t, c, tg)
 			clients = append(clients, c)
 			closers = append(closers, closePool)
@@ -91,7 +91,7 @@ func TestShapedQuotaGrantsSurviveImmediateShutdownUnderLoad(t *testing.T) {
 		quotas := []string{rate, fixed, roll}
 		loads := map[string]*shapedLoad{rate: {}, fixed: {}, roll: {}}
 		load := newCrashLoad(t)
-		load.start(workers, func(w int) {
+		load.Start(workers, func(w int) {
 			q := quotas[w%3]
 			amount := int64(1)
 			if q == roll {
@@ -100,7 +100,7 @@ func TestShapedQuotaGrantsSurviveImmediateShutdownUnderLoad(t *testing.T) {
 			res, err := clients[(w/3)%2].Grant(ctx, quota.GrantRequest{Quota: q, Member: "m", Amount: amount})
 			s := loads[q]
 			if err != nil {
-				if load.failed(fmt.Sprintf("grant of %d on %s", amount, q), err) {
+				if load.Failed(fmt.Sprintf("grant of %d on %s", amount, q), err) {
 					s.mu.Lock()
 					s.unknownUnits += amount
 					s.mu.Unlock()
@@ -117,10 +117,10 @@ func TestShapedQuotaGrantsSurviveImmediateShutdownUnderLoad(t *testing.T) {
 			}
 		})
 		time.Sleep(1200 * time.Millisecond)
-		load.crash(cl)
+		load.Crash(cl)
 
 		// The state the server recovered, before any new call.
-		check, closeCheck := crashClient(t, cl.URL(tg.database))
+		check, closeCheck := crashClient(t, cl.URL(tg.Database))
 		before := map[string]int{}
 		for _, q := range quotas {
 			before[q] = len(loads[q].grants())
@@ -131,30 +131,30 @@ func TestShapedQuotaGrantsSurviveImmediateShutdownUnderLoad(t *testing.T) {
 		extra := checkRollingState(t, check, roll, loads[roll], rollPeriod, "after the restart")
 		closeCheck()
 
-		load.resume()
+		load.Resume()
 		time.Sleep(1200 * time.Millisecond)
-		load.stop()
+		load.Stop()
 		for _, c := range closers {
 			c()
 		}
 
-		check, closeCheck = crashClient(t, cl.URL(tg.database))
+		check, closeCheck = crashClient(t, cl.URL(tg.Database))
 		checkRateState(t, check, rate, loads[rate], emission, "at the end")
 		checkRateBound(t, loads[rate].grants(), emission, rateBurst)
 		checkFixedState(t, check, fixed, loads[fixed], fixedLimit, "at the end")
 		checkRollingState(t, check, roll, loads[roll], rollPeriod, "at the end")
 		checkRollingBound(t, append(loads[roll].grants(), extra...), rollPeriod, rollLimit)
 		closeCheck()
-		unknown, preSend := load.errorCounts()
+		unknown, preSend := load.ErrorCounts()
 		require.Positive(t, unknown+preSend, "round %d: no call noticed the crash", round)
 		for _, q := range quotas {
 			s := loads[q]
 			require.Greater(t, len(s.grants()), before[q], "round %d: %s granted nothing after the restart", round, q)
 			t.Logf("round %d (%s), %s: %d granted (%d before the crash), %d denied, %d units of unknown outcome",
-				round, tg.what, q, len(s.grants()), before[q], s.denied, s.unknownUnits)
+				round, tg.What, q, len(s.grants()), before[q], s.denied, s.unknownUnits)
 		}
 		t.Logf("round %d: crash and restart took %s; %d errors of unknown outcome, %d clear errors before sending",
-			round, load.crashDur.Round(time.Millisecond), unknown, preSend)
+			round, load.CrashDur.Round(time.Millisecond), unknown, preSend)
 	}
 }
 

@@ -19,14 +19,16 @@ import (
 	"github.com/pgquota/pgquota/internal/netpause"
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
+	"github.com/pgquota/pgquota/quota/lease"
 )
 
 // setup returns a fresh migrated database with the table public.reports
 // (row id 1) under pgquota's fence guard, attached by the owner with
 // external (true: for etcd tokens) or for lease tokens; the pool (through
 // PgBouncer and as the application role when the test environment says so)
-// and pgquota's client on it.
-func setup(t *testing.T, external bool) (*pgxpool.Pool, *quota.Client, string) {
+// and pgquota's fence client on it.
+func setup(t *testing.T, external bool) (*pgxpool.Pool, *fence.Client, string) {
 	t.Helper()
 	ctx := context.Background()
 	dbURL := pgtest.NewURL(t)
@@ -34,26 +36,30 @@ func setup(t *testing.T, external bool) (*pgxpool.Pool, *quota.Client, string) {
 	_, err := owner.Exec(ctx, `CREATE TABLE public.reports (id int PRIMARY KEY, value bigint NOT NULL, fence_token bigint);
 		GRANT SELECT, INSERT, UPDATE, DELETE ON public.reports TO pgquota_app`)
 	require.NoError(t, err)
-	oc, err := quota.New(owner, nil)
+	oq, err := quota.New(owner, nil)
 	require.NoError(t, err)
-	_, err = oc.GuardTable(ctx, quota.GuardTableRequest{Table: "public.reports", Column: "fence_token", External: external})
+	oc, err := fence.New(oq)
+	require.NoError(t, err)
+	ol, err := lease.New(oq)
+	require.NoError(t, err)
+	_, err = oc.GuardTable(ctx, fence.GuardTableRequest{Table: "public.reports", Column: "fence_token", External: external})
 	require.NoError(t, err)
 	_, err = owner.Exec(ctx, `BEGIN; SELECT pgquota.present_token('public.reports', 1); INSERT INTO public.reports (id, value) VALUES (1, 0); COMMIT`)
 	if !external {
 		// A lease-backed table takes the first row under a lease.
 		_, err = owner.Exec(ctx, `ROLLBACK`)
 		require.NoError(t, err)
-		l, aerr := oc.Acquire(ctx, quota.AcquireRequest{Name: "public.reports", Holder: "setup", TTL: time.Minute})
+		l, aerr := ol.Acquire(ctx, lease.AcquireRequest{Name: "public.reports", Holder: "setup", TTL: time.Minute})
 		require.NoError(t, aerr)
 		err = pgx.BeginFunc(ctx, owner, func(tx pgx.Tx) error {
-			if err := oc.PresentTokenTx(ctx, tx, quota.PresentTokenRequest{Resource: "public.reports", Token: l.Token}); err != nil {
+			if err := oc.PresentTokenTx(ctx, tx, fence.PresentTokenRequest{Resource: "public.reports", Token: l.Token}); err != nil {
 				return err
 			}
 			_, err := tx.Exec(ctx, `INSERT INTO public.reports (id, value) VALUES (1, 0)`)
 			return err
 		})
 		require.NoError(t, err)
-		_, err = oc.Release(ctx, l.Name, l.Token)
+		_, err = ol.Release(ctx, l.Name, l.Token)
 	}
 	require.NoError(t, err)
 	pool := pgtest.Connect(t, pgtest.PoolURL(t, dbURL), 4)
@@ -61,7 +67,9 @@ func setup(t *testing.T, external bool) (*pgxpool.Pool, *quota.Client, string) {
 	if pgtest.Pooled(t) {
 		cfg.Pooler = quota.PoolerTransaction
 	}
-	qc, err := quota.New(pool, cfg)
+	q, err := quota.New(pool, cfg)
+	require.NoError(t, err)
+	qc, err := fence.New(q)
 	require.NoError(t, err)
 	return pool, qc, dbURL
 }
@@ -113,8 +121,8 @@ func TestEtcdRevisionRefusesHolderPausedPastLease(t *testing.T) {
 	hole.Release() // holder 1 wakes and, believing it holds the lock, writes
 
 	err = h1.Write(ctx, pool, qc, "public.reports", 1, 11)
-	require.ErrorIs(t, err, quota.ErrStaleToken)
-	var stale *quota.StaleTokenError
+	require.ErrorIs(t, err, fence.ErrStaleToken)
+	var stale *fence.StaleTokenError
 	require.True(t, errors.As(err, &stale))
 	require.Equal(t, h1.Token, stale.Token)
 	require.Equal(t, h2.Token, stale.Highest)
@@ -123,7 +131,7 @@ func TestEtcdRevisionRefusesHolderPausedPastLease(t *testing.T) {
 	require.Equal(t, h2.Token, tok)
 
 	_, err = pool.Exec(ctx, `UPDATE public.reports SET value = 99 WHERE id = 1`)
-	require.ErrorIs(t, quota.MapFenceError(err), quota.ErrTokenNotPresented)
+	require.ErrorIs(t, fence.MapError(err), fence.ErrTokenNotPresented)
 	require.NoError(t, h2.Unlock(ctx))
 }
 
@@ -153,7 +161,7 @@ func TestEtcdNewClusterNeedsEpochBump(t *testing.T) {
 	h, err := Lock(ctx, newCli, prefix, 10, 1)
 	require.NoError(t, err)
 	require.Less(t, h.Revision, old.Revision, "a new cluster starts its revisions again")
-	require.ErrorIs(t, h.Write(ctx, pool, qc, "public.reports", 1, 2), quota.ErrStaleToken,
+	require.ErrorIs(t, h.Write(ctx, pool, qc, "public.reports", 1, 2), fence.ErrStaleToken,
 		"a restarted revision in the same epoch is below the mark")
 	require.NoError(t, h.Unlock(ctx))
 
@@ -161,7 +169,7 @@ func TestEtcdNewClusterNeedsEpochBump(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(2)<<40+h.Revision, h.Token)
 	require.NoError(t, h.Write(ctx, pool, qc, "public.reports", 1, 3))
-	require.ErrorIs(t, old.Write(ctx, pool, qc, "public.reports", 1, 4), quota.ErrStaleToken)
+	require.ErrorIs(t, old.Write(ctx, pool, qc, "public.reports", 1, 4), fence.ErrStaleToken)
 	v, tok := row(t, pool)
 	require.Equal(t, int64(3), v)
 	require.Equal(t, h.Token, tok)
@@ -182,16 +190,16 @@ func TestEtcdTokenOnLeaseGuardedTableRefused(t *testing.T) {
 	pool, qc, _ := setup(t, false)
 	var ceiling int64
 	require.NoError(t, pool.QueryRow(ctx, `SELECT pgquota.lease_token_ceiling()`).Scan(&ceiling))
-	epoch := ceiling>>quota.EtcdRevisionBits + 1 // an epoch above pgquota's own
+	epoch := ceiling>>fence.EtcdRevisionBits + 1 // an epoch above pgquota's own
 	h, err := Lock(ctx, client(t, srv.Endpoint, nil), "/etcdfence-test/"+t.Name(), 10, epoch)
 	require.NoError(t, err)
 	defer func() { _ = h.Unlock(ctx) }()
 	require.Greater(t, h.Token, ceiling)
 
 	err = h.Write(ctx, pool, qc, "public.reports", 1, 5)
-	require.ErrorIs(t, err, quota.ErrLeaseLost)
-	_, err = qc.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "public.reports", Key: "k", Value: "v", Token: h.Token})
-	require.ErrorIs(t, err, quota.ErrLeaseLost)
+	require.ErrorIs(t, err, lease.ErrLost)
+	_, err = qc.WriteRow(ctx, fence.WriteRowRequest{Resource: "public.reports", Key: "k", Value: "v", Token: h.Token})
+	require.ErrorIs(t, err, lease.ErrLost)
 	// The table is bound to the pgquota lease named like it: an etcd
 	// revision is not that lease's token (PQ002, lease lost).
 	require.Contains(t, err.Error(), "is not held with token")

@@ -3,17 +3,17 @@
 // lock key's create revision the holder's fencing token, and present it to
 // pgquota's fence guard, attached to the table for external tokens
 // (`pgquota fence guard --table T --column C --external`, or
-// quota.GuardTableRequest{External: true}). Every statement on the table
+// fence.GuardTableRequest{External: true}). Every statement on the table
 // then lands only in a transaction that presented a token no lower than any
 // presented before, so a holder whose lease expired while it was paused
-// finds its late write refused (quota.ErrStaleToken, SQLSTATE PQ001) instead
+// finds its late write refused (fence.ErrStaleToken, SQLSTATE PQ001) instead
 // of overwriting its successor's.
 //
 //	pgquota fence guard --table public.reports --column fence_token --external
 //	go run ./examples/etcdfence --etcd http://127.0.0.1:2379 --database-url "$DATABASE_URL" \
 //	    --lock /locks/reports --table public.reports --id 1 --value 42 --epoch 1
 //
-// The token is quota.ExternalToken(epoch, revision, quota.EtcdRevisionBits):
+// The token is fence.ExternalToken(epoch, revision, fence.EtcdRevisionBits):
 // (epoch << 40) + revision. Revisions go back when etcd is restored from a
 // snapshot (3.4 has no way to bump them on restore) and start again on a new
 // cluster: bump --epoch then (every client the same), or every new holder is
@@ -39,6 +39,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
 )
 
 func main() {
@@ -46,7 +47,7 @@ func main() {
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "etcdfence:", err)
-		if errors.Is(err, quota.ErrStaleToken) {
+		if errors.Is(err, fence.ErrStaleToken) {
 			os.Exit(3)
 		}
 		os.Exit(1)
@@ -71,7 +72,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer pool.Close()
-	qc, err := quota.New(pool, nil)
+	q, err := quota.New(pool, nil)
+	if err != nil {
+		return err
+	}
+	qc, err := fence.New(q)
 	if err != nil {
 		return err
 	}
@@ -96,7 +101,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 type Holder struct {
 	// Revision is the lock key's create revision.
 	Revision int64
-	// Token is quota.ExternalToken(epoch, Revision, quota.EtcdRevisionBits).
+	// Token is fence.ExternalToken(epoch, Revision, fence.EtcdRevisionBits).
 	Token int64
 
 	session *concurrency.Session
@@ -126,7 +131,7 @@ func Lock(ctx context.Context, cli *clientv3.Client, prefix string, ttl int, epo
 		return nil, err
 	}
 	rev := r.Responses[0].GetResponseRange().Kvs[0].CreateRevision
-	token, err := quota.ExternalToken(epoch, rev, quota.EtcdRevisionBits)
+	token, err := fence.ExternalToken(epoch, rev, fence.EtcdRevisionBits)
 	if err != nil {
 		_ = s.Close()
 		return nil, err
@@ -139,16 +144,16 @@ func Lock(ctx context.Context, cli *clientv3.Client, prefix string, ttl int, epo
 // SELECT pgquota.present_token('public.reports', token)). The guard's
 // resource is the table's schema-qualified name.
 //
-// Errors: quota.ErrStaleToken when a later holder has presented a higher
-// token; those of PresentTokenTx and of the UPDATE (quota.MapFenceError maps
+// Errors: fence.ErrStaleToken when a later holder has presented a higher
+// token; those of PresentTokenTx and of the UPDATE (fence.MapError maps
 // the guard's SQLSTATEs).
-func (h *Holder) Write(ctx context.Context, pool *pgxpool.Pool, qc *quota.Client, table string, id int, value int64) error {
+func (h *Holder) Write(ctx context.Context, pool *pgxpool.Pool, qc *fence.Client, table string, id int, value int64) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if err := qc.PresentTokenTx(ctx, tx, quota.PresentTokenRequest{Resource: table, Token: h.Token}); err != nil {
+		if err := qc.PresentTokenTx(ctx, tx, fence.PresentTokenRequest{Resource: table, Token: h.Token}); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `UPDATE `+pgx.Identifier(strings.Split(table, ".")).Sanitize()+` SET value = $2 WHERE id = $1`, id, value)
-		return quota.MapFenceError(err)
+		return fence.MapError(err)
 	})
 }
 

@@ -5,12 +5,12 @@
 // fenced rows, which refuse a token below the highest they have seen. A
 // holder whose session expired while it was paused (a GC pause, a stopped
 // process, a partition) then finds its late write refused
-// (quota.ErrStaleToken) instead of overwriting its successor's.
+// (fence.ErrStaleToken) instead of overwriting its successor's.
 //
 //	go run ./examples/zkfence --zookeeper 127.0.0.1:2181 --database-url "$DATABASE_URL" \
 //	    --lock /locks/report --resource report --key total --value 42 --epoch 1
 //
-// The token is quota.ExternalToken(epoch, seq, quota.ZooKeeperSeqBits):
+// The token is fence.ExternalToken(epoch, seq, fence.ZooKeeperSeqBits):
 // (epoch << 32) + seq. Sequence numbers restart at 0 on a new ensemble, and
 // when the lock's node is deleted and created again: bump --epoch then (every
 // client the same), or every new holder is refused as stale. The database
@@ -33,6 +33,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
 )
 
 func main() {
@@ -40,7 +41,7 @@ func main() {
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "zkfence:", err)
-		if errors.Is(err, quota.ErrStaleToken) {
+		if errors.Is(err, fence.ErrStaleToken) {
 			os.Exit(3)
 		}
 		os.Exit(1)
@@ -64,7 +65,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		return err
 	}
 	defer pool.Close()
-	qc, err := quota.New(pool, nil)
+	q, err := quota.New(pool, nil)
+	if err != nil {
+		return err
+	}
+	qc, err := fence.New(q)
 	if err != nil {
 		return err
 	}
@@ -113,7 +118,7 @@ func WaitSession(ctx context.Context, conn *zk.Conn, timeout time.Duration) erro
 type Holder struct {
 	// Seq is the holder's lock node's sequence number.
 	Seq int64
-	// Token is quota.ExternalToken(epoch, Seq, quota.ZooKeeperSeqBits).
+	// Token is fence.ExternalToken(epoch, Seq, fence.ZooKeeperSeqBits).
 	Token int64
 	// Node is the holder's lock node.
 	Node string
@@ -133,7 +138,7 @@ func Lock(conn *zk.Conn, lockPath string, epoch int64) (*Holder, error) {
 		_ = l.Unlock()
 		return nil, err
 	}
-	token, err := quota.ExternalToken(epoch, seq, quota.ZooKeeperSeqBits)
+	token, err := fence.ExternalToken(epoch, seq, fence.ZooKeeperSeqBits)
 	if err != nil {
 		_ = l.Unlock()
 		return nil, err
@@ -181,10 +186,10 @@ func heldSeq(conn *zk.Conn, lockPath string) (int64, string, error) {
 // its own (any key) before it reads, so that a holder paused since its read
 // is refused even before its successor writes the row.
 //
-// Errors: quota.ErrStaleToken when a later holder's token has written;
+// Errors: fence.ErrStaleToken when a later holder's token has written;
 // those of quota.Client.WriteFencedRow.
-func (h *Holder) Write(ctx context.Context, qc *quota.Client, resource, key, value string) (quota.FencedRow, error) {
-	return qc.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: resource, Key: key, Value: value, Token: h.Token})
+func (h *Holder) Write(ctx context.Context, qc *fence.Client, resource, key, value string) (fence.Row, error) {
+	return qc.WriteRow(ctx, fence.WriteRowRequest{Resource: resource, Key: key, Value: value, Token: h.Token})
 }
 
 // Unlock deletes the holder's lock node (nothing to delete once its session

@@ -17,12 +17,13 @@ import (
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/internal/zkserver"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
 )
 
 // setup returns a fresh migrated database's pool (through PgBouncer and as
 // the application role when the test environment says so) and pgquota's
-// client on it.
-func setup(t *testing.T) (*pgxpool.Pool, *quota.Client, string) {
+// fence client on it.
+func setup(t *testing.T) (*pgxpool.Pool, *fence.Client, string) {
 	t.Helper()
 	dbURL := pgtest.NewURL(t)
 	pool := pgtest.Connect(t, pgtest.PoolURL(t, dbURL), 4)
@@ -30,7 +31,9 @@ func setup(t *testing.T) (*pgxpool.Pool, *quota.Client, string) {
 	if pgtest.Pooled(t) {
 		cfg.Pooler = quota.PoolerTransaction
 	}
-	qc, err := quota.New(pool, cfg)
+	q, err := quota.New(pool, cfg)
+	require.NoError(t, err)
+	qc, err := fence.New(q)
 	require.NoError(t, err)
 	return pool, qc, dbURL
 }
@@ -84,12 +87,12 @@ func TestZooKeeperTokenRefusesHolderPausedPastSession(t *testing.T) {
 	hole.Release() // holder 1 wakes and, believing it holds the lock, writes
 
 	_, err = h1.Write(ctx, qc, "report", "total", "stale write from holder 1")
-	require.ErrorIs(t, err, quota.ErrStaleToken)
-	var stale *quota.StaleTokenError
+	require.ErrorIs(t, err, fence.ErrStaleToken)
+	var stale *fence.StaleTokenError
 	require.True(t, errors.As(err, &stale))
 	require.Equal(t, h1.Token, stale.Token)
 	require.Equal(t, h2.Token, stale.Highest)
-	row, err := qc.FencedRow(ctx, "report", "total")
+	row, err := qc.Row(ctx, "report", "total")
 	require.NoError(t, err)
 	require.Equal(t, "from holder 2", row.Value)
 	require.Equal(t, h2.Token, row.Token)
@@ -127,7 +130,7 @@ func TestZooKeeperNewEnsembleNeedsEpochBump(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(0), h.Seq, "a new ensemble starts its sequence numbers again")
 	_, err = h.Write(ctx, qc, "report", "total", "new ensemble, epoch 1")
-	require.ErrorIs(t, err, quota.ErrStaleToken, "a restarted sequence number in the same epoch is below the mark")
+	require.ErrorIs(t, err, fence.ErrStaleToken, "a restarted sequence number in the same epoch is below the mark")
 	require.NoError(t, h.Unlock())
 
 	h, err = Lock(newConn, lockPath, 2)
@@ -137,8 +140,8 @@ func TestZooKeeperNewEnsembleNeedsEpochBump(t *testing.T) {
 	require.Equal(t, int64(2)<<32+h.Seq, row.Token)
 
 	_, err = old.Write(ctx, qc, "report", "total", "old ensemble's holder, late")
-	require.ErrorIs(t, err, quota.ErrStaleToken)
-	row, err = qc.FencedRow(ctx, "report", "total")
+	require.ErrorIs(t, err, fence.ErrStaleToken)
+	row, err = qc.Row(ctx, "report", "total")
 	require.NoError(t, err)
 	require.Equal(t, "new ensemble, epoch 2", row.Value)
 }
@@ -157,7 +160,7 @@ func TestZooKeeperFenceCommandWrites(t *testing.T) {
 		"--lock", "/zkfence-test/command", "--resource", "report", "--key", "total", "--value", "42", "--epoch", "3"}, &out)
 	require.NoError(t, err)
 	require.Equal(t, fmt.Sprintf("wrote report/total = \"42\" with token %d (epoch 3, sequence 0)\n", int64(3)<<32), out.String())
-	row, err := qc.FencedRow(context.Background(), "report", "total")
+	row, err := qc.Row(context.Background(), "report", "total")
 	require.NoError(t, err)
 	require.Equal(t, "42", row.Value)
 }

@@ -7,7 +7,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
+	"github.com/pgquota/pgquota/quota/lease"
 )
 
 // The fenced lock's two hot statements (issue 3, item 9): an acquire of a
@@ -54,10 +55,10 @@ func (leaseAcquire) Setup(ctx context.Context, env Env) (Op, error) {
 			// The attempt id is the name, so that every argument that
 			// changes from call to call is the drawn number.
 			name := strconv.FormatInt(vals[0], 10)
-			_, err := env.Client.Acquire(ctx, quota.AcquireRequest{
+			_, err := env.Leases.Acquire(ctx, lease.AcquireRequest{
 				Name: name, Holder: acquireHolder, TTL: acquireTTL, Attempt: name,
 			})
-			if errors.Is(err, quota.ErrLeaseHeld) {
+			if errors.Is(err, lease.ErrHeld) {
 				return Outcome{}, nil // a name drawn twice: not granted, no error
 			}
 			return Outcome{Granted: err == nil}, err
@@ -106,7 +107,7 @@ func (fencedWrite) Setup(ctx context.Context, env Env) (Op, error) {
 		},
 		Do: func(ctx context.Context, vals []int64) (Outcome, error) {
 			name := strconv.FormatInt(vals[0], 10)
-			_, err := env.Client.WriteFencedRow(ctx, quota.WriteFencedRowRequest{
+			_, err := env.Fences.WriteRow(ctx, fence.WriteRowRequest{
 				Resource: name, Key: fencedKey, Value: strconv.FormatInt(vals[1], 10),
 				Token: vals[0], Lease: name,
 			})

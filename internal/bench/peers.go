@@ -15,7 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/pgquota/pgquota/internal/scratch"
-	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/lease"
 	"go.opentelemetry.io/otel/metric"
 )
 
@@ -332,16 +332,16 @@ func (leaseCycle) Setup(ctx context.Context, env Env) (Op, error) {
 		Vars: []Var{{Name: "lease", Min: 1, Max: LeaseCycleNames}, {Name: "attempt", Min: 1, Max: uniqueMax}},
 		Do: func(ctx context.Context, vals []int64) (Outcome, error) {
 			name := strconv.FormatInt(vals[0], 10)
-			l, err := env.Client.Acquire(ctx, quota.AcquireRequest{
+			l, err := env.Leases.Acquire(ctx, lease.AcquireRequest{
 				Name: name, Holder: acquireHolder, TTL: acquireTTL, Attempt: strconv.FormatInt(vals[1], 10),
 			})
-			if errors.Is(err, quota.ErrLeaseHeld) {
+			if errors.Is(err, lease.ErrHeld) {
 				return Outcome{}, nil
 			}
 			if err != nil {
 				return Outcome{}, err
 			}
-			_, err = env.Client.Release(ctx, name, l.Token)
+			_, err = env.Leases.Release(ctx, name, l.Token)
 			return Outcome{Granted: err == nil}, err
 		},
 	}, nil

@@ -16,6 +16,8 @@ import (
 
 	"github.com/pgquota/pgquota/internal/scratch"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
+	"github.com/pgquota/pgquota/quota/lease"
 	"go.opentelemetry.io/otel/metric"
 )
 
@@ -108,7 +110,15 @@ func openPool(ctx context.Context, db *scratch.Database, n int, tracer *recorder
 
 func newEnv(pool *pgxpool.Pool, mp metric.MeterProvider) (Env, error) {
 	client, err := quota.New(pool, &quota.Config{MeterProvider: mp})
-	return Env{Pool: pool, Client: client, MeterProvider: mp}, err
+	if err != nil {
+		return Env{}, err
+	}
+	env := Env{Pool: pool, Client: client, MeterProvider: mp}
+	if env.Leases, err = lease.New(client); err != nil {
+		return Env{}, err
+	}
+	env.Fences, err = fence.New(client)
+	return env, err
 }
 
 // Capture runs one operation of s twice through a traced connection and

@@ -21,6 +21,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
+	"github.com/pgquota/pgquota/quota/lease"
 	"github.com/pgquota/pgquota/quota/voucher"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -43,8 +45,11 @@ type Env struct {
 	// Pool is the pool whose statements are measured or captured. An Op
 	// sends every statement through it.
 	Pool *pgxpool.Pool
-	// Client is pgquota's client on Pool.
+	// Client is pgquota's client on Pool; Leases and Fences its lease and
+	// fence clients.
 	Client *quota.Client
+	Leases *lease.Client
+	Fences *fence.Client
 	// MeterProvider is Client's Config.MeterProvider (nil: none), for the
 	// strategies that create a client of their own.
 	MeterProvider metric.MeterProvider

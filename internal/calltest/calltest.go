@@ -12,6 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
+	"github.com/pgquota/pgquota/quota/lease"
 	"github.com/pgquota/pgquota/quota/outbox"
 	"github.com/pgquota/pgquota/quota/voucher"
 )
@@ -42,7 +44,7 @@ func ExerciseRoles(t *testing.T, cs Clients, prefix string) {
 	client, op := cs.App, cs.Operator
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	q, pool, codes, sharded, lease := prefix+"q", prefix+"pool", prefix+"codes", prefix+"sharded", prefix+"lease"
+	q, pool, codes, sharded, leaseName := prefix+"q", prefix+"pool", prefix+"codes", prefix+"sharded", prefix+"lease"
 
 	require.NoError(t, client.CheckSchema(ctx))
 	_, err := op.DefineQuota(ctx, quota.Definition{Name: q, Window: quota.WindowDay, DefaultLimit: ptr(int64(10))})
@@ -104,21 +106,25 @@ func ExerciseRoles(t *testing.T, cs Clients, prefix string) {
 	_, err = vouchers.Campaign(ctx, codes)
 	require.NoError(t, err)
 
-	l, err := client.Acquire(ctx, quota.AcquireRequest{Name: lease, Holder: "h", TTL: time.Minute})
+	leases, err := lease.New(client)
 	require.NoError(t, err)
-	l, err = client.Renew(ctx, lease, l.Token, time.Minute)
+	fences, err := fence.New(client)
 	require.NoError(t, err)
-	_, err = client.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: lease, Key: "k", Value: "v", Token: l.Token})
+	l, err := leases.Acquire(ctx, lease.AcquireRequest{Name: leaseName, Holder: "h", TTL: time.Minute})
 	require.NoError(t, err)
-	_, err = client.FencedRow(ctx, lease, "k")
+	l, err = leases.Renew(ctx, leaseName, l.Token, time.Minute)
 	require.NoError(t, err)
-	_, err = client.FencedRows(ctx, lease)
+	_, err = fences.WriteRow(ctx, fence.WriteRowRequest{Resource: leaseName, Key: "k", Value: "v", Token: l.Token})
 	require.NoError(t, err)
-	_, err = client.FenceState(ctx, lease)
+	_, err = fences.Row(ctx, leaseName, "k")
 	require.NoError(t, err)
-	_, err = client.Lease(ctx, lease)
+	_, err = fences.Rows(ctx, leaseName)
 	require.NoError(t, err)
-	_, err = client.Release(ctx, lease, l.Token)
+	_, err = fences.State(ctx, leaseName)
+	require.NoError(t, err)
+	_, err = leases.Get(ctx, leaseName)
+	require.NoError(t, err)
+	_, err = leases.Release(ctx, leaseName, l.Token)
 	require.NoError(t, err)
 
 	events, err := outbox.New(client)

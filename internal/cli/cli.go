@@ -20,6 +20,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
+	"github.com/pgquota/pgquota/quota/lease"
 )
 
 // Exit statuses.
@@ -50,6 +52,8 @@ type app struct {
 
 	pool   *pgxpool.Pool
 	client *quota.Client
+	// leases is client's lease client (leaseClient).
+	leases *lease.Client
 	// meterProvider, set by --metrics-addr (startMetrics), is the client's
 	// Config.MeterProvider.
 	meterProvider metric.MeterProvider
@@ -191,7 +195,7 @@ func isBadInput(err error) bool {
 	for _, target := range []error{
 		quota.ErrInvalidInput, quota.ErrQuotaNotFound, quota.ErrNoLimit, quota.ErrQuotaKindChange,
 		voucher.ErrCampaignNotFound, voucher.ErrCampaignExists,
-		quota.ErrLeaseNotFound,
+		lease.ErrNotFound,
 		quota.ErrIdempotencyKeyReused, quota.ErrGrantNotFound,
 	} {
 		if errors.Is(err, target) {
@@ -379,6 +383,30 @@ func (a *app) quotaClient(ctx context.Context) (*quota.Client, error) {
 	}
 	a.client = client
 	return client, nil
+}
+
+// leaseClient is quotaClient's lease client (package lease).
+func (a *app) leaseClient(ctx context.Context) (*lease.Client, error) {
+	if a.leases != nil {
+		return a.leases, nil
+	}
+	qc, err := a.quotaClient(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if a.leases, err = lease.New(qc); err != nil {
+		return nil, err
+	}
+	return a.leases, nil
+}
+
+// fenceClient is quotaClient's fence client (package fence).
+func (a *app) fenceClient(ctx context.Context) (*fence.Client, error) {
+	qc, err := a.quotaClient(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return fence.New(qc)
 }
 
 // unwrapAll returns the innermost error's text: pgx's parse errors repeat

@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/lease"
 )
 
 func (a *app) electionCommand() *cobra.Command {
@@ -43,7 +43,7 @@ stopped); 2 usage error; 1 when the command failed or any other error.`,
 		Example: `  pgquota election campaign --name scheduler --ttl 10s --value "$(hostname):8080"
   pgquota election campaign --name scheduler --ttl 10s -- ./run-scheduler`,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.leaseClient(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -57,9 +57,9 @@ stopped); 2 usage error; 1 when the command failed or any other error.`,
 				killAfter = ttl / 20
 			}
 			if len(args) > 0 {
-				err := c.Do(cmd.Context(), quota.DoRequest{Name: name, Holder: holder, TTL: ttl, Wait: true, Payload: value},
+				err := c.Do(cmd.Context(), lease.DoRequest{Name: name, Holder: holder, TTL: ttl, Wait: true, Payload: value},
 					func(ctx context.Context) error {
-						l, _ := quota.LeaseFromContext(ctx)
+						l, _ := lease.FromContext(ctx)
 						if err := a.printLease(l, true); err != nil {
 							return err
 						}
@@ -67,7 +67,7 @@ stopped); 2 usage error; 1 when the command failed or any other error.`,
 					})
 				return a.leaseRunError(err)
 			}
-			e, err := c.NewElection(name, quota.ElectionOptions{Holder: holder, TTL: ttl})
+			e, err := c.NewElection(name, lease.ElectionOptions{Holder: holder, TTL: ttl})
 			if err != nil {
 				return err
 			}
@@ -87,7 +87,7 @@ stopped); 2 usage error; 1 when the command failed or any other error.`,
 			if err := lead.Resign(context.WithoutCancel(cmd.Context())); err != nil {
 				return err
 			}
-			if errors.Is(cause, quota.ErrLeaseLost) || errors.Is(cause, quota.ErrLeaseExpiring) {
+			if errors.Is(cause, lease.ErrLost) || errors.Is(cause, lease.ErrExpiring) {
 				fmt.Fprintln(a.stderr, "pgquota: leadership lost: "+oneLine(trimPrefix(cause.Error())))
 				return errDenied
 			}
@@ -119,14 +119,14 @@ print the lease each time the leader changes (one JSON object per line with
   pgquota election leader --name scheduler --watch --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.leaseClient(cmd.Context())
 			if err != nil {
 				return err
 			}
 			if watch && interval <= 0 {
 				return usagef("invalid --interval: must be positive, got %s", interval)
 			}
-			e, err := c.NewElection(name, quota.ElectionOptions{TTL: time.Second})
+			e, err := c.NewElection(name, lease.ElectionOptions{TTL: time.Second})
 			if err != nil {
 				return err
 			}
@@ -139,7 +139,7 @@ print the lease each time the leader changes (one JSON object per line with
 				return nil
 			}
 			l, err := e.Leader(cmd.Context())
-			if errors.Is(err, quota.ErrNoLeader) {
+			if errors.Is(err, lease.ErrNoLeader) {
 				fmt.Fprintf(a.stderr, "pgquota: election %q has no leader\n", name)
 				if err := a.output(map[string]any{"name": name, "held": false}, func(w *tabwriter.Writer) {
 					row(w, "name", name)
@@ -163,7 +163,7 @@ print the lease each time the leader changes (one JSON object per line with
 }
 
 // printLeaderLine prints one observed state of an election on one line.
-func (a *app) printLeaderLine(l quota.Lease) error {
+func (a *app) printLeaderLine(l lease.Lease) error {
 	if a.json {
 		b, err := jsonValue(l, "")
 		if err != nil {
@@ -190,7 +190,7 @@ func (a *app) electionResignCommand() *cobra.Command {
 		Example: `  pgquota election resign --name scheduler --token 42`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.leaseClient(cmd.Context())
 			if err != nil {
 				return err
 			}

@@ -17,7 +17,7 @@ import (
 
 	"github.com/pgquota/pgquota/internal/cli"
 	"github.com/pgquota/pgquota/internal/pgtest"
-	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/lease"
 )
 
 // cliArgsEnv carries the command line a child process started by
@@ -84,7 +84,7 @@ func TestCLIElectionStoppedLeaderIsDeposed(t *testing.T) {
 	require.NoError(t, leader.Process.Signal(syscall.SIGSTOP))
 
 	c := leaseClient(t, dbURL)
-	e, err := c.NewElection("primary", quota.ElectionOptions{Holder: "b", TTL: 5 * time.Second})
+	e, err := c.NewElection("primary", lease.ElectionOptions{Holder: "b", TTL: 5 * time.Second})
 	require.NoError(t, err)
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

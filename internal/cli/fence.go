@@ -8,7 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
+	"github.com/pgquota/pgquota/quota/lease"
 )
 
 func (a *app) fenceCommand() *cobra.Command {
@@ -19,7 +20,7 @@ func (a *app) fenceCommand() *cobra.Command {
 rejects a write that carries a lower one, whichever key it touches (exit 3,
 SQLSTATE PQ001). Equal tokens are accepted: the current holder may write again.`,
 	}
-	var resource, key, value, lease, table, column, semaphore string
+	var resource, key, value, leaseName, table, column, semaphore string
 	var token int64
 	var external bool
 
@@ -48,18 +49,18 @@ token of another lease than the one the table is bound to is refused, exit 3
 			if external && cmd.Flags().Changed("lease") {
 				return usagef("--lease and --external exclude each other")
 			}
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.fenceClient(cmd.Context())
 			if err != nil {
 				return err
 			}
-			req := quota.WriteFencedRowRequest{Resource: resource, Key: key, Value: value, Token: token, Lease: lease}
+			req := fence.WriteRowRequest{Resource: resource, Key: key, Value: value, Token: token, Lease: leaseName}
 			if req.Lease == "" && !external {
 				req.Lease = resource
 			}
-			r, err := c.WriteFencedRow(cmd.Context(), req)
-			if errors.Is(err, quota.ErrStaleToken) || errors.Is(err, quota.ErrLeaseLost) || errors.Is(err, quota.ErrWrongLease) {
+			r, err := c.WriteRow(cmd.Context(), req)
+			if errors.Is(err, fence.ErrStaleToken) || errors.Is(err, lease.ErrLost) || errors.Is(err, fence.ErrWrongLease) {
 				msg := oneLine(trimPrefix(err.Error()))
-				if errors.Is(err, quota.ErrLeaseLost) && !cmd.Flags().Changed("lease") {
+				if errors.Is(err, lease.ErrLost) && !cmd.Flags().Changed("lease") {
 					msg += fmt.Sprintf("; the token must belong to the lease held now under the name %q (--lease defaults to --resource): "+
 						"give --lease NAME for a lease named otherwise, or --external for a token from another lock service", req.Lease)
 				}
@@ -79,7 +80,7 @@ token of another lease than the one the table is bound to is refused, exit 3
 	write.Flags().StringVar(&key, "key", "", "key within the resource (required)")
 	write.Flags().Int64Var(&token, "token", 0, "fencing token (required)")
 	write.Flags().StringVar(&value, "value", "", "value to write")
-	write.Flags().StringVar(&lease, "lease", "", "the pgquota lease, held now, that issued --token (default: the lease named like --resource)")
+	write.Flags().StringVar(&leaseName, "lease", "", "the pgquota lease, held now, that issued --token (default: the lease named like --resource)")
 	write.Flags().BoolVar(&external, "external", false, "the token comes from another lock service (etcd, ZooKeeper): skip the lease check")
 	_ = write.MarkFlagRequired("resource")
 	_ = write.MarkFlagRequired("key")
@@ -91,43 +92,43 @@ token of another lease than the one the table is bound to is refused, exit 3
 		Example: `  pgquota fence show --resource report`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.fenceClient(cmd.Context())
 			if err != nil {
 				return err
 			}
-			st, err := c.FenceState(cmd.Context(), resource)
+			st, err := c.State(cmd.Context(), resource)
 			if err != nil {
 				return err
 			}
-			var rows []quota.FencedRow
+			var rows []fence.Row
 			if key != "" {
-				r, err := c.FencedRow(cmd.Context(), resource, key)
-				if err != nil && !errors.Is(err, quota.ErrFencedRowNotFound) {
+				r, err := c.Row(cmd.Context(), resource, key)
+				if err != nil && !errors.Is(err, fence.ErrRowNotFound) {
 					return err
 				}
 				if err == nil {
 					rows = append(rows, r)
 				}
-			} else if rows, err = c.FencedRows(cmd.Context(), resource); err != nil {
+			} else if rows, err = c.Rows(cmd.Context(), resource); err != nil {
 				return err
 			}
 			if rows == nil {
-				rows = []quota.FencedRow{}
+				rows = []fence.Row{}
 			}
 			all, err := c.GuardedTables(cmd.Context())
 			if err != nil {
 				return err
 			}
-			guards := []quota.GuardStatus{}
+			guards := []fence.GuardStatus{}
 			for _, g := range all {
 				if g.Resource == resource {
 					guards = append(guards, g)
 				}
 			}
 			out := struct {
-				quota.FenceState
-				Guards []quota.GuardStatus `json:"guards"`
-				Rows   []quota.FencedRow   `json:"rows"`
+				fence.State
+				Guards []fence.GuardStatus `json:"guards"`
+				Rows   []fence.Row         `json:"rows"`
 			}{st, guards, rows}
 			return a.output(out, func(w *tabwriter.Writer) {
 				row(w, "resource", st.Resource)
@@ -191,12 +192,12 @@ TRUNCATE): "upgraded yes". Detach with:
   pgquota fence guard --table app.orders --column zxid --external`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.fenceClient(cmd.Context())
 			if err != nil {
 				return err
 			}
-			g, err := c.GuardTable(cmd.Context(), quota.GuardTableRequest{
-				Table: table, Column: column, External: external, Lease: lease, Semaphore: semaphore,
+			g, err := c.GuardTable(cmd.Context(), fence.GuardTableRequest{
+				Table: table, Column: column, External: external, Lease: leaseName, Semaphore: semaphore,
 			})
 			if err != nil {
 				return err
@@ -211,20 +212,20 @@ TRUNCATE): "upgraded yes". Detach with:
 				case g.Semaphore != "":
 					row(w, "tokens", fmt.Sprintf("any slot of semaphore %q held now, with its own token", g.Semaphore))
 				default:
-					row(w, "tokens", fmt.Sprintf("pgquota lease %q only, while held with the token (any other lease: SQLSTATE %s)", g.Lease, quota.SQLStateWrongLease))
+					row(w, "tokens", fmt.Sprintf("pgquota lease %q only, while held with the token (any other lease: SQLSTATE %s)", g.Lease, fence.SQLStateWrongLease))
 				}
 				row(w, "present with", fmt.Sprintf("SELECT pgquota.present_token(%s, <token>); in each writing transaction", sqlLiteral(g.Resource)))
 				row(w, "triggers", g.Trigger+" (INSERT, UPDATE, DELETE), "+g.TruncateTrigger+" (TRUNCATE)")
 				row(w, "upgraded", yesNo(g.Upgraded))
-				row(w, "rejects", "SQLSTATE "+quota.SQLStateTokenNotPresented+" (no token presented), "+
-					quota.SQLStateStaleToken+" (stale token), "+quota.SQLStateLeaseNotHeld+" (lease not held with the token)")
+				row(w, "rejects", "SQLSTATE "+fence.SQLStateTokenNotPresented+" (no token presented), "+
+					fence.SQLStateStaleToken+" (stale token), "+fence.SQLStateLeaseNotHeld+" (lease not held with the token)")
 			})
 		},
 	}
 	guard.Flags().StringVar(&table, "table", "", "table, optionally schema-qualified (required)")
 	guard.Flags().StringVar(&column, "column", "", "bigint token column, stamped with the presented token (required)")
 	guard.Flags().BoolVar(&external, "external", false, "tokens come from another lock service (etcd, ZooKeeper): check them against the highest seen only, no lease")
-	guard.Flags().StringVar(&lease, "lease", "", "bind the table to this pgquota lease (default: the lease named like the table's resource)")
+	guard.Flags().StringVar(&leaseName, "lease", "", "bind the table to this pgquota lease (default: the lease named like the table's resource)")
 	guard.Flags().StringVar(&semaphore, "semaphore", "", "bind the table to this semaphore: every slot held now writes with its own token")
 	guard.MarkFlagsMutuallyExclusive("external", "lease", "semaphore")
 	_ = guard.MarkFlagRequired("table")
@@ -241,7 +242,7 @@ session_replication_role = replica (its sessions bypass triggers that fire in
 origin sessions only, the default). Exit 3 when any guard does not fire.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.fenceClient(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -250,7 +251,7 @@ origin sessions only, the default). Exit 3 when any guard does not fire.`,
 				return err
 			}
 			if gs == nil {
-				gs = []quota.GuardStatus{}
+				gs = []fence.GuardStatus{}
 			}
 			if err := a.output(gs, func(w *tabwriter.Writer) {
 				row(w, "TABLE", "RESOURCE", "FIRES")
@@ -274,14 +275,14 @@ origin sessions only, the default). Exit 3 when any guard does not fire.`,
 }
 
 // guardFires is "yes", or "NO: " and the problem.
-func guardFires(g quota.GuardStatus) string {
+func guardFires(g fence.GuardStatus) string {
 	if g.Fires {
 		return "yes"
 	}
 	return "NO: " + g.Problem
 }
 
-func printFencedRow(w *tabwriter.Writer, r quota.FencedRow) {
+func printFencedRow(w *tabwriter.Writer, r fence.Row) {
 	row(w, "resource", r.Resource)
 	row(w, "key", r.Key)
 	row(w, "token", r.Token)

@@ -3,7 +3,7 @@ package cli
 import (
 	"time"
 
-	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/lease"
 )
 
 // What --json prints for the library's results whose JSON is not the
@@ -31,15 +31,15 @@ func msLeft(d time.Duration) int64 { return max(d, 0).Milliseconds() }
 
 // leaseJSON is quota.Lease for --json, with the time it has left.
 type leaseJSON struct {
-	quota.Lease
+	lease.Lease
 	RemainingMS int64 `json:"remaining_ms"`
 }
 
-func leaseOut(l quota.Lease) leaseJSON {
+func leaseOut(l lease.Lease) leaseJSON {
 	return leaseJSON{Lease: l, RemainingMS: msLeft(l.Remaining())}
 }
 
-// slotJSON is quota.Slot for --json: "semaphore" names the semaphore (as
+// slotJSON is lease.Slot for --json: "semaphore" names the semaphore (as
 // in slot show and a full semaphore's denial), "lease" the slot's lease
 // (slot:NAME:INDEX), "held" whether this slot is held; "holders" (in
 // printSlot and slot show) counts the semaphore's held slots.
@@ -59,7 +59,7 @@ type slotJSON struct {
 	RemainingMS int64     `json:"remaining_ms"`
 }
 
-func slotOut(s quota.Slot) slotJSON {
+func slotOut(s lease.Slot) slotJSON {
 	return slotJSON{
 		Semaphore: s.Semaphore, Index: s.Index, Lease: s.Name, Holder: s.Holder, Attempt: s.Attempt,
 		Token: s.Token, AcquiredAt: s.AcquiredAt, RenewedAt: s.RenewedAt, ExpiresAt: s.ExpiresAt,

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/lease"
 )
 
 func (a *app) leaseCommand() *cobra.Command {
@@ -32,21 +32,21 @@ so that a holder that lost its lease cannot overwrite its successor's work.`,
   pgquota lease acquire --name nightly-report --ttl 30s --wait --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.leaseClient(cmd.Context())
 			if err != nil {
 				return err
 			}
 			if holder == "" {
 				holder = defaultHolder()
 			}
-			req := quota.AcquireRequest{Name: name, Holder: holder, TTL: ttl, Payload: payload}
-			var l quota.Lease
+			req := lease.AcquireRequest{Name: name, Holder: holder, TTL: ttl, Payload: payload}
+			var l lease.Lease
 			if wait {
 				l, err = c.AcquireWait(cmd.Context(), req, nil)
 			} else {
 				l, err = c.Acquire(cmd.Context(), req)
 			}
-			var held *quota.LeaseHeldError
+			var held *lease.HeldError
 			if errors.As(err, &held) {
 				fmt.Fprintln(a.stderr, "pgquota: "+trimPrefix(held.Error()))
 				if err := a.output(map[string]any{
@@ -80,7 +80,7 @@ so that a holder that lost its lease cannot overwrite its successor's work.`,
 		Example: `  pgquota lease renew --name nightly-report --token 42 --ttl 30s`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.leaseClient(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -103,7 +103,7 @@ so that a holder that lost its lease cannot overwrite its successor's work.`,
 		Example: `  pgquota lease release --name nightly-report --token 42`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.leaseClient(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -125,11 +125,11 @@ so that a holder that lost its lease cannot overwrite its successor's work.`,
 		Example: `  pgquota lease show --name nightly-report`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.leaseClient(cmd.Context())
 			if err != nil {
 				return err
 			}
-			l, err := c.Lease(cmd.Context(), name)
+			l, err := c.Get(cmd.Context(), name)
 			if err != nil {
 				return err
 			}
@@ -147,14 +147,14 @@ so that a holder that lost its lease cannot overwrite its successor's work.`,
 // leaseLost prints a lost lease's error and exits with ExitDenied; other
 // errors pass through.
 func (a *app) leaseLost(err error) error {
-	if errors.Is(err, quota.ErrLeaseLost) {
+	if errors.Is(err, lease.ErrLost) {
 		fmt.Fprintln(a.stderr, "pgquota: "+oneLine(trimPrefix(err.Error())))
 		return errDenied
 	}
 	return err
 }
 
-func (a *app) printLease(l quota.Lease, acquired bool) error {
+func (a *app) printLease(l lease.Lease, acquired bool) error {
 	out := struct {
 		leaseJSON
 		Acquired bool `json:"acquired"`
@@ -176,9 +176,9 @@ func (a *app) printLease(l quota.Lease, acquired bool) error {
 	})
 }
 
-// defaultHolder names this process: host:pid (quota.DefaultHolder, the
+// defaultHolder names this process: host:pid (lease.DefaultHolder, the
 // library's default for an empty holder).
-func defaultHolder() string { return quota.DefaultHolder() }
+func defaultHolder() string { return lease.DefaultHolder() }
 
 func trimPrefix(s string) string {
 	const p = "pgquota: "

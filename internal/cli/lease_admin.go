@@ -12,7 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/lease"
 )
 
 // Environment variables `lease do` and `election campaign` set for the
@@ -52,7 +52,7 @@ error.`,
   pgquota lease do --name nightly-report --ttl 30s --wait -- sh -c 'pgquota fence write --resource nightly-report --lease nightly-report --key status --value done --token "$PGQUOTA_LEASE_TOKEN"'`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.leaseClient(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -65,7 +65,7 @@ error.`,
 			if killAfter == 0 {
 				killAfter = ttl / 20 // half of Keepalive's default margin, TTL/10
 			}
-			err = c.Do(cmd.Context(), quota.DoRequest{Name: name, Holder: holder, TTL: ttl, Wait: wait, Payload: payload},
+			err = c.Do(cmd.Context(), lease.DoRequest{Name: name, Holder: holder, TTL: ttl, Wait: wait, Payload: payload},
 				func(ctx context.Context) error { return a.runLeased(ctx, args, killAfter) })
 			return a.leaseRunError(err)
 		},
@@ -94,7 +94,7 @@ func (e *leaseEndedError) Unwrap() error { return e.cause }
 // runLeased runs args under the lease in ctx, stopping its process group
 // when ctx ends.
 func (a *app) runLeased(ctx context.Context, args []string, killAfter time.Duration) error {
-	l, _ := quota.LeaseFromContext(ctx)
+	l, _ := lease.FromContext(ctx)
 	cmd := exec.CommandContext(ctx, args[0], args[1:]...)
 	cmd.Env = append(os.Environ(),
 		envLeaseName+"="+l.Name, envLeaseToken+"="+strconv.FormatInt(l.Token, 10), envLeaseHolder+"="+l.Holder)
@@ -121,7 +121,7 @@ func (a *app) runLeased(ctx context.Context, args []string, killAfter time.Durat
 // another (printed like acquire's) or lost while the command ran is a
 // denial.
 func (a *app) leaseRunError(err error) error {
-	var held *quota.LeaseHeldError
+	var held *lease.HeldError
 	var ended *leaseEndedError
 	switch {
 	case errors.As(err, &held):
@@ -137,7 +137,7 @@ func (a *app) leaseRunError(err error) error {
 			return err
 		}
 		return errDenied
-	case errors.As(err, &ended) && (errors.Is(err, quota.ErrLeaseLost) || errors.Is(err, quota.ErrLeaseExpiring)):
+	case errors.As(err, &ended) && (errors.Is(err, lease.ErrLost) || errors.Is(err, lease.ErrExpiring)):
 		fmt.Fprintln(a.stderr, "pgquota: "+oneLine(err.Error()))
 		return errDenied
 	}
@@ -145,7 +145,7 @@ func (a *app) leaseRunError(err error) error {
 }
 
 func (a *app) leaseListCommand() *cobra.Command {
-	var f quota.LeaseFilter
+	var f lease.Filter
 	cmd := &cobra.Command{
 		Use:   "list",
 		Short: "List leases by name: holder, token, expiry, payload",
@@ -155,11 +155,11 @@ func (a *app) leaseListCommand() *cobra.Command {
   pgquota lease list --limit 100 --after job/0420 --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.leaseClient(cmd.Context())
 			if err != nil {
 				return err
 			}
-			ls, err := c.Leases(cmd.Context(), f)
+			ls, err := c.List(cmd.Context(), f)
 			if err != nil {
 				return err
 			}
@@ -177,13 +177,13 @@ func (a *app) leaseListCommand() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&f.Prefix, "prefix", "", "only leases whose name starts with this")
 	cmd.Flags().BoolVar(&f.HeldOnly, "held", false, "only leases held now")
-	cmd.Flags().IntVar(&f.Limit, "limit", quota.DefaultLeaseListLimit, fmt.Sprintf("at most this many (up to %d)", quota.MaxLeaseListLimit))
+	cmd.Flags().IntVar(&f.Limit, "limit", lease.DefaultListLimit, fmt.Sprintf("at most this many (up to %d)", lease.MaxListLimit))
 	cmd.Flags().StringVar(&f.After, "after", "", "only names after this one (the last name of the previous page)")
 	return cmd
 }
 
 func (a *app) leaseReapCommand() *cobra.Command {
-	var req quota.ReapLeasesRequest
+	var req lease.ReapRequest
 	cmd := &cobra.Command{
 		Use:   "reap",
 		Short: "Delete lease rows that expired more than --older-than ago",
@@ -202,11 +202,11 @@ held, would be admitted. Fence rows without a lease are never deleted.`,
   pgquota lease reap --older-than 168h --fences --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.leaseClient(cmd.Context())
 			if err != nil {
 				return err
 			}
-			reaped, err := c.ReapLeases(cmd.Context(), req)
+			reaped, err := c.Reap(cmd.Context(), req)
 			if err != nil {
 				return err
 			}
@@ -217,13 +217,13 @@ held, would be admitted. Fence rows without a lease are never deleted.`,
 				}
 			}
 			if reaped == nil {
-				reaped = []quota.ReapedLease{}
+				reaped = []lease.Reaped{}
 			}
 			out := struct {
-				Deleted       int                 `json:"deleted"`
-				FencesDeleted int                 `json:"fences_deleted"`
-				OlderThanMS   int64               `json:"older_than_ms"`
-				Leases        []quota.ReapedLease `json:"leases"`
+				Deleted       int            `json:"deleted"`
+				FencesDeleted int            `json:"fences_deleted"`
+				OlderThanMS   int64          `json:"older_than_ms"`
+				Leases        []lease.Reaped `json:"leases"`
 			}{len(reaped), fences, req.OlderThan.Milliseconds(), reaped}
 			return a.output(out, func(w *tabwriter.Writer) {
 				row(w, "deleted", len(reaped))
@@ -248,11 +248,11 @@ func (a *app) leasePayloadCommand() *cobra.Command {
 		Example: `  pgquota lease set-payload --name nightly-report --token 42 --payload 'step 2 of 3'`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.leaseClient(cmd.Context())
 			if err != nil {
 				return err
 			}
-			l, err := c.SetLeasePayload(cmd.Context(), name, token, payload)
+			l, err := c.SetPayload(cmd.Context(), name, token, payload)
 			if err != nil {
 				return a.leaseLost(err)
 			}

@@ -12,11 +12,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/internal/cli"
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
+	"github.com/pgquota/pgquota/quota/lease"
 )
 
 // syncBuffer is a bytes.Buffer safe to read while a command writes it.
@@ -57,11 +60,24 @@ func processRuns(pid int) bool {
 	return !strings.HasPrefix(strings.TrimSpace(rest), "Z")
 }
 
-func leaseClient(t *testing.T, dbURL string) *quota.Client {
+// leaseTestClient is a lease client, a fence client and the pool they run on.
+type leaseTestClient struct {
+	*lease.Client
+	fences *fence.Client
+	pool   *pgxpool.Pool
+}
+
+func (c leaseTestClient) Pool() *pgxpool.Pool { return c.pool }
+
+func leaseClient(t *testing.T, dbURL string) leaseTestClient {
 	t.Helper()
-	c, err := quota.New(pgtest.Connect(t, dbURL, 4), nil)
+	q, err := quota.New(pgtest.Connect(t, dbURL, 4), nil)
 	require.NoError(t, err)
-	return c
+	c, err := lease.New(q)
+	require.NoError(t, err)
+	f, err := fence.New(q)
+	require.NoError(t, err)
+	return leaseTestClient{Client: c, fences: f, pool: q.Pool()}
 }
 
 func TestCLILeaseDo(t *testing.T) {
@@ -78,7 +94,7 @@ func TestCLILeaseDo(t *testing.T) {
 		require.Equal(t, "report", fields[0])
 		token, err := strconv.ParseInt(fields[1], 10, 64)
 		require.NoError(t, err)
-		l, err := c.Lease(ctx, "report")
+		l, err := c.Get(ctx, "report")
 		require.NoError(t, err)
 		require.Equal(t, token, l.Token)
 		require.False(t, l.Held, "released when the command exited")
@@ -90,7 +106,7 @@ func TestCLILeaseDo(t *testing.T) {
 	})
 
 	t.Run("held by another", func(t *testing.T) {
-		_, err := c.Acquire(ctx, quota.AcquireRequest{Name: "busy", Holder: "other", TTL: time.Minute})
+		_, err := c.Acquire(ctx, lease.AcquireRequest{Name: "busy", Holder: "other", TTL: time.Minute})
 		require.NoError(t, err)
 		r := runDB(t, dbURL, "lease", "do", "--name", "busy", "--ttl", "10s", "--", "sh", "-c", "echo ran")
 		require.Equal(t, cli.ExitDenied, r.code, r.stderr)
@@ -112,13 +128,13 @@ func TestCLILeaseDo(t *testing.T) {
 		// The command starts a child of its own, which must stop too.
 		stdout, stderr, wait := start(ctx, dbURL, "lease", "do", "--name", "lost", "--ttl", "1s", "--", "sh", "-c", "sleep 30 & echo $!; wait")
 		require.Eventually(t, func() bool {
-			l, err := c.Lease(ctx, "lost")
+			l, err := c.Get(ctx, "lost")
 			return err == nil && l.Held
 		}, 5*time.Second, 10*time.Millisecond)
 		// An operator ends the lease and another holder takes it.
 		_, err := c.Pool().Exec(ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() WHERE name = 'lost'`)
 		require.NoError(t, err)
-		_, err = c.Acquire(ctx, quota.AcquireRequest{Name: "lost", Holder: "thief", TTL: time.Minute})
+		_, err = c.Acquire(ctx, lease.AcquireRequest{Name: "lost", Holder: "thief", TTL: time.Minute})
 		require.NoError(t, err)
 		require.Equal(t, cli.ExitDenied, wait(), stderr.String())
 		// The child sleeps 30 s: well below it, it was stopped (room for a
@@ -178,7 +194,7 @@ func TestCLILeaseListPayloadReap(t *testing.T) {
 	require.Contains(t, out, "other")
 
 	// Release job/b and make it look two days old: reap deletes it alone.
-	l, err := c.Lease(ctx, "job/b")
+	l, err := c.Get(ctx, "job/b")
 	require.NoError(t, err)
 	_, err = c.Release(ctx, "job/b", l.Token)
 	require.NoError(t, err)
@@ -196,7 +212,7 @@ func TestCLILeaseListPayloadReap(t *testing.T) {
 	require.Equal(t, 1, reaped.Deleted)
 	require.Zero(t, reaped.Fences)
 	require.Equal(t, "job/b", reaped.Leases[0].Name)
-	f, err := c.FenceState(ctx, "job/b")
+	f, err := c.fences.State(ctx, "job/b")
 	require.NoError(t, err)
 	require.Equal(t, l.Token, f.Highest, "the fence row stays")
 

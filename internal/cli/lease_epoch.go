@@ -7,7 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/lease"
 )
 
 // leaseEpochCommand is `pgquota lease epoch [bump]`.
@@ -24,11 +24,11 @@ pg_restore, pg_upgrade) moves to a higher epoch by itself.`,
   pgquota lease epoch --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.leaseClient(cmd.Context())
 			if err != nil {
 				return err
 			}
-			e, err := c.LeaseEpoch(cmd.Context())
+			e, err := c.Epoch(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -70,8 +70,8 @@ and bump the copy with --min-epoch above it.`,
   pgquota lease epoch bump --no-standbys --min-epoch 12`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if minEpoch < 0 || minEpoch > quota.MaxLeaseEpoch {
-				return usagef("--min-epoch must be between 0 and %d", int64(quota.MaxLeaseEpoch))
+			if minEpoch < 0 || minEpoch > lease.MaxEpoch {
+				return usagef("--min-epoch must be between 0 and %d", int64(lease.MaxEpoch))
 			}
 			if timeout <= 0 {
 				return usagef("--timeout must be positive, got %s", timeout)
@@ -82,11 +82,11 @@ and bump the copy with --min-epoch above it.`,
 			if noStandbys && standbys > 0 {
 				return usagef("--no-standbys and --standbys %d contradict each other", standbys)
 			}
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.leaseClient(cmd.Context())
 			if err != nil {
 				return err
 			}
-			e, err := c.BumpLeaseEpoch(cmd.Context(), quota.BumpLeaseEpochRequest{
+			e, err := c.BumpEpoch(cmd.Context(), lease.BumpEpochRequest{
 				MinEpoch: minEpoch, Timeout: timeout, Standbys: standbys, NoStandbys: noStandbys, Unconfirmed: unconfirmed})
 			if err != nil {
 				return err
@@ -95,7 +95,7 @@ and bump the copy with --min-epoch above it.`,
 		},
 	}
 	bump.Flags().Int64Var(&minEpoch, "min-epoch", 0, "raise the epoch to at least this")
-	bump.Flags().DurationVar(&timeout, "timeout", quota.DefaultBumpTimeout, "how long to wait for the standbys to confirm")
+	bump.Flags().DurationVar(&timeout, "timeout", lease.DefaultBumpTimeout, "how long to wait for the standbys to confirm")
 	bump.Flags().IntVar(&standbys, "standbys", 0, "the number of standbys you run, that must confirm (count those the primary cannot see)")
 	bump.Flags().BoolVar(&noStandbys, "no-standbys", false, "no standby runs: raise at once when the primary sees none")
 	bump.Flags().BoolVar(&unconfirmed, "unconfirmed", false, "raise the epoch even when a standby has not confirmed it (a standby promoted without it issues lower tokens)")
@@ -103,7 +103,7 @@ and bump the copy with --min-epoch above it.`,
 	return cmd
 }
 
-func (a *app) printLeaseEpoch(e quota.LeaseEpoch) error {
+func (a *app) printLeaseEpoch(e lease.Epoch) error {
 	return a.output(e, func(w *tabwriter.Writer) {
 		row(w, "epoch", e.Epoch)
 		row(w, "timeline", e.Timeline)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pgquota/pgquota/internal/telemetry"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
 )
 
 // metricsAddrFlag adds --metrics-addr to a command that runs for long.
@@ -57,15 +58,19 @@ func (a *app) startMetrics(addr string) (*metricsServer, error) {
 
 // ready makes /healthz check that c's database answers with the schema
 // this build needs (CheckSchema) and that the guard of every guarded table
-// fires (CheckGuards: a guard disabled, or bypassed by replica sessions,
+// fires (fence.Client.CheckGuards: a guard disabled, or bypassed by replica sessions,
 // is a 503 naming the table).
 func (ms *metricsServer) ready(c *quota.Client) {
 	if ms != nil {
+		fences, err := fence.New(c)
 		check := func(ctx context.Context) error {
+			if err != nil {
+				return err
+			}
 			if err := c.CheckSchema(ctx); err != nil {
 				return err
 			}
-			return c.CheckGuards(ctx)
+			return fences.CheckGuards(ctx)
 		}
 		ms.health.Store(&check)
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/lease"
 )
 
 // slotCommand is `pgquota slot`: concurrency limits (semaphores).
@@ -35,21 +35,21 @@ name as the lease (pgquota fence write --resource slot:NAME:INDEX).`,
   pgquota slot acquire --name encoders --limit 2 --ttl 30s --wait --json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.leaseClient(cmd.Context())
 			if err != nil {
 				return err
 			}
 			if holder == "" {
 				holder = defaultHolder()
 			}
-			req := quota.SlotRequest{Semaphore: name, Limit: limit, Holder: holder, TTL: ttl}
-			var s quota.Slot
+			req := lease.SlotRequest{Semaphore: name, Limit: limit, Holder: holder, TTL: ttl}
+			var s lease.Slot
 			if wait {
 				s, err = c.AcquireSlotWait(cmd.Context(), req, nil)
 			} else {
 				s, err = c.AcquireSlot(cmd.Context(), req)
 			}
-			var full *quota.SemaphoreFullError
+			var full *lease.SemaphoreFullError
 			if errors.As(err, &full) {
 				fmt.Fprintln(a.stderr, "pgquota: "+trimPrefix(full.Error()))
 				if err := a.output(map[string]any{
@@ -72,15 +72,15 @@ name as the lease (pgquota fence write --resource slot:NAME:INDEX).`,
 		},
 	}
 	acquire.Flags().StringVar(&name, "name", "", "semaphore name (required)")
-	acquire.Flags().IntVar(&limit, "limit", 0, fmt.Sprintf("most holders at once, 1 to %d (required)", quota.MaxSlotLimit))
+	acquire.Flags().IntVar(&limit, "limit", 0, fmt.Sprintf("most holders at once, 1 to %d (required)", lease.MaxSlotLimit))
 	acquire.Flags().DurationVar(&ttl, "ttl", 30*time.Second, "how long the slot is held unless renewed")
 	acquire.Flags().StringVar(&holder, "holder", "", "holder name shown to others (default: hostname:pid of the running command)")
 	acquire.Flags().BoolVar(&wait, "wait", false, "when the semaphore is full, wait for a slot (until interrupted) instead of exiting 3")
 	_ = acquire.MarkFlagRequired("name")
 	_ = acquire.MarkFlagRequired("limit")
 
-	slotOf := func() quota.Slot {
-		return quota.Slot{Lease: quota.Lease{Name: quota.SlotLeaseName(name, index), Token: token}, Semaphore: name, Index: index}
+	slotOf := func() lease.Slot {
+		return lease.Slot{Lease: lease.Lease{Name: lease.SlotName(name, index), Token: token}, Semaphore: name, Index: index}
 	}
 	renew := &cobra.Command{
 		Use:     "renew",
@@ -88,7 +88,7 @@ name as the lease (pgquota fence write --resource slot:NAME:INDEX).`,
 		Example: `  pgquota slot renew --name encoders --slot 1 --token 42 --ttl 30s`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.leaseClient(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -105,7 +105,7 @@ name as the lease (pgquota fence write --resource slot:NAME:INDEX).`,
 		Example: `  pgquota slot release --name encoders --slot 1 --token 42`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.leaseClient(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -132,7 +132,7 @@ name as the lease (pgquota fence write --resource slot:NAME:INDEX).`,
 		Example: `  pgquota slot show --name encoders`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.quotaClient(cmd.Context())
+			c, err := a.leaseClient(cmd.Context())
 			if err != nil {
 				return err
 			}
@@ -172,7 +172,7 @@ name as the lease (pgquota fence write --resource slot:NAME:INDEX).`,
 	return cmd
 }
 
-func (a *app) printSlot(s quota.Slot, acquired bool) error {
+func (a *app) printSlot(s lease.Slot, acquired bool) error {
 	out := struct {
 		slotJSON
 		Acquired bool `json:"acquired"`

@@ -4,7 +4,7 @@
 // unknown outcomes (retry.go), and the OpenTelemetry instruments
 // (metrics.go). Package quota's Client and the clients of the capability
 // packages (quota/outbox, ...) run on a Core; their public names for these
-// (quota.ErrLeaseLost, quota.IsRetryable, ...) are re-exports.
+// (lease.ErrLost, quota.IsRetryable, ...) are re-exports.
 package core
 
 import (

@@ -9,6 +9,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/pgquota/pgquota/internal/errtext"
@@ -174,3 +175,49 @@ var Errorf = errtext.Errorf
 // SQLStateQuotaNotFound is the SQLSTATE pgquota's SQL functions raise for a
 // quota that does not exist (quota.SQLStateQuotaNotFound documents it).
 const SQLStateQuotaNotFound = "PQ010"
+
+// IsNoRows reports whether err is pgx's "no rows in result set".
+func IsNoRows(err error) bool { return errors.Is(err, pgx.ErrNoRows) }
+
+// CheckToken checks a fencing token argument: positive.
+func CheckToken(token int64) error {
+	if token < 1 {
+		return Invalid("token", "must be positive, got %d", token)
+	}
+	return nil
+}
+
+// MaxSemaphoreNameBytes is the longest semaphore name accepted, in bytes of
+// UTF-8 (lease.MaxSemaphoreNameBytes documents it).
+const MaxSemaphoreNameBytes = 240
+
+// CheckSemaphoreName checks a semaphore name: a name (CheckName) of at most
+// MaxSemaphoreNameBytes bytes.
+func CheckSemaphoreName(name string) error {
+	if err := CheckName("semaphore", name); err != nil {
+		return err
+	}
+	if len(name) > MaxSemaphoreNameBytes {
+		return Invalid("semaphore", "is %d bytes long, the limit is %d", len(name), MaxSemaphoreNameBytes)
+	}
+	return nil
+}
+
+// Bounds of a lease's TTL (lease.MinTTL and lease.MaxTTL document them).
+const (
+	MinLeaseTTL = time.Millisecond
+	MaxLeaseTTL = 24 * time.Hour
+)
+
+// CheckTTL checks a lease TTL: within MinLeaseTTL..MaxLeaseTTL.
+func CheckTTL(ttl time.Duration) error {
+	switch {
+	case ttl <= 0:
+		return Invalid("ttl", "must be positive, got %s", ttl)
+	case ttl < MinLeaseTTL:
+		return Invalid("ttl", "must be at least %s, got %s (a unit mistake?)", MinLeaseTTL, ttl)
+	case ttl > MaxLeaseTTL:
+		return Invalid("ttl", "must be at most %s, got %s", MaxLeaseTTL, ttl)
+	}
+	return nil
+}

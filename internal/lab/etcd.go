@@ -14,7 +14,7 @@ import (
 
 	"github.com/pgquota/pgquota/internal/etcdserver"
 	"github.com/pgquota/pgquota/internal/netpause"
-	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
 )
 
 // The etcd strategies take etcd's own lock, concurrency.Mutex, on a session
@@ -25,7 +25,7 @@ import (
 // in line gets the lock. etcd writes read+1 with no token (WHAT NOT TO DO:
 // the paused holder's stale write lands); etcd-fenced makes the lock key's
 // create revision its fencing token, (1 << 40) + revision
-// (quota.ExternalToken), presented to a lab table guarded by pgquota's fence
+// (fence.ExternalToken), presented to a lab table guarded by pgquota's fence
 // guard for external tokens, and the storage refuses the stale write.
 
 // etcdTiming is the lease TTL and pause of the etcd strategies: the TTL is
@@ -97,7 +97,7 @@ func (s *etcdLock) Prepare(ctx context.Context, env *Env) error {
 			fence_token bigint)`); err != nil {
 			return err
 		}
-		g, err := env.Quota.GuardTable(ctx, quota.GuardTableRequest{Table: etcdTable, Column: "fence_token", External: true})
+		g, err := env.Fences.GuardTable(ctx, fence.GuardTableRequest{Table: etcdTable, Column: "fence_token", External: true})
 		if err != nil {
 			return err
 		}
@@ -117,7 +117,7 @@ func (s *etcdLock) Reset(ctx context.Context, env *Env) error {
 		if err := tx.QueryRow(ctx, `SELECT coalesce(max(max_token), 1) FROM pgquota.fence WHERE resource = $1`, s.resource).Scan(&mark); err != nil {
 			return err
 		}
-		if err := env.Quota.PresentTokenTx(ctx, tx, quota.PresentTokenRequest{Resource: s.resource, Token: mark}); err != nil {
+		if err := env.Fences.PresentTokenTx(ctx, tx, fence.PresentTokenRequest{Resource: s.resource, Token: mark}); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO `+etcdTable+` (id, value) VALUES (1, 0) ON CONFLICT (id) DO UPDATE SET value = 0`)
@@ -148,7 +148,7 @@ func (s *etcdLock) Request(ctx context.Context, env *Env, c *Client) (Outcome, e
 	for first := true; ; first = false {
 		granted, err := s.attempt(ctx, env, c, first, ttl, pause, deadline)
 		switch {
-		case s.fenced && errors.Is(err, quota.ErrStaleToken):
+		case s.fenced && errors.Is(err, fence.ErrStaleToken):
 			out.StaleRejected = true
 			continue
 		case errors.Is(err, errGaveUp), errors.Is(err, errLockLost):
@@ -210,7 +210,7 @@ func (s *etcdLock) attempt(ctx context.Context, env *Env, c *Client, first bool,
 	if err != nil {
 		return false, fmt.Errorf("%w: etcd lock key lost as the lock was granted: %w", errLockService, err)
 	}
-	token, err := quota.ExternalToken(1, rev, quota.EtcdRevisionBits)
+	token, err := fence.ExternalToken(1, rev, fence.EtcdRevisionBits)
 	if err != nil {
 		return false, err
 	}
@@ -219,7 +219,7 @@ func (s *etcdLock) attempt(ctx context.Context, env *Env, c *Client, first bool,
 		// Present the token before reading: a holder paused since it read
 		// is refused from now on.
 		err = pgx.BeginFunc(ctx, c.Pool, func(tx pgx.Tx) error {
-			if err := c.Quota.PresentTokenTx(ctx, tx, quota.PresentTokenRequest{Resource: s.resource, Token: token}); err != nil {
+			if err := c.Fences.PresentTokenTx(ctx, tx, fence.PresentTokenRequest{Resource: s.resource, Token: token}); err != nil {
 				return err
 			}
 			return tx.QueryRow(ctx, `SELECT value FROM `+etcdTable+` WHERE id = 1`).Scan(&v)
@@ -241,11 +241,11 @@ func (s *etcdLock) attempt(ctx context.Context, env *Env, c *Client, first bool,
 		return true, writeCounter(ctx, c.Pool, s.Name(), v+1)
 	}
 	err = pgx.BeginFunc(ctx, c.Pool, func(tx pgx.Tx) error {
-		if err := c.Quota.PresentTokenTx(ctx, tx, quota.PresentTokenRequest{Resource: s.resource, Token: token}); err != nil {
+		if err := c.Fences.PresentTokenTx(ctx, tx, fence.PresentTokenRequest{Resource: s.resource, Token: token}); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `UPDATE `+etcdTable+` SET value = $1 WHERE id = 1`, v+1)
-		return quota.MapFenceError(err)
+		return fence.MapError(err)
 	})
 	return err == nil, err
 }

@@ -6,13 +6,14 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
+	"github.com/pgquota/pgquota/quota/lease"
 )
 
 const (
 	// fencedName is both the lease the fenced strategy takes and the
 	// fenced resource its counter lives in, so a fenced write is checked
-	// against that lease (WriteFencedRowRequest.Lease) and against the highest
+	// against that lease (fence.WriteRowRequest.Lease) and against the highest
 	// token the resource has seen.
 	fencedName = "lab-fenced"
 	fencedKey  = "counter"
@@ -22,18 +23,18 @@ const (
 // locks (lock, read, think, pause, write read+1), but the lock is a pgquota
 // lease whose fencing token goes with the write, and the storage admits the
 // write only while that lease is held with that token and no higher token
-// has written (quota.Client.WriteFencedRow with Lease set). A holder paused
+// has written (fence.Client.WriteRow with Lease set). A holder paused
 // past its TTL wakes up to a rejected write instead of an overwrite; it
 // then starts over with a new lease and reads the counter again, as
-// quota.Client.grantFenced (quota/grant_fenced.go, a comparison path) does, until it gets an answer or gives up
+// fencedgrant.Granter.Grant (internal/fencedgrant, a comparison path) does, until it gets an answer or gives up
 // waiting for the lease like the naive locks (denied). "Granted" means
 // that the fenced write landed, so the decision behind it was made on a
 // value read under the lease that wrote it.
 //
-// The steps are spelled out here rather than calling GrantFenced, so that
+// The steps are spelled out here rather than calling fencedgrant.Grant, so that
 // the lab injects the very same think time and pause as the naive locks
 // between the read and the write, and counts the rejected writes that
-// GrantFenced retries silently.
+// fencedgrant.Grant retries silently.
 type fenced struct{}
 
 func (fenced) Name() string { return "fenced" }
@@ -62,15 +63,15 @@ func (fenced) Reset(ctx context.Context, env *Env) error {
 }
 
 func (fenced) Counter(ctx context.Context, env *Env) (int64, error) {
-	return readFenced(ctx, env.Quota)
+	return readFenced(ctx, env.Fences)
 }
 
 func (fenced) Close(context.Context, *Env) error { return nil }
 
 // readFenced reads the counter: 0 before its first write.
-func readFenced(ctx context.Context, qc *quota.Client) (int64, error) {
-	row, err := qc.FencedRow(ctx, fencedName, fencedKey)
-	if errors.Is(err, quota.ErrFencedRowNotFound) {
+func readFenced(ctx context.Context, qc *fence.Client) (int64, error) {
+	row, err := qc.Row(ctx, fencedName, fencedKey)
+	if errors.Is(err, fence.ErrRowNotFound) {
 		return 0, nil
 	}
 	if err != nil {
@@ -88,7 +89,7 @@ func (s fenced) Request(ctx context.Context, env *Env, c *Client) (Outcome, erro
 	for first := true; ; first = false {
 		granted, err := s.attempt(ctx, wctx, env, c, holder, first)
 		switch {
-		case errors.Is(err, quota.ErrStaleToken) || errors.Is(err, quota.ErrLeaseLost):
+		case errors.Is(err, fence.ErrStaleToken) || errors.Is(err, lease.ErrLost):
 			// Fenced off: the lease lapsed before the write. Nothing was
 			// written; start over with a new lease.
 			out.StaleRejected = true
@@ -112,8 +113,8 @@ func (fenced) attempt(ctx, wctx context.Context, env *Env, c *Client, holder str
 	// holder's remaining TTL. (Polling at the naive locks' pace loads a
 	// small machine enough to slow the holders' own statements.) Each
 	// client's pool holds one connection, which leaves none for LISTEN.
-	l, err := c.Quota.AcquireWait(wctx, quota.AcquireRequest{Name: fencedName, Holder: holder, TTL: cfg.TTL},
-		&quota.WaitOptions{NoListen: true})
+	l, err := c.Leases.AcquireWait(wctx, lease.AcquireRequest{Name: fencedName, Holder: holder, TTL: cfg.TTL},
+		&lease.WaitOptions{NoListen: true})
 	if err != nil {
 		if ctx.Err() == nil && wctx.Err() != nil {
 			return false, errGaveUp
@@ -122,12 +123,12 @@ func (fenced) attempt(ctx, wctx context.Context, env *Env, c *Client, holder str
 	}
 	defer func() {
 		// A lease that lapsed or was taken over needs no release.
-		_, rerr := c.Quota.Release(context.WithoutCancel(ctx), l.Name, l.Token)
-		if rerr != nil && !errors.Is(rerr, quota.ErrLeaseLost) && err == nil {
+		_, rerr := c.Leases.Release(context.WithoutCancel(ctx), l.Name, l.Token)
+		if rerr != nil && !errors.Is(rerr, lease.ErrLost) && err == nil {
 			err = rerr
 		}
 	}()
-	v, err := readFenced(ctx, c.Quota)
+	v, err := readFenced(ctx, c.Fences)
 	if err != nil || v >= cfg.Limit {
 		return false, err
 	}
@@ -135,7 +136,7 @@ func (fenced) attempt(ctx, wctx context.Context, env *Env, c *Client, holder str
 	if first {
 		env.Faults.Pause(ctx) // the same GC pause as the naive locks get
 	}
-	_, err = c.Quota.WriteFencedRow(ctx, quota.WriteFencedRowRequest{
+	_, err = c.Fences.WriteRow(ctx, fence.WriteRowRequest{
 		Resource: fencedName, Key: fencedKey, Value: strconv.FormatInt(v+1, 10),
 		Token: l.Token, Lease: l.Name,
 	})

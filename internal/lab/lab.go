@@ -23,6 +23,8 @@ import (
 
 	"github.com/pgquota/pgquota/internal/scratch"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
+	"github.com/pgquota/pgquota/quota/lease"
 	"go.opentelemetry.io/otel/metric"
 )
 
@@ -159,8 +161,11 @@ type Env struct {
 	Config Config
 	// DB is a small pool on the scratch database for setup and counting.
 	DB *pgxpool.Pool
-	// Quota is pgquota's client on DB.
-	Quota *quota.Client
+	// Quota is pgquota's client on DB; Leases and Fences its lease and
+	// fence clients.
+	Quota  *quota.Client
+	Leases *lease.Client
+	Fences *fence.Client
 	// Faults injects the pauses of the current run.
 	Faults *Faults
 	// Database names the scratch database.
@@ -175,8 +180,11 @@ type Client struct {
 	ID int
 	// Pool holds exactly one connection.
 	Pool *pgxpool.Pool
-	// Quota is pgquota's client on Pool.
-	Quota *quota.Client
+	// Quota is pgquota's client on Pool; Leases and Fences its lease and
+	// fence clients.
+	Quota  *quota.Client
+	Leases *lease.Client
+	Fences *fence.Client
 }
 
 // Faults injects the lab's pauses: the first Paused requests that call
@@ -386,6 +394,12 @@ func Run(ctx context.Context, admin *pgxpool.Pool, cfg Config) (_ *Report, err e
 	if env.Quota, err = quota.New(env.DB, &quota.Config{MeterProvider: cfg.MeterProvider}); err != nil {
 		return nil, err
 	}
+	if env.Leases, err = lease.New(env.Quota); err != nil {
+		return nil, err
+	}
+	if env.Fences, err = fence.New(env.Quota); err != nil {
+		return nil, err
+	}
 	clients, err := openClients(ctx, db, cfg.Requests, cfg.MeterProvider)
 	if err != nil {
 		return nil, err
@@ -453,7 +467,9 @@ func openClients(ctx context.Context, db *scratch.Database, n int, mp metric.Met
 			return nil, fmt.Errorf("open connection %d of %d: %w", i+1, n, err)
 		}
 		qc, _ := quota.New(pool, &quota.Config{MeterProvider: mp})
-		clients = append(clients, &Client{ID: i + 1, Pool: pool, Quota: qc})
+		lc, _ := lease.New(qc)
+		fc, _ := fence.New(qc)
+		clients = append(clients, &Client{ID: i + 1, Pool: pool, Quota: qc, Leases: lc, Fences: fc})
 	}
 	return clients, nil
 }

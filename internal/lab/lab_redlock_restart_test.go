@@ -137,10 +137,10 @@ func TestRedlockFencedRejectsTheFirstHoldersWrite(t *testing.T) {
 		require.Regexp(t, restartFault, r.Fault)
 	}
 	require.Equal(t, cfg.Runs, sr.ExactRuns)
-	row, err := env.Quota.FencedRow(ctx, redlockFencedResource, "counter")
+	row, err := env.Fences.Row(ctx, redlockFencedResource, "counter")
 	require.NoError(t, err)
 	require.Equal(t, "1", row.Value)
-	fence, err := env.Quota.FenceState(ctx, redlockFencedResource)
+	fence, err := env.Fences.State(ctx, redlockFencedResource)
 	require.NoError(t, err)
 	require.Greater(t, fence.Highest, row.Token)
 	var held int

@@ -18,7 +18,8 @@ import (
 	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
+	"github.com/pgquota/pgquota/quota/lease"
 )
 
 const (
@@ -209,7 +210,7 @@ func (s *redlock) Reset(ctx context.Context, env *Env) error {
 
 func (s *redlock) Counter(ctx context.Context, env *Env) (int64, error) {
 	if s.fenced {
-		return readFencedKey(ctx, env.Quota, redlockFencedResource, "counter")
+		return readFencedKey(ctx, env.Fences, redlockFencedResource, "counter")
 	}
 	return readCounter(ctx, env.DB, s.Name())
 }
@@ -234,9 +235,9 @@ func (s *redlock) Close(context.Context, *Env) error {
 }
 
 // readFencedKey reads a fenced counter: 0 before its first write.
-func readFencedKey(ctx context.Context, qc *quota.Client, resource, key string) (int64, error) {
-	row, err := qc.FencedRow(ctx, resource, key)
-	if errors.Is(err, quota.ErrFencedRowNotFound) {
+func readFencedKey(ctx context.Context, qc *fence.Client, resource, key string) (int64, error) {
+	row, err := qc.Row(ctx, resource, key)
+	if errors.Is(err, fence.ErrRowNotFound) {
 		return 0, nil
 	}
 	if err != nil {
@@ -309,14 +310,14 @@ func (s *redlock) critical(ctx context.Context, env *Env, c *Client, m *redsync.
 	owner := fmt.Sprintf("run%d-request%d-pass%d", env.Run, c.ID, pass)
 	var token int64
 	if s.fenced {
-		l, err := c.Quota.Acquire(ctx, quota.AcquireRequest{Name: redlockTokenLease + owner, Holder: owner, TTL: time.Minute})
+		l, err := c.Leases.Acquire(ctx, lease.AcquireRequest{Name: redlockTokenLease + owner, Holder: owner, TTL: time.Minute})
 		if err != nil {
 			return false, false, fmt.Errorf("take a pgquota token: %w", err)
 		}
 		token = l.Token
 		defer func() {
-			_, rerr := c.Quota.Release(context.WithoutCancel(ctx), l.Name, l.Token)
-			if err == nil && rerr != nil && !errors.Is(rerr, quota.ErrLeaseLost) {
+			_, rerr := c.Leases.Release(context.WithoutCancel(ctx), l.Name, l.Token)
+			if err == nil && rerr != nil && !errors.Is(rerr, lease.ErrLost) {
 				err = rerr
 			}
 		}()
@@ -324,8 +325,8 @@ func (s *redlock) critical(ctx context.Context, env *Env, c *Client, m *redsync.
 		// writes, so the value read stays the newest unless a higher
 		// token comes, whose holder then reads after this one's write or
 		// fences this one off.
-		_, err = c.Quota.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: redlockFencedResource, Key: "holder", Value: owner, Token: token})
-		if errors.Is(err, quota.ErrStaleToken) {
+		_, err = c.Fences.WriteRow(ctx, fence.WriteRowRequest{Resource: redlockFencedResource, Key: "holder", Value: owner, Token: token})
+		if errors.Is(err, fence.ErrStaleToken) {
 			return false, true, nil
 		}
 		if err != nil {
@@ -334,7 +335,7 @@ func (s *redlock) critical(ctx context.Context, env *Env, c *Client, m *redsync.
 	}
 	var v int64
 	if s.fenced {
-		v, err = readFencedKey(ctx, c.Quota, redlockFencedResource, "counter")
+		v, err = readFencedKey(ctx, c.Fences, redlockFencedResource, "counter")
 	} else {
 		v, err = readCounter(ctx, c.Pool, s.Name())
 	}
@@ -367,10 +368,10 @@ func (s *redlock) critical(ctx context.Context, env *Env, c *Client, m *redsync.
 		err = writeCounter(ctx, c.Pool, s.Name(), v+1)
 		return err == nil, false, err
 	}
-	_, err = c.Quota.WriteFencedRow(ctx, quota.WriteFencedRowRequest{
+	_, err = c.Fences.WriteRow(ctx, fence.WriteRowRequest{
 		Resource: redlockFencedResource, Key: "counter", Value: strconv.FormatInt(v+1, 10), Token: token,
 	})
-	if errors.Is(err, quota.ErrStaleToken) {
+	if errors.Is(err, fence.ErrStaleToken) {
 		return false, true, nil
 	}
 	return err == nil, false, err

@@ -14,7 +14,7 @@ import (
 
 	"github.com/pgquota/pgquota/internal/netpause"
 	"github.com/pgquota/pgquota/internal/zkserver"
-	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
 )
 
 // The ZooKeeper strategies take the lock recipe of ZooKeeper's manual
@@ -27,7 +27,7 @@ import (
 // the lock. zookeeper writes read+1 with no token (WHAT NOT TO DO: the
 // paused holder's stale write lands); zookeeper-fenced makes the holder's
 // node's sequence number its fencing token, (1 << 32) + sequence (see
-// quota.ExternalToken), and the storage refuses the stale write.
+// fence.ExternalToken), and the storage refuses the stale write.
 
 // zkTiming is the session timeout and the pause of the ZooKeeper
 // strategies: the session timeout is the lab's TTL, at least 500ms (a JVM
@@ -129,7 +129,7 @@ func (s *zookeeperLock) Injected(cfg Config) string {
 		b += fmt.Sprintf("; the first %d past the check pause %s with their ZooKeeper connection blackholed (no byte either way), so the server expires their session while they sleep", cfg.Paused, pause)
 	}
 	if s.fenced {
-		return b + "; write read+1 fenced by the token (pgquota WriteFencedRow, external token), start over when rejected"
+		return b + "; write read+1 fenced by the token (pgquota fence.Client.WriteRow, external token), start over when rejected"
 	}
 	return b + "; write read+1 with no token"
 }
@@ -224,7 +224,7 @@ func (s *zookeeperLock) Reset(ctx context.Context, env *Env) error {
 
 func (s *zookeeperLock) Counter(ctx context.Context, env *Env) (int64, error) {
 	if s.fenced {
-		return readFencedRow(ctx, env.Quota, s.resource)
+		return readFencedRow(ctx, env.Fences, s.resource)
 	}
 	return readCounter(ctx, env.DB, s.Name())
 }
@@ -241,9 +241,9 @@ func (s *zookeeperLock) Close(context.Context, *Env) error {
 
 // readFencedRow reads the counter of a fenced resource: 0 before its first
 // write.
-func readFencedRow(ctx context.Context, qc *quota.Client, resource string) (int64, error) {
-	row, err := qc.FencedRow(ctx, resource, fencedKey)
-	if errors.Is(err, quota.ErrFencedRowNotFound) {
+func readFencedRow(ctx context.Context, qc *fence.Client, resource string) (int64, error) {
+	row, err := qc.Row(ctx, resource, fencedKey)
+	if errors.Is(err, fence.ErrRowNotFound) {
 		return 0, nil
 	}
 	if err != nil {
@@ -265,7 +265,7 @@ func (s *zookeeperLock) Request(ctx context.Context, env *Env, c *Client) (Outco
 	for first := true; ; first = false {
 		granted, err := s.attempt(ctx, env, c, first, session, pause, deadline)
 		switch {
-		case s.fenced && (errors.Is(err, quota.ErrStaleToken)):
+		case s.fenced && (errors.Is(err, fence.ErrStaleToken)):
 			out.StaleRejected = true
 			continue
 		case errors.Is(err, errGaveUp), errors.Is(err, errLockLost):
@@ -320,12 +320,12 @@ func (s *zookeeperLock) attempt(ctx context.Context, env *Env, c *Client, first 
 	}
 	var token int64
 	if s.fenced {
-		if token, err = quota.ExternalToken(1, seq, quota.ZooKeeperSeqBits); err != nil {
+		if token, err = fence.ExternalToken(1, seq, fence.ZooKeeperSeqBits); err != nil {
 			return false, err
 		}
 		// Fence the resource with the token before reading: a holder
 		// paused since it read is refused from now on.
-		if _, err := c.Quota.WriteFencedRow(ctx, quota.WriteFencedRowRequest{
+		if _, err := c.Fences.WriteRow(ctx, fence.WriteRowRequest{
 			Resource: s.resource, Key: "holder", Value: strconv.Itoa(c.ID), Token: token,
 		}); err != nil {
 			return false, err
@@ -333,7 +333,7 @@ func (s *zookeeperLock) attempt(ctx context.Context, env *Env, c *Client, first 
 	}
 	var v int64
 	if s.fenced {
-		v, err = readFencedRow(ctx, c.Quota, s.resource)
+		v, err = readFencedRow(ctx, c.Fences, s.resource)
 	} else {
 		v, err = readCounter(ctx, c.Pool, s.Name())
 	}
@@ -351,7 +351,7 @@ func (s *zookeeperLock) attempt(ctx context.Context, env *Env, c *Client, first 
 	if !s.fenced {
 		return true, writeCounter(ctx, c.Pool, s.Name(), v+1)
 	}
-	_, err = c.Quota.WriteFencedRow(ctx, quota.WriteFencedRowRequest{
+	_, err = c.Fences.WriteRow(ctx, fence.WriteRowRequest{
 		Resource: s.resource, Key: fencedKey, Value: strconv.FormatInt(v+1, 10), Token: token,
 	})
 	return err == nil, err

@@ -23,6 +23,8 @@ import (
 	"github.com/pgquota/pgquota/internal/svcproc"
 	"github.com/pgquota/pgquota/internal/telemetry"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
+	"github.com/pgquota/pgquota/quota/lease"
 	"github.com/pgquota/pgquota/quota/outbox"
 )
 
@@ -79,18 +81,22 @@ func TestPrometheusScrapesTheWorkloadExactly(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	old, err := c.Acquire(ctx, quota.AcquireRequest{Name: "job", Holder: "a", TTL: time.Minute})
+	leases, err := lease.New(c)
 	require.NoError(t, err)
-	_, err = c.Release(ctx, "job", old.Token)
+	fences, err := fence.New(c)
 	require.NoError(t, err)
-	cur, err := c.Acquire(ctx, quota.AcquireRequest{Name: "job", Holder: "b", TTL: time.Minute})
+	old, err := leases.Acquire(ctx, lease.AcquireRequest{Name: "job", Holder: "a", TTL: time.Minute})
+	require.NoError(t, err)
+	_, err = leases.Release(ctx, "job", old.Token)
+	require.NoError(t, err)
+	cur, err := leases.Acquire(ctx, lease.AcquireRequest{Name: "job", Holder: "b", TTL: time.Minute})
 	require.NoError(t, err)
 	for range 3 {
-		_, err := c.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "job", Key: "k", Value: "old", Token: old.Token})
-		require.ErrorIs(t, err, quota.ErrStaleToken)
+		_, err := fences.WriteRow(ctx, fence.WriteRowRequest{Resource: "job", Key: "k", Value: "old", Token: old.Token})
+		require.ErrorIs(t, err, fence.ErrStaleToken)
 	}
 	for range 2 {
-		_, err := c.WriteFencedRow(ctx, quota.WriteFencedRowRequest{Resource: "job", Key: "k", Value: "new", Token: cur.Token})
+		_, err := fences.WriteRow(ctx, fence.WriteRowRequest{Resource: "job", Key: "k", Value: "new", Token: cur.Token})
 		require.NoError(t, err)
 	}
 

@@ -24,6 +24,8 @@ import (
 
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
+	"github.com/pgquota/pgquota/quota/lease"
 )
 
 // Bundle is one test's database and clients.
@@ -123,7 +125,7 @@ func Config(t testing.TB, cfg *quota.Config) *quota.Config {
 }
 
 // OwnerClient returns a client on the owner pool, for calls that run DDL
-// on purpose (GuardTable creates a trigger on an application table).
+// on purpose (fence.Client.GuardTable creates a trigger on an application table).
 func (b *Bundle) OwnerClient(t *testing.T) *quota.Client {
 	t.Helper()
 	c, err := quota.New(b.Owner, nil)
@@ -331,21 +333,6 @@ func RunClients(b *testing.B, clients int, op func(ctx context.Context, i int64)
 // database's default isolation level.
 var ReadCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
 
-// Settle waits until no other session of the test's database runs a
-// statement: a statement whose client gave up (cancelled context, cut
-// connection) may still be running, and commit, on the server.
-func (b *Bundle) Settle(t *testing.T) {
-	t.Helper()
-	require.Eventually(t, func() bool {
-		var n int
-		err := b.Pool.QueryRow(b.Ctx, `
-			SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND pid <> pg_backend_pid()
-			  AND state NOT IN ('idle')`).Scan(&n)
-		return err == nil && n == 0
-	}, 30*time.Second, 10*time.Millisecond)
-}
-
 // LedgerRows returns the number of rows in the ledger and in its outcome
 // table (they must always match).
 func (b *Bundle) LedgerRows(t *testing.T) int64 {
@@ -353,4 +340,101 @@ func (b *Bundle) LedgerRows(t *testing.T) int64 {
 	n, outcomes := b.CountRows(t, "ledger"), b.CountRows(t, "ledger_outcome")
 	require.Equal(t, n, outcomes, "every ledger row has its outcome")
 	return n
+}
+
+// leaseClients and fenceClients hold the lease and fence client of each
+// quota client LeaseOf and FenceOf were given: one per quota client, as
+// an application keeps one (a lease client's AcquireWait calls share its
+// LISTEN connection).
+var leaseClients, fenceClients sync.Map
+
+// LeaseOf returns the lease client on c (package lease), the same one for
+// every call with c.
+func LeaseOf(t testing.TB, c *quota.Client) *lease.Client {
+	t.Helper()
+	if c == nil {
+		t.Fatalf("LeaseOf: no quota client")
+	}
+	return LeasesOf(c)
+}
+
+// LeasesOf is LeaseOf for code without a testing.TB; c must not be nil.
+func LeasesOf(c *quota.Client) *lease.Client {
+	if l, ok := leaseClients.Load(c); ok {
+		return l.(*lease.Client)
+	}
+	l, err := lease.New(c)
+	if err != nil {
+		panic(err)
+	}
+	v, _ := leaseClients.LoadOrStore(c, l)
+	return v.(*lease.Client)
+}
+
+// FencesOf is FenceOf for code without a testing.TB; c must not be nil.
+func FencesOf(c *quota.Client) *fence.Client {
+	if f, ok := fenceClients.Load(c); ok {
+		return f.(*fence.Client)
+	}
+	f, err := fence.New(c)
+	if err != nil {
+		panic(err)
+	}
+	v, _ := fenceClients.LoadOrStore(c, f)
+	return v.(*fence.Client)
+}
+
+// FenceOf returns the fence client on c (package fence), the same one for
+// every call with c.
+func FenceOf(t testing.TB, c *quota.Client) *fence.Client {
+	t.Helper()
+	if c == nil {
+		t.Fatalf("FenceOf: no quota client")
+	}
+	return FencesOf(c)
+}
+
+// WaitForLockWait waits until some session of the test's database waits
+// for a lock.
+func (b *Bundle) WaitForLockWait(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		err := b.Pool.QueryRow(b.Ctx, `
+			SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+		return err == nil && n > 0
+	}, 10*time.Second, 5*time.Millisecond)
+}
+
+// Roles is a migrated database with a client per pgquota role: App (a
+// LOGIN member of pgquota_app only), Relay (pgquota_relay only), Operator
+// (pgquota_operator), and the owner.
+type Roles struct {
+	Ctx               context.Context
+	App, Relay, Owner *pgxpool.Pool
+	AppC, RelayC, OpC *quota.Client
+	OperatorPool      *pgxpool.Pool
+}
+
+// RoleSetup returns a fresh migrated database's Roles.
+func RoleSetup(t *testing.T) *Roles {
+	t.Helper()
+	ctx := context.Background()
+	dbURL := pgtest.NewURL(t)
+	b := &Roles{
+		Ctx:          ctx,
+		App:          pgtest.Connect(t, pgtest.AppURL(t, dbURL), 4),
+		Relay:        pgtest.Connect(t, pgtest.RelayURL(t, dbURL), 2),
+		OperatorPool: pgtest.Connect(t, pgtest.OperatorURL(t, dbURL), 2),
+		Owner:        pgtest.ConnectOwner(t, dbURL, 2),
+	}
+	var err error
+	b.AppC, err = quota.New(b.App, nil)
+	require.NoError(t, err)
+	b.RelayC, err = quota.New(b.Relay, nil)
+	require.NoError(t, err)
+	b.OpC, err = quota.New(b.OperatorPool, nil)
+	require.NoError(t, err)
+	return b
 }
