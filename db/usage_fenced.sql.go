@@ -51,7 +51,7 @@ type UsageFencedReadRow struct {
 }
 
 // (This file holds the queries of the fenced-lock grant,
-// quota.Client.grantFenced (quota/grant_fenced.go, a comparison path): the read-decide-write way of granting quota,
+// fencedgrant.Granter.Grant (internal/fencedgrant, a comparison path): the read-decide-write way of granting quota,
 // kept beside the conditional update of usage.sql for comparison.)
 //
 // Reads a member's counter in the current window and the limit that

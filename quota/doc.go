@@ -100,8 +100,18 @@
 // package's conditional updates), or the storage must reject writes carrying
 // stale fencing tokens.
 //
-// Leases with fencing tokens, elections and semaphores are package
-// quota/lease; fenced rows and guarded tables, which reject writes of a
-// deposed holder, package quota/fence; the transactional outbox, package
-// quota/outbox. Each builds its client on a Client (lease.New(client), ...).
+// # Packages
+//
+// This package is the client and the limits: quotas, grants, revokes, the
+// ledger of idempotency keys and compensation. Each other capability is a
+// package that builds its client on a Client (lease.New(client), ...):
+//
+//   - quota/voucher: voucher campaigns and claims;
+//   - quota/lease: leases with fencing tokens, elections, semaphores;
+//   - quota/fence: fenced rows and guarded tables, which reject the writes
+//     of a deposed holder, and RunTx, a transaction under a fencing token;
+//   - quota/outbox: the transactional outbox and its relay;
+//   - quota/httprate: HTTP rate-limit fields and middleware;
+//   - quota/quotatest: a migrated throwaway database for your tests;
+//   - migrations (the module root's): the schema, for goose.
 package quota

@@ -705,11 +705,17 @@ type PresentTokenRequest struct {
 // GuardTable with that resource land, stamped with the token, until tx
 // ends. It is one statement, SELECT pgquota.present_token(resource, token,
 // lease), which a program without this library runs the same way. The token
-// is checked as WriteRow checks it: for a lease-backed resource the lease
-// (req.Lease, default the lease the resource is bound to, else req.Resource)
-// must be held with req.Token by the database clock, and its row stays
+// is checked as WriteRow checks it: for a resource a guard binds to a
+// lease or semaphore, and for any resource when req.Lease is set, the lease
+// (req.Lease, default the lease the binding names) must be held with
+// req.Token by the database clock, and its row stays
 // locked FOR KEY SHARE until tx ends, so no takeover lands before tx
-// commits (the holder's own renewals do not wait); then the resource's highest token seen is
+// commits (the holder's own renewals do not wait). A resource no guard
+// binds (GuardTable never attached one) with req.Lease empty is checked
+// against its highest token seen alone, as a plain fencing-token store
+// (Kleppmann 2016): a released or expired lease's token that is still the
+// highest is admitted there, so name the lease in req.Lease to have it
+// checked. Then the resource's highest token seen is
 // raised to req.Token, a row that stays locked until tx ends, so the
 // guarded statements cannot interleave with another writer's. Presenting
 // several resources in one transaction is allowed; present them in the

@@ -28,7 +28,9 @@ type TxRequest struct {
 	// PresentTokenRequest.Lease. Defaults to the lease the resource is
 	// bound to (the lease named like Resource unless
 	// GuardTableRequest.Lease said otherwise); for an External table,
-	// empty means no lease is checked.
+	// empty means no lease is checked. For a resource no guard binds,
+	// empty means only the highest token seen is checked (see
+	// PresentTokenTx): set it to have the lease checked too.
 	Lease string
 	// TxOptions begins the transaction (isolation level, access mode).
 	// Defaults to the zero pgx.TxOptions: the database's default isolation
@@ -44,8 +46,9 @@ type TxRequest struct {
 // in one call:
 //
 //  1. begin a transaction on the client's pool with req.TxOptions;
-//  2. PresentTokenTx: the lease must be held with req.Token by the database
-//     clock; its row stays locked FOR KEY SHARE until the transaction ends,
+//  2. PresentTokenTx: the lease (of the resource's guard, or req.Lease)
+//     must be held with req.Token by the database clock; its row stays
+//     locked FOR KEY SHARE until the transaction ends,
 //     so no successor's acquire lands before the commit (the holder's own
 //     renewals do not wait);
 //  3. run fn(tx), which must not commit or roll back tx;
