@@ -182,57 +182,29 @@ func keyedRows(w *tabwriter.Writer, k quota.Keyed) {
 
 func (a *app) revokeCommand() *cobra.Command {
 	var req quota.RevokeRequest
-	var grantID int64
 	cmd := &cobra.Command{
 		Use:   "revoke",
-		Short: "Give units back: of a member's current window, or of one grant (--grant-id)",
-		Long: `Give units back, never driving a counter below zero.
+		Short: "Give units back to a member's current window",
+		Long: `Give up to --amount units back to the member's counter in the current
+window, never driving it below zero. --idempotency-key makes a repeat print
+the first outcome and give nothing more back.
 
-With --quota, --member and --amount: up to --amount units of the member's
-counter in the current window. --idempotency-key makes a repeat print the
-first outcome and give nothing more back.
-
-With --grant-id: the units of that grant (one made with --idempotency-key),
-to the counter of the grant's own window, exactly once; a repeat prints the
-first revoke's outcome.`,
-		Example: `  pgquota revoke --quota api-calls --member acme --amount 3
-  pgquota revoke --grant-id 42`,
-		Args: cobra.NoArgs,
+To give back the units of one keyed grant, exactly once (a compensation),
+use pgquota compensate --grant-id G.`,
+		Example: `  pgquota revoke --quota api-calls --member acme --amount 3`,
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			byGrant := cmd.Flags().Changed("grant-id")
-			for _, f := range []string{"quota", "member", "amount", "idempotency-key", "idempotency-scope"} {
-				changed := cmd.Flags().Changed(f)
-				if byGrant && changed {
-					return usagef("--grant-id revokes one grant: it takes no --%s", f)
-				}
-				if !byGrant && !changed && (f == "quota" || f == "member" || f == "amount") {
-					return usagef("required flag(s) \"%s\" not set (or give --grant-id)", f)
+			if cmd.Flags().Changed("grant-id") {
+				return usagef("giving back one grant's units is a compensation: pgquota compensate --grant-id G")
+			}
+			for _, f := range []string{"quota", "member", "amount"} {
+				if !cmd.Flags().Changed(f) {
+					return usagef("required flag(s) \"%s\" not set", f)
 				}
 			}
 			c, err := a.quotaClient(cmd.Context())
 			if err != nil {
 				return err
-			}
-			if byGrant {
-				res, err := c.CompensateGrant(cmd.Context(), grantID)
-				if err != nil {
-					return err
-				}
-				return a.output(res, func(w *tabwriter.Writer) {
-					row(w, "grant id", res.GrantID)
-					row(w, "revoked", res.Revoked)
-					row(w, "quota", res.Quota)
-					row(w, "member", res.Member)
-					row(w, "granted", res.Amount)
-					row(w, "used", res.Used)
-					row(w, "window", window(res.WindowStart, res.WindowEnd))
-					row(w, "revoked at", stamp(res.RevokedAt))
-					if res.Replayed {
-						row(w, "replayed", "yes (revoked before; nothing changed)")
-					} else {
-						row(w, "replayed", "no")
-					}
-				})
 			}
 			res, err := c.Revoke(cmd.Context(), req)
 			if err != nil {
@@ -251,8 +223,55 @@ first revoke's outcome.`,
 	cmd.Flags().StringVar(&req.Quota, "quota", "", "quota name")
 	cmd.Flags().StringVar(&req.Member, "member", "", "member")
 	cmd.Flags().Int64Var(&req.Amount, "amount", 0, "units to give back")
-	cmd.Flags().Int64Var(&grantID, "grant-id", 0, "give back the units of this grant instead (a keyed grant's id: see its output, or pgquota ledger show)")
+	cmd.Flags().Int64("grant-id", 0, "")
+	_ = cmd.Flags().MarkHidden("grant-id")
 	keyFlags(cmd, &req.Idempotency, "the quota")
+	return cmd
+}
+
+// compensateCommand is Client.CompensateGrant: the compensation of one
+// keyed grant (the SQL function pgquota.compensate_grant).
+func (a *app) compensateCommand() *cobra.Command {
+	var grantID int64
+	cmd := &cobra.Command{
+		Use:   "compensate",
+		Short: "Give back the units of one keyed grant, exactly once (a compensation)",
+		Long: `Give back the units of one grant made with --idempotency-key, to the
+counter of the grant's own window, exactly once: a repeat prints the first
+compensation's outcome and changes nothing. Use it when the side effect the
+grant paid for failed for good (a saga's compensation).`,
+		Example: `  pgquota compensate --grant-id 42`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if !cmd.Flags().Changed("grant-id") {
+				return usagef("required flag(s) \"grant-id\" not set")
+			}
+			c, err := a.quotaClient(cmd.Context())
+			if err != nil {
+				return err
+			}
+			res, err := c.CompensateGrant(cmd.Context(), grantID)
+			if err != nil {
+				return err
+			}
+			return a.output(res, func(w *tabwriter.Writer) {
+				row(w, "grant id", res.GrantID)
+				row(w, "revoked", res.Revoked)
+				row(w, "quota", res.Quota)
+				row(w, "member", res.Member)
+				row(w, "granted", res.Amount)
+				row(w, "used", res.Used)
+				row(w, "window", window(res.WindowStart, res.WindowEnd))
+				row(w, "revoked at", stamp(res.RevokedAt))
+				if res.Replayed {
+					row(w, "replayed", "yes (compensated before; nothing changed)")
+				} else {
+					row(w, "replayed", "no")
+				}
+			})
+		},
+	}
+	cmd.Flags().Int64Var(&grantID, "grant-id", 0, "the keyed grant's id (see its output, or pgquota ledger show)")
 	return cmd
 }
 

@@ -59,7 +59,7 @@ func (a *app) ledgerCommand() *cobra.Command {
 		Short: "Delete ledger entries older than --older-than (their keys become free again)",
 		Long: `Delete ledger entries created more than --older-than ago, by the database
 clock. A reaped key is forgotten: a repeat of its operation runs again, and a
-reaped grant can no longer be revoked by --grant-id. Keep entries for longer
+reaped grant can no longer be compensated (pgquota compensate). Keep entries for longer
 than any client retries, and than you may need to compensate grants.`,
 		Example: `  pgquota ledger reap --older-than 720h`,
 		Args:    cobra.NoArgs,

@@ -81,10 +81,10 @@ func TestRevokeGrantAndLedgerCommands(t *testing.T) {
 	g := pgqJSON(t, dbURL, 0, "grant", "--quota", "points", "--member", "bob", "--amount", "4", "--idempotency-key", "k1")
 	id := jsonInt(g["grant_id"])
 
-	r1 := pgqJSON(t, dbURL, 0, "revoke", "--grant-id", id)
+	r1 := pgqJSON(t, dbURL, 0, "compensate", "--grant-id", id)
 	require.Equal(t, float64(4), r1["revoked"])
 	require.Equal(t, false, r1["replayed"])
-	r2 := pgqJSON(t, dbURL, 0, "revoke", "--grant-id", id)
+	r2 := pgqJSON(t, dbURL, 0, "compensate", "--grant-id", id)
 	require.Equal(t, float64(4), r2["revoked"])
 	require.Equal(t, true, r2["replayed"])
 	u := pgqJSON(t, dbURL, 0, "usage", "--quota", "points", "--member", "bob")
@@ -116,8 +116,9 @@ func TestRevokeGrantAndLedgerCommands(t *testing.T) {
 	}{
 		{[]string{"ledger", "show", "--grant-id", "999999"}, cli.ExitUsage, "not found"},
 		{[]string{"ledger", "show"}, cli.ExitUsage, "--grant-id"},
-		{[]string{"revoke", "--grant-id", "999999"}, cli.ExitUsage, "not found"},
-		{[]string{"revoke", "--grant-id", id, "--quota", "points"}, cli.ExitUsage, "takes no --quota"},
+		{[]string{"compensate", "--grant-id", "999999"}, cli.ExitUsage, "not found"},
+		{[]string{"compensate"}, cli.ExitUsage, `"grant-id" not set`},
+		{[]string{"revoke", "--grant-id", id}, cli.ExitUsage, "pgquota compensate --grant-id"},
 		{[]string{"revoke", "--quota", "points", "--member", "bob"}, cli.ExitUsage, `"amount" not set`},
 		{[]string{"ledger", "reap"}, cli.ExitUsage, "older-than"},
 		{[]string{"ledger", "reap", "--older-than", "0s"}, cli.ExitUsage, "at least 1s"},
