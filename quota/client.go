@@ -74,8 +74,8 @@ type Config struct {
 	// Pooler says what sits between the pool and PostgreSQL. Set it to
 	// PoolerTransaction behind a pooler in transaction mode (PgBouncer's
 	// pool_mode = transaction and the like): every call then keeps no
-	// session state on the server connections it borrows. AcquireWait
-	// (and grantFenced, which waits through it) polls instead of LISTENing
+	// session state on the server connections it borrows. lease.Client.AcquireWait
+	// polls instead of LISTENing
 	// (see WaitOptions for the intervals), and New refuses a pool whose pgx
 	// query exec mode is unsafe behind such a pooler (see
 	// PoolerMode.CheckExecMode: use pgx.QueryExecModeExec). Migrate, whose

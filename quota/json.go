@@ -5,8 +5,8 @@ import (
 	"time"
 )
 
-// JSON. The results that hold durations (GrantResult, LimitResult, Usage,
-// Quota) encode each as whole milliseconds under a key ending in _ms, the
+// The results that hold durations (GrantResult, LimitResult, Usage, Quota)
+// encode each in JSON as whole milliseconds under a key ending in _ms, the
 // names and units the pgquota command's --json prints (docs/json-output.md):
 // a wait (retry_after_ms, reset_after_ms, refill_after_ms) is rounded up,
 // so that a client sleeping it never retries early, and Never is -1; a
@@ -43,8 +43,11 @@ type grantResultWire struct {
 	ResetAfterMS int64 `json:"reset_after_ms"`
 }
 
-// MarshalJSON encodes r with its waits in milliseconds (retry_after_ms,
-// reset_after_ms; see the JSON note above).
+// MarshalJSON encodes r with its waits in whole milliseconds
+// (retry_after_ms, reset_after_ms), rounded up so that a client sleeping
+// one never retries early, Never as -1: the keys and units the pgquota
+// command's --json prints (docs/json-output.md). Every other field keeps
+// its Go type's encoding.
 func (r GrantResult) MarshalJSON() ([]byte, error) {
 	return json.Marshal(grantResultWire{grantResultJSON(r), msWait(r.RetryAfter), msWait(r.ResetAfter)})
 }

@@ -14,7 +14,7 @@ type PoolerMode string
 const (
 	// PoolerNone is a direct connection, or a pooler in session mode (a
 	// client keeps one server connection for as long as it is connected).
-	// AcquireWait then wakes early on a release with LISTEN.
+	// lease.Client.AcquireWait then wakes early on a release with LISTEN.
 	PoolerNone PoolerMode = ""
 	// PoolerTransaction is a pooler in transaction mode (PgBouncer's
 	// pool_mode = transaction, Supavisor, RDS Proxy and the like): every
@@ -23,7 +23,7 @@ const (
 	// one statement (LISTEN, SET, a named prepared statement, a
 	// session-level advisory lock) stays on a server connection that other
 	// clients use next. With it, pgquota keeps none: no LISTEN
-	// (AcquireWait, and grantFenced through it, poll instead), and New
+	// (lease.Client.AcquireWait polls instead), and New
 	// accepts only a pool whose pgx query exec mode sends each statement in
 	// one round trip without naming a prepared statement
 	// (pgx.QueryExecModeExec or pgx.QueryExecModeSimpleProtocol).

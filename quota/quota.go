@@ -29,7 +29,9 @@ const (
 	WindowMonth Window = "month"
 )
 
-// Windows lists every valid Window, shortest first, with WindowNone last.
+// Windows lists the calendar windows, shortest first, with WindowNone
+// last (the shaped kinds, WindowRate, WindowFixed and WindowRolling, are
+// Window.Shaped).
 var Windows = []Window{WindowHour, WindowDay, WindowWeek, WindowMonth, WindowNone}
 
 func (w Window) valid() bool {

@@ -187,7 +187,7 @@ func heldSeq(conn *zk.Conn, lockPath string) (int64, string, error) {
 // is refused even before its successor writes the row.
 //
 // Errors: fence.ErrStaleToken when a later holder's token has written;
-// those of quota.Client.WriteFencedRow.
+// those of fence.Client.WriteRow.
 func (h *Holder) Write(ctx context.Context, qc *fence.Client, resource, key, value string) (fence.Row, error) {
 	return qc.WriteRow(ctx, fence.WriteRowRequest{Resource: resource, Key: key, Value: value, Token: h.Token})
 }

@@ -66,7 +66,7 @@ func (leaseAcquire) Setup(ctx context.Context, env Env) (Op, error) {
 	}, nil
 }
 
-// fencedWrite is pgquota's WriteFencedRow by the current holder of one of
+// fencedWrite is pgquota's fence.Client.WriteRow by the current holder of one of
 // FencedHolders held leases, each the lease of its own resource: the lease
 // row is checked and locked FOR SHARE, the resource's highest token is
 // raised (equal tokens are admitted), and the resource's row is updated.
@@ -74,7 +74,7 @@ type fencedWrite struct{}
 
 func (fencedWrite) Name() string { return "fenced-write" }
 func (fencedWrite) Describe() string {
-	return fmt.Sprintf("pgquota WriteFencedRow by the lease holder, one statement, spread over %d held leases", FencedHolders)
+	return fmt.Sprintf("pgquota fence WriteRow by the lease holder, one statement, spread over %d held leases", FencedHolders)
 }
 func (fencedWrite) Setup(ctx context.Context, env Env) (Op, error) {
 	// The leases are written directly, with the tokens the script can

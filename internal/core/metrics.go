@@ -412,7 +412,7 @@ func (m *Metrics) KeepaliveExpired() {
 	m.keeperExpired.Add(context.Background(), 1)
 }
 
-// FenceDone is the hook of WriteFencedRow and WriteFencedRowTx.
+// FenceDone is the hook of fence.Client.WriteRow and WriteRowTx.
 func (m *Metrics) FenceDone(ctx context.Context, start time.Time, err *error) {
 	if m == nil {
 		return

@@ -80,7 +80,7 @@ func OperatorOf(t testing.TB, c *quota.Client) *quota.Client {
 	return roleClient(t, c, pgtest.ConnectOperator, nil, RoleConns)
 }
 
-// RelayOf is OperatorOf for the relay's work (NewRelay, ReapOutbox: the
+// RelayOf is OperatorOf for the relay's work (outbox NewRelay and Reap: the
 // 'pgquota_relay' rows), as pgtest.RelayLogin under
 // PGQUOTA_TEST_APP_ROLE=1.
 func RelayOf(t testing.TB, c *quota.Client) *quota.Client {

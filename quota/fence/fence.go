@@ -30,8 +30,8 @@ import (
 // token is the current holder writing again.
 
 // SQLSTATEs raised by pgquota's fence (class PQ, which PostgreSQL does not
-// use). MapError turns them into ErrStaleToken, lease.ErrLost and
-// ErrTokenNotPresented.
+// use). MapError turns them into ErrStaleToken, lease.ErrLost,
+// ErrTokenNotPresented and ErrWrongLease.
 const (
 	// SQLStateStaleToken is raised when a write's fencing token is below the
 	// highest token seen for its resource, or is NULL, by fenced writes, by

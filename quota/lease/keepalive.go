@@ -67,7 +67,7 @@ type Keeper struct {
 }
 
 // Keepalive starts renewing lease l (as returned by Acquire, AcquireWait,
-// Renew or Lease) every opts.Interval, and returns a Keeper whose Context,
+// Renew or Get) every opts.Interval, and returns a Keeper whose Context,
 // derived from ctx, is the holder's work context.
 //
 // The work context is cancelled no later than the last expiry the database

@@ -219,7 +219,7 @@ func checkAcquire(req *AcquireRequest) error {
 // COMMIT) was sent and no reply said how it ended, so it may have been
 // applied; to learn the outcome, repeat the call with the same req.Attempt
 // (set it with NewAttempt before the first call): it returns the lease when
-// that attempt took it; with a random Attempt, read it with Lease.
+// that attempt took it; with a random Attempt, read it with Get.
 func (c *Client) Acquire(ctx context.Context, req AcquireRequest) (_ Lease, err error) {
 	defer c.core.M.LeaseDone(ctx, core.OpAcquire, c.core.M.Now(), &err)
 	if err := checkAcquire(&req); err != nil {
@@ -410,7 +410,7 @@ func (c *Client) release(ctx context.Context, x db.DBTX, name string, token int6
 	}, r.DbNow, sent), nil
 }
 
-// Lease returns the lease name as the database has it now, held or not
+// Get returns the lease name as the database has it now, held or not
 // (Lease.Held, judged by the database clock), with its payload.
 //
 // Errors: *quota.InputError for a bad name; ErrNotFound when it was never
@@ -474,7 +474,7 @@ type WaitOptions struct {
 // blind retry: every attempt has the same req.Attempt, so an attempt that
 // took the lease without its reply arriving is returned by the next. When
 // ctx ends after such an error, the error still wraps quota.ErrOutcomeUnknown:
-// read the lease (Lease) to learn whether req.Attempt holds it.
+// read the lease (Get) to learn whether req.Attempt holds it.
 //
 // Errors: those of Acquire except ErrHeld; when ctx ends first, an
 // error wrapping both ctx's cause and the last *HeldError or error.

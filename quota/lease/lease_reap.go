@@ -30,7 +30,7 @@ type ReapRequest struct {
 	//
 	// Set it only when every write to these resources is checked against
 	// the lease of the resource's own name (fence.Client.WriteRow with Lease equal to
-	// Resource, grantFenced): such a write from a holder deposed long ago
+	// Resource, or the lab's fenced grant): such a write from a holder deposed long ago
 	// finds no lease row held with its token and is rejected, as before.
 	// A write checked against the fence row alone (fence.Client.WriteRow without
 	// Lease, or with another lease) carrying an old token would be admitted
@@ -63,8 +63,8 @@ type Reaped struct {
 // used. Run it periodically (`pgquota lease reap --older-than 24h` from
 // cron, say).
 //
-// It never weakens the guarantee that a stale holder never writes (a stale holder never writes) by
-// default: a lease row alone can go, because a write checked against the
+// By default it never weakens the guarantee that a stale holder never
+// writes: a lease row alone can go, because a write checked against the
 // lease then finds no row held with its token (ErrLost), the fence row
 // keeps the highest token for writes checked against it alone, and tokens
 // come from one sequence, so the next acquisition of the name gets a token
@@ -76,7 +76,7 @@ type Reaped struct {
 // LeaseReap in queries/lease_admin.sql).
 //
 // Renew and Release of a reaped lease return ErrLost ("it does not
-// exist"), and Lease returns ErrNotFound.
+// exist"), and Get returns ErrNotFound.
 //
 // Errors: *quota.InputError when req.OlderThan is below MinReapAge or
 // req.Limit is negative; the context's error; quota.ErrSchemaMissing; database

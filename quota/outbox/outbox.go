@@ -166,7 +166,7 @@ type Status struct {
 	// them the ones that failed at least once.
 	Pending  int64 `json:"pending"`
 	Retrying int64 `json:"retrying"`
-	// Delivered and Dead count finished events that ReapOutbox has not
+	// Delivered and Dead count finished events that Reap has not
 	// removed yet. Dead events failed MaxAttempts times (the dead-letter
 	// state) and are not delivered again.
 	Delivered int64 `json:"delivered"`
