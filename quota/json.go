@@ -2,6 +2,7 @@ package quota
 
 import (
 	"encoding/json"
+	"math"
 	"time"
 )
 
@@ -31,6 +32,16 @@ func msWait(d time.Duration) int64 {
 func waitMS(ms int64) time.Duration {
 	if ms < 0 {
 		return Never
+	}
+	return msDuration(ms)
+}
+
+// msDuration is ms milliseconds, saturated at the longest time.Duration
+// (a saturated wait, math.MaxInt64 nanoseconds, encodes as
+// 9223372036855 ms and must not come back negative).
+func msDuration(ms int64) time.Duration {
+	if ms > math.MaxInt64/int64(time.Millisecond) {
+		return math.MaxInt64
 	}
 	return time.Duration(ms) * time.Millisecond
 }
@@ -85,7 +96,7 @@ func (l *LimitResult) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	*l = LimitResult(w.limitResultJSON)
-	l.Period = time.Duration(w.PeriodMS) * time.Millisecond
+	l.Period = msDuration(w.PeriodMS)
 	l.RetryAfter, l.ResetAfter = waitMS(w.RetryAfterMS), waitMS(w.ResetAfterMS)
 	return nil
 }
@@ -112,7 +123,7 @@ func (u *Usage) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	*u = Usage(w.usageJSON)
-	u.Period = time.Duration(w.PeriodMS) * time.Millisecond
+	u.Period = msDuration(w.PeriodMS)
 	u.ResetAfter, u.RefillAfter = waitMS(w.ResetAfterMS), waitMS(w.RefillAfterMS)
 	return nil
 }
@@ -136,6 +147,6 @@ func (q *Quota) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	*q = Quota(w.quotaJSON)
-	q.Period = time.Duration(w.PeriodMS) * time.Millisecond
+	q.Period = msDuration(w.PeriodMS)
 	return nil
 }

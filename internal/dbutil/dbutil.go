@@ -75,6 +75,13 @@ func run(ctx context.Context, tx pgx.Tx, fn func(tx pgx.Tx) error) (err error) {
 	// pgx closed the connection, and PostgreSQL rolls back a transaction
 	// whose connection is gone. Only the COMMIT's own lost reply leaves the
 	// outcome unknown.
+	if c := tx.Conn(); c != nil && c.PgConn().TxStatus() == 'I' {
+		// fn ended the transaction by SQL (a COMMIT or ROLLBACK statement):
+		// pgx does not know, and a COMMIT sent now would only draw a
+		// warning (25P01) and a reply that says COMMIT.
+		_ = tx.Rollback(ctx) // marks tx closed; nothing is open on the server
+		return &outcomeUnknownError{err: errors.New("the transaction was ended by a statement of the function run in it (it must not commit or roll back itself), so whether its writes committed is unknown")}
+	}
 	err = tx.Commit(ctx)
 	if errors.Is(err, pgx.ErrTxClosed) {
 		// fn ended the transaction itself (a COMMIT or ROLLBACK of its

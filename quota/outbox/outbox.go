@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"encoding/json"
+	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -198,7 +199,7 @@ func (s *Status) UnmarshalJSON(b []byte) error {
 		return err
 	}
 	*s = Status(w.statusJSON)
-	s.Lag = time.Duration(w.LagMS) * time.Millisecond
+	s.Lag = min(time.Duration(w.LagMS), math.MaxInt64/time.Millisecond) * time.Millisecond
 	return nil
 }
 
