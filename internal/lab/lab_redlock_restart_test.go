@@ -14,6 +14,8 @@ import (
 	"github.com/pgquota/pgquota/internal/pgtest"
 	"github.com/pgquota/pgquota/internal/scratch"
 	"github.com/pgquota/pgquota/quota"
+	"github.com/pgquota/pgquota/quota/fence"
+	"github.com/pgquota/pgquota/quota/lease"
 )
 
 // newTestEnv makes a lab environment on a scratch database of the test
@@ -31,6 +33,10 @@ func newTestEnv(t *testing.T, cfg Config) (*Env, []*Client) {
 	require.NoError(t, err)
 	t.Cleanup(env.DB.Close)
 	env.Quota, err = quota.New(env.DB, nil)
+	require.NoError(t, err)
+	env.Leases, err = lease.New(env.Quota)
+	require.NoError(t, err)
+	env.Fences, err = fence.New(env.Quota)
 	require.NoError(t, err)
 	clients, err := openClients(ctx, db, cfg.Requests, nil)
 	require.NoError(t, err)
