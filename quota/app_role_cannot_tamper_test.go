@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/pgquota/pgquota/internal/pgtest"
+	"github.com/pgquota/pgquota/internal/testbundle"
 	"github.com/pgquota/pgquota/quota"
 	"github.com/pgquota/pgquota/quota/fence"
 	"github.com/pgquota/pgquota/quota/lease"
@@ -18,9 +18,8 @@ import (
 	"github.com/pgquota/pgquota/quota/voucher"
 )
 
-// roleBundle is a migrated database with a client per pgquota role: app
-// (a LOGIN member of pgquota_app only), relay (pgquota_relay only),
-// operator (pgquota_operator), and the owner.
+// roleBundle is a migrated database with a client per pgquota role
+// (testbundle.Roles).
 type roleBundle struct {
 	ctx               context.Context
 	app, relay, owner *pgxpool.Pool
@@ -28,25 +27,11 @@ type roleBundle struct {
 	operatorPool      *pgxpool.Pool
 }
 
+// roleSetup is testbundle.RoleSetup, in this file's field names.
 func roleSetup(t *testing.T) *roleBundle {
 	t.Helper()
-	ctx := context.Background()
-	dbURL := pgtest.NewURL(t)
-	b := &roleBundle{
-		ctx:          ctx,
-		app:          pgtest.Connect(t, pgtest.AppURL(t, dbURL), 4),
-		relay:        pgtest.Connect(t, pgtest.RelayURL(t, dbURL), 2),
-		operatorPool: pgtest.Connect(t, pgtest.OperatorURL(t, dbURL), 2),
-		owner:        pgtest.ConnectOwner(t, dbURL, 2),
-	}
-	var err error
-	b.appC, err = quota.New(b.app, nil)
-	require.NoError(t, err)
-	b.relayC, err = quota.New(b.relay, nil)
-	require.NoError(t, err)
-	b.opC, err = quota.New(b.operatorPool, nil)
-	require.NoError(t, err)
-	return b
+	r := testbundle.RoleSetup(t)
+	return &roleBundle{ctx: r.Ctx, app: r.App, relay: r.Relay, owner: r.Owner, appC: r.AppC, relayC: r.RelayC, opC: r.OpC, operatorPool: r.OperatorPool}
 }
 
 // requireDenied runs sql on pool and expects 42501 (insufficient_privilege).

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"math"
 	"time"
+
+	"github.com/pgquota/pgquota/internal/core"
 )
 
 // The results that hold durations (GrantResult, LimitResult, Usage, Quota)
@@ -15,20 +17,7 @@ import (
 // millisecond. Every other field keeps its Go type's encoding (times in
 // RFC 3339 with the database's microseconds).
 
-// msWait is a wait in whole milliseconds, rounded up; Never (any negative
-// duration) is -1.
-func msWait(d time.Duration) int64 {
-	if d < 0 {
-		return -1
-	}
-	ms := int64(d / time.Millisecond)
-	if d%time.Millisecond != 0 {
-		ms++
-	}
-	return ms
-}
-
-// waitMS is msWait's inverse: -1 (or any negative value) is Never.
+// waitMS is core.WaitMS's inverse: -1 (or any negative value) is Never.
 func waitMS(ms int64) time.Duration {
 	if ms < 0 {
 		return Never
@@ -60,7 +49,7 @@ type grantResultWire struct {
 // command's --json prints (docs/json-output.md). Every other field keeps
 // its Go type's encoding.
 func (r GrantResult) MarshalJSON() ([]byte, error) {
-	return json.Marshal(grantResultWire{grantResultJSON(r), msWait(r.RetryAfter), msWait(r.ResetAfter)})
+	return json.Marshal(grantResultWire{grantResultJSON(r), core.WaitMS(r.RetryAfter), core.WaitMS(r.ResetAfter)})
 }
 
 // UnmarshalJSON decodes what MarshalJSON encodes.
@@ -86,7 +75,7 @@ type limitResultWire struct {
 // MarshalJSON encodes l with its period and waits in milliseconds
 // (period_ms, retry_after_ms, reset_after_ms).
 func (l LimitResult) MarshalJSON() ([]byte, error) {
-	return json.Marshal(limitResultWire{limitResultJSON(l), l.Period.Milliseconds(), msWait(l.RetryAfter), msWait(l.ResetAfter)})
+	return json.Marshal(limitResultWire{limitResultJSON(l), l.Period.Milliseconds(), core.WaitMS(l.RetryAfter), core.WaitMS(l.ResetAfter)})
 }
 
 // UnmarshalJSON decodes what MarshalJSON encodes.
@@ -113,7 +102,7 @@ type usageWire struct {
 // MarshalJSON encodes u with its period and waits in milliseconds
 // (period_ms, reset_after_ms, refill_after_ms).
 func (u Usage) MarshalJSON() ([]byte, error) {
-	return json.Marshal(usageWire{usageJSON(u), u.Period.Milliseconds(), msWait(u.ResetAfter), msWait(u.RefillAfter)})
+	return json.Marshal(usageWire{usageJSON(u), u.Period.Milliseconds(), core.WaitMS(u.ResetAfter), core.WaitMS(u.RefillAfter)})
 }
 
 // UnmarshalJSON decodes what MarshalJSON encodes.

@@ -12,19 +12,6 @@ import (
 // usage and quotas print as the library encodes them (quota/json.go), in
 // the same units.
 
-// msWait is a wait in whole milliseconds, rounded up, so that a script
-// sleeping it never retries early; quota.Never (no wait helps) is -1.
-func msWait(d time.Duration) int64 {
-	if d < 0 {
-		return -1
-	}
-	ms := int64(d / time.Millisecond)
-	if d%time.Millisecond != 0 {
-		ms++
-	}
-	return ms
-}
-
 // msLeft is time left (a lease's remaining TTL) in whole milliseconds,
 // rounded down, so that a script never counts on more than is left.
 func msLeft(d time.Duration) int64 { return max(d, 0).Milliseconds() }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/pgquota/pgquota/internal/core"
 	"github.com/pgquota/pgquota/quota/lease"
 )
 
@@ -54,7 +55,7 @@ name as the lease (pgquota fence write --resource slot:NAME:INDEX).`,
 				fmt.Fprintln(a.stderr, "pgquota: "+trimPrefix(full.Error()))
 				if err := a.output(map[string]any{
 					"acquired": false, "semaphore": full.Semaphore, "limit": full.Limit, "holders": full.Holders,
-					"retry_after_ms": msWait(full.RetryAfter),
+					"retry_after_ms": core.WaitMS(full.RetryAfter),
 				}, func(w *tabwriter.Writer) {
 					row(w, "acquired", "no")
 					row(w, "semaphore", full.Semaphore)

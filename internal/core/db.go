@@ -221,3 +221,18 @@ func CheckTTL(ttl time.Duration) error {
 	}
 	return nil
 }
+
+// WaitMS is a wait in whole milliseconds, rounded up, so that a client
+// sleeping it never retries early; a negative wait (quota.Never: no wait
+// helps) is -1. The library's JSON (quota/json.go) and the CLI's --json
+// print waits with it.
+func WaitMS(d time.Duration) int64 {
+	if d < 0 {
+		return -1
+	}
+	ms := int64(d / time.Millisecond)
+	if d%time.Millisecond != 0 {
+		ms++
+	}
+	return ms
+}
