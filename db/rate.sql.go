@@ -30,7 +30,7 @@ SELECT g.ord::integer AS ord,
        g.retry_after_us::bigint AS retry_after_us,
        g.reset_after_us::bigint AS reset_after_us,
        g.decided_at::timestamptz AS decided_at
-FROM pgquota.grant_limits($1::text[], $2::text, $3::bigint, $4::bigint) g
+FROM pgquota.grant_limits_row($1::text[], $2::text, $3::bigint, $4::bigint) g
 ORDER BY g.ord
 `
 
@@ -63,7 +63,9 @@ type LimitsGrantRow struct {
 }
 
 // Grants @amount units to @member under every quota of @quota_names, or
-// under none: pgquota.grant_limits (migrations/00011) documents the rows.
+// under none: pgquota.grant_limits_row (pgquota.grant_limits of
+// migrations/00011, renamed by 00023; the public pgquota.grant_limits returns
+// its durations in milliseconds) documents the rows.
 func (q *Queries) LimitsGrant(ctx context.Context, db DBTX, arg LimitsGrantParams) ([]LimitsGrantRow, error) {
 	rows, err := db.Query(ctx, limitsGrant,
 		arg.QuotaNames,

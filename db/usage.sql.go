@@ -24,7 +24,7 @@ SELECT coalesce(l.kind, '')::text AS kind,
        l.reset_after_us::bigint AS reset_after_us,
        l.refill_after_us::bigint AS refill_after_us,
        l.read_at::timestamptz AS read_at
-FROM pgquota.limit_usage($1::text, $2::text) l
+FROM pgquota.limit_usage_row($1::text, $2::text) l
 `
 
 type UsageGetParams struct {
@@ -49,7 +49,8 @@ type UsageGetRow struct {
 
 // Reads a member's state under a quota of any kind, and the limit that
 // applies to it (the member's override, else the quota's default), writing
-// nothing: pgquota.limit_usage (migrations/00017) documents the figures.
+// nothing: pgquota.limit_usage_row (migrations/00017 and 00021; the
+// public pgquota.limit_usage wraps it, in milliseconds) documents the figures.
 // No row when the quota does not exist.
 func (q *Queries) UsageGet(ctx context.Context, db DBTX, arg UsageGetParams) (UsageGetRow, error) {
 	row := db.QueryRow(ctx, usageGet, arg.QuotaName, arg.Member)

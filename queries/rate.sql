@@ -26,7 +26,9 @@ SELECT window_unit FROM pgquota.quota WHERE name = @name::text;
 
 -- name: LimitsGrant :many
 -- Grants @amount units to @member under every quota of @quota_names, or
--- under none: pgquota.grant_limits (migrations/00011) documents the rows.
+-- under none: pgquota.grant_limits_row (pgquota.grant_limits of
+-- migrations/00011, renamed by 00023; the public pgquota.grant_limits returns
+-- its durations in milliseconds) documents the rows.
 SELECT g.ord::integer AS ord,
        g.quota_name::text AS quota_name,
        coalesce(g.kind, '')::text AS kind,
@@ -45,5 +47,5 @@ SELECT g.ord::integer AS ord,
        g.retry_after_us::bigint AS retry_after_us,
        g.reset_after_us::bigint AS reset_after_us,
        g.decided_at::timestamptz AS decided_at
-FROM pgquota.grant_limits(@quota_names::text[], @member::text, @amount::bigint, sqlc.narg('limit_value')::bigint) g
+FROM pgquota.grant_limits_row(@quota_names::text[], @member::text, @amount::bigint, sqlc.narg('limit_value')::bigint) g
 ORDER BY g.ord;

@@ -47,7 +47,8 @@ FROM pgquota.revoke(@quota_name::text, @member::text, @amount::bigint) r;
 -- name: UsageGet :one
 -- Reads a member's state under a quota of any kind, and the limit that
 -- applies to it (the member's override, else the quota's default), writing
--- nothing: pgquota.limit_usage (migrations/00017) documents the figures.
+-- nothing: pgquota.limit_usage_row (migrations/00017 and 00021; the
+-- public pgquota.limit_usage wraps it, in milliseconds) documents the figures.
 -- No row when the quota does not exist.
 SELECT coalesce(l.kind, '')::text AS kind,
        (l.limit_value IS NOT NULL)::boolean AS has_limit,
@@ -61,4 +62,4 @@ SELECT coalesce(l.kind, '')::text AS kind,
        l.reset_after_us::bigint AS reset_after_us,
        l.refill_after_us::bigint AS refill_after_us,
        l.read_at::timestamptz AS read_at
-FROM pgquota.limit_usage(@quota_name::text, @member::text) l;
+FROM pgquota.limit_usage_row(@quota_name::text, @member::text) l;

@@ -95,7 +95,10 @@ func (b *testBundle) checkCounters(t *testing.T, what, quotaName string, limit, 
 // of limit 2 beside it), every path that decides fixed windows decides each
 // grant at an instant its window holds: Grant, Grant with Quotas,
 // GrantBatch, Config.Coalesce, Config.GroupCommit, and the SQL functions
-// pgquota.grant, pgquota.grant_limits and pgquota.grant_limits_batch.
+// that decide (pgquota.grant_row, grant_limits_row and grant_limits_batch,
+// whose waits are in microseconds, so the test compares them exactly; the
+// public pgquota.grant and grant_limits return the same decisions with
+// their waits in milliseconds: sql_durations_in_milliseconds_test.go).
 func TestFixedWindowHoldsDecisionInstantSteppingClock(t *testing.T) {
 	t.Parallel()
 	start := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
@@ -181,10 +184,10 @@ func TestFixedWindowHoldsDecisionInstantSteppingClock(t *testing.T) {
 		b.define(t, quota.Definition{Name: "f3", Window: quota.WindowFixed, DefaultLimit: ptr(int64(2)), Period: 3 * time.Millisecond})
 		b.stepClock(t, start, 300*time.Microsecond)
 		for _, c := range []struct{ name, member, sql string }{
-			{"pgquota.grant", "a", `SELECT g.granted, g.granted, g.window_start, g.window_end, g.decided_at, g.retry_after_us, g.reset_after_us
-				FROM generate_series(1, 500) s(i), LATERAL pgquota.grant('f1', 'a', 1 + 0 * s.i) g ORDER BY s.i`},
-			{"pgquota.grant_limits", "b", `SELECT g.granted, g.fits, g.window_start, g.window_end, g.decided_at, g.retry_after_us, g.reset_after_us
-				FROM generate_series(1, 500) s(i), LATERAL pgquota.grant_limits(ARRAY['f3', 'f1'], 'b', 1 + 0 * s.i, NULL) g
+			{"pgquota.grant_row", "a", `SELECT g.granted, g.granted, g.window_start, g.window_end, g.decided_at, g.retry_after_us, g.reset_after_us
+				FROM generate_series(1, 500) s(i), LATERAL pgquota.grant_row('f1', 'a', 1 + 0 * s.i) g ORDER BY s.i`},
+			{"pgquota.grant_limits_row", "b", `SELECT g.granted, g.fits, g.window_start, g.window_end, g.decided_at, g.retry_after_us, g.reset_after_us
+				FROM generate_series(1, 500) s(i), LATERAL pgquota.grant_limits_row(ARRAY['f3', 'f1'], 'b', 1 + 0 * s.i, NULL) g
 				WHERE g.quota_name = 'f1' ORDER BY s.i`},
 			{"pgquota.grant_limits_batch", "c", `SELECT g.granted, g.fits, g.window_start, g.window_end, g.decided_at, g.retry_after_us, g.reset_after_us
 				FROM generate_series(1, 5) s(i),
@@ -244,8 +247,8 @@ func concurrentGrants(t *testing.T, b *testBundle, c *quota.Client, n int) []quo
 }
 
 // With the real database clock: 3,000 grants of a fixed window of limit 1
-// (1 ms, and 10 ms) in one statement, through pgquota.grant_limits,
-// pgquota.grant and pgquota.grant_limits_batch, each decided at an instant
+// (1 ms, and 10 ms) in one statement, through pgquota.grant_limits_row,
+// pgquota.grant_row and pgquota.grant_limits_batch, each decided at an instant
 // its window holds, and no window holding more than one grant by decision
 // instant; and 1,000 Grant calls (one after another, in batches of
 // GrantBatch, concurrent through coalescing and group commit) on a 1 ms
@@ -258,10 +261,10 @@ func TestFixedWindowHoldsDecisionInstantRealClock(t *testing.T) {
 		b.define(t, quota.Definition{Name: "f1", Window: quota.WindowFixed, DefaultLimit: ptr(int64(1)), Period: time.Millisecond})
 		b.define(t, quota.Definition{Name: "f10", Window: quota.WindowFixed, DefaultLimit: ptr(int64(1)), Period: 10 * time.Millisecond})
 		for _, c := range []struct{ fn, sql string }{
-			{"pgquota.grant_limits", `SELECT g.granted, g.fits, g.window_start, g.window_end, g.decided_at, g.retry_after_us, g.reset_after_us
-				FROM generate_series(1, 3000) s(i), LATERAL pgquota.grant_limits(ARRAY[$1::text], $2, 1 + 0 * s.i, NULL) g ORDER BY s.i`},
-			{"pgquota.grant", `SELECT g.granted, g.granted, g.window_start, g.window_end, g.decided_at, g.retry_after_us, g.reset_after_us
-				FROM generate_series(1, 3000) s(i), LATERAL pgquota.grant($1::text, $2, 1 + 0 * s.i) g ORDER BY s.i`},
+			{"pgquota.grant_limits_row", `SELECT g.granted, g.fits, g.window_start, g.window_end, g.decided_at, g.retry_after_us, g.reset_after_us
+				FROM generate_series(1, 3000) s(i), LATERAL pgquota.grant_limits_row(ARRAY[$1::text], $2, 1 + 0 * s.i, NULL) g ORDER BY s.i`},
+			{"pgquota.grant_row", `SELECT g.granted, g.granted, g.window_start, g.window_end, g.decided_at, g.retry_after_us, g.reset_after_us
+				FROM generate_series(1, 3000) s(i), LATERAL pgquota.grant_row($1::text, $2, 1 + 0 * s.i) g ORDER BY s.i`},
 			{"pgquota.grant_limits_batch", `SELECT g.granted, g.fits, g.window_start, g.window_end, g.decided_at, g.retry_after_us, g.reset_after_us
 				FROM generate_series(1, 30) s(i),
 				     LATERAL pgquota.grant_limits_batch(

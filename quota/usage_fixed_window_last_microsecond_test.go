@@ -51,10 +51,10 @@ func TestUsageAtLastMicrosecondOfLongFixedWindowAgreesWithGrant(t *testing.T) {
 
 	var ws, we time.Time
 	var used, reset int64
-	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT window_start, window_end, used, reset_after_us FROM pgquota.limit_usage('month30', 'm')`).
+	require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT window_start, window_end, used, reset_after_ms FROM pgquota.limit_usage('month30', 'm')`).
 		Scan(&ws, &we, &used, &reset))
 	require.Equal(t, start, ws.UTC())
 	require.Equal(t, end, we.UTC())
 	require.Equal(t, int64(1), used)
-	require.Equal(t, int64(1), reset)
+	require.Equal(t, int64(1), reset, "the window's last microsecond, rounded up to a millisecond")
 }

@@ -17,17 +17,17 @@ DECLARE
 BEGIN
     r := NULL;
     SELECT * INTO r FROM pgquota.grant('calls', 'alice', 2);
-    v_to_end := ceil(extract(epoch FROM (r.window_end - r.decided_at)) * 1000000)::bigint;
+    v_to_end := ceil(extract(epoch FROM (r.window_end - r.decided_at)) * 1000)::bigint;
     IF NOT (r.found AND r.kind = 'day' AND r.has_limit AND r.granted AND r.used = 2 AND r.limit_value = 3
-            AND r.remaining = 1 AND r.retry_after_us = 0 AND r.reset_after_us = v_to_end AND v_to_end > 0
+            AND r.remaining = 1 AND r.retry_after_ms = 0 AND r.reset_after_ms = v_to_end AND v_to_end > 0
             AND r.window_start = date_trunc('day', r.decided_at, 'UTC') AND r.window_end = r.window_start + interval '1 day'
-            AND r.burst = 0 AND r.period_us = 0) THEN
+            AND r.burst = 0 AND r.period_ms = 0) THEN
         RAISE EXCEPTION 'grant 2 of 3: %', r;
     END IF;
 
     SELECT * INTO r FROM pgquota.grant('calls', 'alice', 2);
-    v_to_end := ceil(extract(epoch FROM (r.window_end - r.decided_at)) * 1000000)::bigint;
-    IF r.granted OR r.used <> 2 OR r.remaining <> 1 OR r.retry_after_us <> v_to_end OR r.reset_after_us <> v_to_end THEN
+    v_to_end := ceil(extract(epoch FROM (r.window_end - r.decided_at)) * 1000)::bigint;
+    IF r.granted OR r.used <> 2 OR r.remaining <> 1 OR r.retry_after_ms <> v_to_end OR r.reset_after_ms <> v_to_end THEN
         RAISE EXCEPTION 'denial: RetryAfter must be the time to the window end: %', r;
     END IF;
 
@@ -50,13 +50,13 @@ BEGIN
     END IF;
 
     SELECT * INTO r FROM pgquota.grant('calls', 'carol', 4);
-    IF r.granted OR r.retry_after_us <> -1 OR r.used <> 0 THEN
-        RAISE EXCEPTION 'an amount above the limit never fits (retry_after_us -1): %', r;
+    IF r.granted OR r.retry_after_ms <> -1 OR r.used <> 0 THEN
+        RAISE EXCEPTION 'an amount above the limit never fits (retry_after_ms -1): %', r;
     END IF;
 
     PERFORM pgquota.grant('life', 'dan', 2);
     SELECT * INTO r FROM pgquota.grant('life', 'dan', 1);
-    IF r.granted OR r.retry_after_us <> -1 OR r.reset_after_us <> -1 OR r.window_end <> 'infinity' THEN
+    IF r.granted OR r.retry_after_ms <> -1 OR r.reset_after_ms <> -1 OR r.window_end <> 'infinity' THEN
         RAISE EXCEPTION 'a full lifetime counter: no wait helps: %', r;
     END IF;
 
@@ -108,7 +108,7 @@ BEGIN
     END IF;
 
     SELECT * INTO r FROM pgquota.grant_keyed('orders', 'order-2', 'calls', 'erin', 2);
-    IF r.granted OR r.grant_id < 1 OR r.used <> 2 OR r.retry_after_us <= 0 THEN
+    IF r.granted OR r.grant_id < 1 OR r.used <> 2 OR r.retry_after_ms <= 0 THEN
         RAISE EXCEPTION 'a keyed denial is recorded too: %', r;
     END IF;
 
@@ -155,11 +155,11 @@ DECLARE
 BEGIN
     SELECT * INTO r FROM pgquota.grant('per-min', 'fay', 2);
     IF NOT (r.found AND r.kind = 'rate' AND r.granted AND r.remaining = 0 AND r.burst = 2
-            AND r.period_us = 60000000 AND r.retry_after_us = 0 AND r.window_start IS NULL) THEN
+            AND r.period_ms = 60000 AND r.retry_after_ms = 0 AND r.window_start IS NULL) THEN
         RAISE EXCEPTION 'rate grant: %', r;
     END IF;
     SELECT * INTO r FROM pgquota.grant('per-min', 'fay', 1);
-    IF r.granted OR r.retry_after_us NOT BETWEEN 1 AND 30000000 THEN
+    IF r.granted OR r.retry_after_ms NOT BETWEEN 1 AND 30000 THEN
         RAISE EXCEPTION 'rate denial waits one emission interval (30 s) at most: %', r;
     END IF;
     SELECT * INTO r FROM pgquota.grant_keyed('s', 'k', 'per-min', 'fay', 1);
@@ -237,7 +237,7 @@ $$;
 -- quota (where grant and grant_keyed returned found = f, granted = f, which
 -- reads as a denial, and limit_usage no row); nothing is written. A keyed
 -- call whose key was taken before still replays. limit_usage reports burst
--- and period_us 0 where a kind has none, as grant does (not NULL).
+-- and period_ms 0 where a kind has none, as grant does (not NULL).
 DO $$
 DECLARE
     c       text[];
@@ -279,11 +279,11 @@ BEGIN
 
     SELECT * INTO r FROM pgquota.limit_usage('calls', 'alice');
     SELECT * INTO g FROM pgquota.grant('calls', 'alice', 100);
-    IF r.burst IS DISTINCT FROM 0 OR r.period_us IS DISTINCT FROM 0 OR r.burst <> g.burst OR r.period_us <> g.period_us THEN
-        RAISE EXCEPTION 'limit_usage burst/period_us %/% where grant returns %/%', r.burst, r.period_us, g.burst, g.period_us;
+    IF r.burst IS DISTINCT FROM 0 OR r.period_ms IS DISTINCT FROM 0 OR r.burst <> g.burst OR r.period_ms <> g.period_ms THEN
+        RAISE EXCEPTION 'limit_usage burst/period_ms %/% where grant returns %/%', r.burst, r.period_ms, g.burst, g.period_ms;
     END IF;
     SELECT * INTO r FROM pgquota.limit_usage('per-min', 'alice');
-    IF r.burst <> 2 OR r.period_us <> 60000000 THEN
+    IF r.burst <> 2 OR r.period_ms <> 60000 THEN
         RAISE EXCEPTION 'a rate''s burst and period: %', r;
     END IF;
 END
