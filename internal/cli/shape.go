@@ -1,9 +1,8 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -112,28 +111,16 @@ func checkLength(flag, value string, d time.Duration) error {
 	return nil
 }
 
-// parseRate parses N/s, N/m, N/h, N/d or N/<duration>.
+// parseRate parses --rate with quota.ParseRate, the library's one parser
+// of N/period, and gives its reason without the library's prefix (the
+// caller names the flag).
 func parseRate(s string) (int64, time.Duration, error) {
-	num, per, ok := strings.Cut(s, "/")
-	if !ok {
-		return 0, 0, fmt.Errorf("not N/period such as 10/s or 5/10s")
+	n, per, err := quota.ParseRate(s)
+	var ie *quota.InputError
+	if errors.As(err, &ie) {
+		return 0, 0, errors.New(ie.Reason)
 	}
-	n, err := strconv.ParseInt(num, 10, 64)
-	if err != nil {
-		return 0, 0, fmt.Errorf("%q is not a whole number of units", num)
-	}
-	if n <= 0 {
-		return 0, 0, fmt.Errorf("the rate must be at least 1 unit per period, got %d", n)
-	}
-	units := map[string]time.Duration{"s": time.Second, "m": time.Minute, "h": time.Hour, "d": 24 * time.Hour}
-	if d, ok := units[per]; ok {
-		return n, d, nil
-	}
-	d, err := time.ParseDuration(per)
-	if err != nil || d <= 0 {
-		return 0, 0, fmt.Errorf("period %q is not s, m, h, d or a length such as 10s", per)
-	}
-	return n, d, nil
+	return n, per, err
 }
 
 // shapeRows prints a quota's shape (quota define, single quota).
