@@ -145,7 +145,7 @@ func TestCachedStatementRetriedAfterDeallocate(t *testing.T) {
 
 	_, err = pool.Exec(ctx, "DEALLOCATE ALL")
 	require.NoError(t, err)
-	_, err = leaseOf(t, c).Renew(ctx, "r", l.Token, time.Minute)
+	_, err = leaseOf(t, c).Renew(ctx, lease.Lease{Name: "r", Token: l.Token}, time.Minute)
 	require.NoError(t, err, "renew")
 
 	_, err = pool.Exec(ctx, "DEALLOCATE ALL")

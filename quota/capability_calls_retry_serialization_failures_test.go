@@ -102,7 +102,7 @@ func TestCapabilityCallsRetrySerializationFailuresAsConfigured(t *testing.T) {
 				arm(0)
 				l := hold(c, fmt.Sprint("renew-", i))
 				arm(3)
-				_, err := leaseOf(t, c).Renew(ctx, l.Name, l.Token, time.Minute)
+				_, err := leaseOf(t, c).Renew(ctx, l, time.Minute)
 				return err
 			}
 		case "lease.SetPayload":
@@ -110,7 +110,7 @@ func TestCapabilityCallsRetrySerializationFailuresAsConfigured(t *testing.T) {
 				arm(0)
 				l := hold(c, fmt.Sprint("payload-", i))
 				arm(3)
-				_, err := leaseOf(t, c).SetPayload(ctx, l.Name, l.Token, "p")
+				_, err := leaseOf(t, c).SetPayload(ctx, l, "p")
 				return err
 			}
 		case "lease.Release":
@@ -118,7 +118,7 @@ func TestCapabilityCallsRetrySerializationFailuresAsConfigured(t *testing.T) {
 				arm(0)
 				l := hold(c, fmt.Sprint("release-", i))
 				arm(3)
-				_, err := leaseOf(t, c).Release(ctx, l.Name, l.Token)
+				_, err := leaseOf(t, c).Release(ctx, l)
 				return err
 			}
 		}

@@ -27,7 +27,7 @@ func TestMetricsFencedWritesAndLeaseOutcomes(t *testing.T) {
 	require.NoError(t, err)
 	_, err = leaseOf(t, c2).Acquire(ctx, lease.AcquireRequest{Name: "job", Holder: "b", TTL: time.Minute})
 	require.ErrorIs(t, err, lease.ErrHeld)
-	_, err = leaseOf(t, c1).Release(ctx, "job", old.Token)
+	_, err = leaseOf(t, c1).Release(ctx, lease.Lease{Name: "job", Token: old.Token})
 	require.NoError(t, err)
 	cur, err := leaseOf(t, c2).Acquire(ctx, lease.AcquireRequest{Name: "job", Holder: "b", TTL: time.Minute})
 	require.NoError(t, err)
@@ -41,11 +41,11 @@ func TestMetricsFencedWritesAndLeaseOutcomes(t *testing.T) {
 		_, err := fenceOf(t, c2).WriteRow(ctx, fence.WriteRowRequest{Resource: "job", Key: "k", Value: "new", Token: cur.Token, Lease: "job"})
 		require.NoError(t, err)
 	}
-	_, err = leaseOf(t, c1).Renew(ctx, "job", old.Token, time.Minute)
+	_, err = leaseOf(t, c1).Renew(ctx, lease.Lease{Name: "job", Token: old.Token}, time.Minute)
 	require.ErrorIs(t, err, lease.ErrLost)
-	_, err = leaseOf(t, c2).Renew(ctx, "job", cur.Token, time.Minute)
+	_, err = leaseOf(t, c2).Renew(ctx, lease.Lease{Name: "job", Token: cur.Token}, time.Minute)
 	require.NoError(t, err)
-	_, err = leaseOf(t, c2).Release(ctx, "job", cur.Token)
+	_, err = leaseOf(t, c2).Release(ctx, lease.Lease{Name: "job", Token: cur.Token})
 	require.NoError(t, err)
 	_, err = fenceOf(t, c2).WriteRow(ctx, fence.WriteRowRequest{Resource: "job", Key: "k", Value: "late", Token: cur.Token, Lease: "job"})
 	require.ErrorIs(t, err, lease.ErrLost)
@@ -79,13 +79,13 @@ func TestMetricsRenewalMarginByDatabaseClock(t *testing.T) {
 	l, err := leaseOf(t, c).Acquire(b.ctx, lease.AcquireRequest{Name: "margin", Holder: "a", TTL: time.Minute})
 	require.NoError(t, err)
 	b.setClock(t, "2030-01-01 00:00:45+00")
-	_, err = leaseOf(t, c).Renew(b.ctx, "margin", l.Token, time.Minute)
+	_, err = leaseOf(t, c).Renew(b.ctx, lease.Lease{Name: "margin", Token: l.Token}, time.Minute)
 	require.NoError(t, err)
 	b.setClock(t, "2030-01-01 00:01:40+00") // 5s before the renewed expiry
-	_, err = leaseOf(t, c).Renew(b.ctx, "margin", l.Token, time.Minute)
+	_, err = leaseOf(t, c).Renew(b.ctx, lease.Lease{Name: "margin", Token: l.Token}, time.Minute)
 	require.NoError(t, err)
 	b.setClock(t, "2030-01-01 00:03:00+00") // expired: lost, no margin
-	_, err = leaseOf(t, c).Renew(b.ctx, "margin", l.Token, time.Minute)
+	_, err = leaseOf(t, c).Renew(b.ctx, lease.Lease{Name: "margin", Token: l.Token}, time.Minute)
 	require.ErrorIs(t, err, lease.ErrLost)
 
 	n, sum := histOf(t, "pgquota.lease.renewal.margin", nil, m)
@@ -110,7 +110,7 @@ func TestMetricsOutcomeUnknownCounted(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(b.ctx, 300*time.Millisecond)
 	defer cancel()
-	_, err = leaseOf(t, c).Renew(ctx, "locked", l.Token, time.Minute)
+	_, err = leaseOf(t, c).Renew(ctx, lease.Lease{Name: "locked", Token: l.Token}, time.Minute)
 	require.ErrorIs(t, err, quota.ErrOutcomeUnknown)
 
 	require.Equal(t, int64(1), sumOf(t, "pgquota.outcome_unknown", map[string]string{"pgquota.operation": "renew"}, m))

@@ -164,7 +164,7 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 			operator: true,
 			prepare: func(t *testing.T, b *testBundle) any {
 				l := b.acquire(t, "old", "a", time.Minute)
-				_, err := leaseOf(t, b.client).Release(b.ctx, "old", l.Token)
+				_, err := leaseOf(t, b.client).Release(b.ctx, lease.Lease{Name: "old", Token: l.Token})
 				require.NoError(t, err)
 				_, err = b.owner.Exec(b.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() - interval '2 hours' WHERE name = 'old'`)
 				require.NoError(t, err)

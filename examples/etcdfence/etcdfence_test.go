@@ -59,7 +59,7 @@ func setup(t *testing.T, external bool) (*pgxpool.Pool, *fence.Client, string) {
 			return err
 		})
 		require.NoError(t, err)
-		_, err = ol.Release(ctx, l.Name, l.Token)
+		_, err = ol.Release(ctx, l)
 	}
 	require.NoError(t, err)
 	pool := pgtest.Connect(t, pgtest.PoolURL(t, dbURL), 4)

@@ -341,7 +341,7 @@ func (leaseCycle) Setup(ctx context.Context, env Env) (Op, error) {
 			if err != nil {
 				return Outcome{}, err
 			}
-			_, err = env.Leases.Release(ctx, name, l.Token)
+			_, err = env.Leases.Release(ctx, lease.Lease{Name: name, Token: l.Token})
 			return Outcome{Granted: err == nil}, err
 		},
 	}, nil

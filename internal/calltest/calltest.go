@@ -112,7 +112,7 @@ func ExerciseRoles(t *testing.T, cs Clients, prefix string) {
 	require.NoError(t, err)
 	l, err := leases.Acquire(ctx, lease.AcquireRequest{Name: leaseName, Holder: "h", TTL: time.Minute})
 	require.NoError(t, err)
-	l, err = leases.Renew(ctx, leaseName, l.Token, time.Minute)
+	l, err = leases.Renew(ctx, lease.Lease{Name: leaseName, Token: l.Token}, time.Minute)
 	require.NoError(t, err)
 	_, err = fences.WriteRow(ctx, fence.WriteRowRequest{Resource: leaseName, Key: "k", Value: "v", Token: l.Token})
 	require.NoError(t, err)
@@ -124,7 +124,7 @@ func ExerciseRoles(t *testing.T, cs Clients, prefix string) {
 	require.NoError(t, err)
 	_, err = leases.Get(ctx, leaseName)
 	require.NoError(t, err)
-	_, err = leases.Release(ctx, leaseName, l.Token)
+	_, err = leases.Release(ctx, lease.Lease{Name: leaseName, Token: l.Token})
 	require.NoError(t, err)
 
 	events, err := outbox.New(client)

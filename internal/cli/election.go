@@ -194,7 +194,7 @@ func (a *app) electionResignCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			l, err := c.Release(cmd.Context(), name, token)
+			l, err := c.Release(cmd.Context(), lease.Lease{Name: name, Token: token})
 			if err != nil {
 				return a.leaseLost(err)
 			}

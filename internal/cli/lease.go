@@ -84,7 +84,7 @@ so that a holder that lost its lease cannot overwrite its successor's work.`,
 			if err != nil {
 				return err
 			}
-			l, err := c.Renew(cmd.Context(), name, token, ttl)
+			l, err := c.Renew(cmd.Context(), lease.Lease{Name: name, Token: token}, ttl)
 			if err != nil {
 				return a.leaseLost(err)
 			}
@@ -107,7 +107,7 @@ so that a holder that lost its lease cannot overwrite its successor's work.`,
 			if err != nil {
 				return err
 			}
-			l, err := c.Release(cmd.Context(), name, token)
+			l, err := c.Release(cmd.Context(), lease.Lease{Name: name, Token: token})
 			if err != nil {
 				return a.leaseLost(err)
 			}

@@ -252,7 +252,7 @@ func (a *app) leasePayloadCommand() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			l, err := c.SetPayload(cmd.Context(), name, token, payload)
+			l, err := c.SetPayload(cmd.Context(), lease.Lease{Name: name, Token: token}, payload)
 			if err != nil {
 				return a.leaseLost(err)
 			}

@@ -196,7 +196,7 @@ func TestCLILeaseListPayloadReap(t *testing.T) {
 	// Release job/b and make it look two days old: reap deletes it alone.
 	l, err := c.Get(ctx, "job/b")
 	require.NoError(t, err)
-	_, err = c.Release(ctx, "job/b", l.Token)
+	_, err = c.Release(ctx, lease.Lease{Name: "job/b", Token: l.Token})
 	require.NoError(t, err)
 	_, err = c.Pool().Exec(ctx, `UPDATE pgquota.lease SET expires_at = expires_at - interval '48 hours' WHERE name = 'job/b'`)
 	require.NoError(t, err)

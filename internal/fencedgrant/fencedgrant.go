@@ -185,7 +185,7 @@ func (c *Granter) grantFencedOnce(ctx context.Context, req quota.GrantRequest, l
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		_, _ = c.leases.Release(rctx, l.Name, l.Token)
+		_, _ = c.leases.Release(rctx, l)
 	}()
 
 	// A counter changed by a call that takes no lease is read again, under

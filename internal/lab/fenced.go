@@ -123,7 +123,7 @@ func (fenced) attempt(ctx, wctx context.Context, env *Env, c *Client, holder str
 	}
 	defer func() {
 		// A lease that lapsed or was taken over needs no release.
-		_, rerr := c.Leases.Release(context.WithoutCancel(ctx), l.Name, l.Token)
+		_, rerr := c.Leases.Release(context.WithoutCancel(ctx), l)
 		if rerr != nil && !errors.Is(rerr, lease.ErrLost) && err == nil {
 			err = rerr
 		}

@@ -316,7 +316,7 @@ func (s *redlock) critical(ctx context.Context, env *Env, c *Client, m *redsync.
 		}
 		token = l.Token
 		defer func() {
-			_, rerr := c.Leases.Release(context.WithoutCancel(ctx), l.Name, l.Token)
+			_, rerr := c.Leases.Release(context.WithoutCancel(ctx), l)
 			if err == nil && rerr != nil && !errors.Is(rerr, lease.ErrLost) {
 				err = rerr
 			}

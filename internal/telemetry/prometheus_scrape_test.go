@@ -87,7 +87,7 @@ func TestPrometheusScrapesTheWorkloadExactly(t *testing.T) {
 	require.NoError(t, err)
 	old, err := leases.Acquire(ctx, lease.AcquireRequest{Name: "job", Holder: "a", TTL: time.Minute})
 	require.NoError(t, err)
-	_, err = leases.Release(ctx, "job", old.Token)
+	_, err = leases.Release(ctx, lease.Lease{Name: "job", Token: old.Token})
 	require.NoError(t, err)
 	cur, err := leases.Acquire(ctx, lease.AcquireRequest{Name: "job", Holder: "b", TTL: time.Minute})
 	require.NoError(t, err)

@@ -90,7 +90,7 @@ func ExampleClient_WriteRow() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, err := leases.Release(ctx, first.Name, first.Token); err != nil {
+	if _, err := leases.Release(ctx, first); err != nil {
 		log.Fatal(err)
 	}
 	second, err := leases.Acquire(ctx, lease.AcquireRequest{Name: "report", Holder: "worker-2", TTL: time.Minute})

@@ -30,7 +30,7 @@ func TestFenceGuardHandSetTokenNeedsHeldLease(t *testing.T) {
 	// While the lease is held: refused all the same.
 	err := b.forgedTx(t, g.Resource, h.Token, `UPDATE reports SET val = 'by hand while held' WHERE id = 1`)
 	requireSQLState(t, err, fence.SQLStateTokenNotPresented)
-	_, err = b.leases.Release(b.ctx, g.Resource, h.Token)
+	_, err = b.leases.Release(b.ctx, lease.Lease{Name: g.Resource, Token: h.Token})
 	require.NoError(t, err)
 
 	for _, stmt := range []string{
@@ -94,7 +94,7 @@ func TestFenceGuardHandSetStaleTokenAfterTakeover(t *testing.T) {
 		return tx.Commit(b.ctx)
 	}
 	require.NoError(t, present(a.Token, `INSERT INTO reports VALUES (1, 'a', NULL)`))
-	_, err = b.leases.Release(b.ctx, "job", a.Token)
+	_, err = b.leases.Release(b.ctx, lease.Lease{Name: "job", Token: a.Token})
 	require.NoError(t, err)
 	bl := b.acquire(t, "job", "B", time.Minute)
 	require.Greater(t, bl.Token, a.Token)
@@ -124,7 +124,7 @@ func TestFenceGuardHandSetStaleTokenAfterTakeover(t *testing.T) {
 	defer func() { _ = stale.Rollback(b.ctx) }()
 	_, err = stale.Exec(b.ctx, `SELECT count(*) FROM rr`) // the snapshot
 	require.NoError(t, err)
-	_, err = b.leases.Release(b.ctx, r.Resource, ra.Token)
+	_, err = b.leases.Release(b.ctx, lease.Lease{Name: r.Resource, Token: ra.Token})
 	require.NoError(t, err)
 	rb := b.acquire(t, r.Resource, "B", time.Minute)
 	require.NoError(t, b.txWith(t, r.Resource, rb.Token, `UPDATE rr SET val = 'b' WHERE id = 1`))

@@ -160,7 +160,7 @@ func TestFenceGuardPausedHolderProcess(t *testing.T) {
 			require.Contains(t, w.stderr.String(), "ERROR:  "+kind.code+":", "A %s, %s", kind.name, stmt)
 			require.Equal(t, fmt.Sprintf("1:b:%d", bl.Token), b.rowsOf(t, "reports"), "A %s, %s: no stale write landed", kind.name, stmt)
 			refused++
-			_, err = b.leases.Release(b.ctx, g.Resource, bl.Token)
+			_, err = b.leases.Release(b.ctx, lease.Lease{Name: g.Resource, Token: bl.Token})
 			require.NoError(t, err)
 		}
 	}
@@ -202,7 +202,7 @@ func TestFenceGuardPausedHolderProcess(t *testing.T) {
 		require.Equal(t, fmt.Sprintf("1:a:%d", a.Token), b.rowsOf(t, "reports"), "%s: A's late statement changed nothing", stmt)
 		err := b.txWith(t, g.Resource, a.Token, stmt)
 		requireStale(t, err, g.Resource, a.Token, bl.Token)
-		_, err = b.leases.Release(b.ctx, g.Resource, bl.Token)
+		_, err = b.leases.Release(b.ctx, lease.Lease{Name: g.Resource, Token: bl.Token})
 		require.NoError(t, err)
 	}
 	t.Logf("%d rounds with A stopped and continued; %d stale statements refused, 0 landed", rounds, refused)

@@ -236,7 +236,7 @@ func TestFenceGuardRefusesInventedTokens(t *testing.T) {
 
 	// A token of a lease that expired without a successor, and of a lease
 	// released, are refused too (PQ002).
-	_, err = b.leases.Release(b.ctx, g.Resource, h.Token)
+	_, err = b.leases.Release(b.ctx, lease.Lease{Name: g.Resource, Token: h.Token})
 	require.NoError(t, err)
 	err = b.txWith(t, g.Resource, h.Token, `UPDATE reports SET val = 'released'`)
 	require.ErrorIs(t, err, lease.ErrLost)
@@ -451,7 +451,7 @@ func TestFenceGuardStampsPresentedToken(t *testing.T) {
 	h1 := b.acquire(t, g.Resource, "one", time.Minute)
 	require.NoError(t, b.txWith(t, g.Resource, h1.Token, `INSERT INTO reports VALUES (1, 'a', NULL), (2, 'a', 999999)`))
 	require.Equal(t, fmt.Sprintf("1:a:%d,2:a:%d", h1.Token, h1.Token), b.rowsOf(t, "reports"))
-	_, err := b.leases.Release(b.ctx, g.Resource, h1.Token)
+	_, err := b.leases.Release(b.ctx, lease.Lease{Name: g.Resource, Token: h1.Token})
 	require.NoError(t, err)
 	h2 := b.acquire(t, g.Resource, "two", time.Minute)
 	require.NoError(t, b.txWith(t, g.Resource, h2.Token, `UPDATE reports SET val = 'b' WHERE id = 1`))
@@ -470,7 +470,7 @@ func TestFenceGuardConcurrentHoldersAndStaleWriters(t *testing.T) {
 	require.NoError(t, err)
 	h := b.acquire(t, g.Resource, "setup", time.Minute)
 	require.NoError(t, b.txWith(t, g.Resource, h.Token, fmt.Sprintf(`INSERT INTO counter VALUES (1, 0, %d)`, h.Token)))
-	_, err = b.leases.Release(b.ctx, g.Resource, h.Token)
+	_, err = b.leases.Release(b.ctx, lease.Lease{Name: g.Resource, Token: h.Token})
 	require.NoError(t, err)
 
 	const holders, rounds, stale = 4, 8, 3
@@ -508,7 +508,7 @@ func TestFenceGuardConcurrentHoldersAndStaleWriters(t *testing.T) {
 						break
 					}
 				}
-				if _, err := b.leases.Release(b.ctx, g.Resource, l.Token); err != nil {
+				if _, err := b.leases.Release(b.ctx, lease.Lease{Name: g.Resource, Token: l.Token}); err != nil {
 					t.Error(err)
 				}
 				mu.Lock()

@@ -264,12 +264,12 @@ func (s clientStore) acquire(ctx context.Context, resource, holder string, ttl t
 }
 
 func (s clientStore) renew(ctx context.Context, resource string, token int64, ttl time.Duration) (leaseGrant, error) {
-	l, err := s.leases().Renew(ctx, resource, token, ttl)
+	l, err := s.leases().Renew(ctx, lease.Lease{Name: resource, Token: token}, ttl)
 	return grantOf(l, l.DBNow), err
 }
 
 func (s clientStore) release(ctx context.Context, resource string, token int64) (leaseGrant, error) {
-	l, err := s.leases().Release(ctx, resource, token)
+	l, err := s.leases().Release(ctx, lease.Lease{Name: resource, Token: token})
 	return grantOf(l, l.DBNow), err
 }
 

@@ -65,9 +65,9 @@ func TestFenceArticleTimeline(t *testing.T) {
 	requireStale(t, err, "storage", h1.Token, h2.Token)
 
 	// Client 1's renew and release fail and leave client 2's lease intact.
-	_, err = b.leases.Renew(b.ctx, "storage", h1.Token, time.Minute)
+	_, err = b.leases.Renew(b.ctx, lease.Lease{Name: "storage", Token: h1.Token}, time.Minute)
 	require.ErrorIs(t, err, lease.ErrLost)
-	_, err = b.leases.Release(b.ctx, "storage", h1.Token)
+	_, err = b.leases.Release(b.ctx, lease.Lease{Name: "storage", Token: h1.Token})
 	require.ErrorIs(t, err, lease.ErrLost)
 	got, err := b.leases.Get(b.ctx, "storage")
 	require.NoError(t, err)
@@ -218,7 +218,7 @@ func TestFenceGuardTrigger(t *testing.T) {
 
 	h1 := b.acquire(t, g.Resource, "one", time.Minute)
 	require.NoError(t, b.txWith(t, g.Resource, h1.Token, `INSERT INTO app."Orders" VALUES (1, 'new', NULL), (2, 'new', NULL)`))
-	_, err = b.leases.Release(b.ctx, g.Resource, h1.Token)
+	_, err = b.leases.Release(b.ctx, lease.Lease{Name: g.Resource, Token: h1.Token})
 	require.NoError(t, err)
 	h2 := b.acquire(t, g.Resource, "two", time.Minute)
 	require.NoError(t, b.txWith(t, g.Resource, h2.Token, `UPDATE app."Orders" SET status = 'paid' WHERE id = 1`))

@@ -60,7 +60,7 @@ func TestFencedTxHolderWritesAndStaleHolderWritesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, fmt.Sprintf("1:b:%d", bl.Token), b.rowsOf(t, "orders"))
 
-	_, err = b.leases.Release(b.ctx, bl.Name, bl.Token)
+	_, err = b.leases.Release(b.ctx, bl)
 	require.NoError(t, err)
 	err = b.fences.RunTx(b.ctx, fence.TxRequest{Resource: g.Resource, Token: bl.Token}, func(tx pgx.Tx) error {
 		ran++

@@ -33,7 +33,7 @@ func TestGuardOpenWriteDoesNotBlockRenewal(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(b.ctx, 5*time.Second)
 	defer cancel()
-	renewed, err := b.leases.Renew(ctx, g.Resource, a.Token, 300*time.Millisecond)
+	renewed, err := b.leases.Renew(ctx, lease.Lease{Name: g.Resource, Token: a.Token}, 300*time.Millisecond)
 	require.NoError(t, err, "the renewal does not wait for the holder's open write")
 	require.Equal(t, a.Token, renewed.Token)
 	// The writer's lock on the lease row, seen from another session: FOR

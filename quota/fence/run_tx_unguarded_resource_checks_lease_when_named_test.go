@@ -29,7 +29,7 @@ func TestRunTxOnUnguardedResourceChecksTheLeaseWhenNamed(t *testing.T) {
 	require.NoError(t, b.fences.RunTx(b.ctx, named(a.Token), fn))
 	require.Equal(t, 1, ran)
 
-	_, err := b.leases.Release(b.ctx, res, a.Token)
+	_, err := b.leases.Release(b.ctx, lease.Lease{Name: res, Token: a.Token})
 	require.NoError(t, err)
 	err = b.fences.RunTx(b.ctx, named(a.Token), fn)
 	require.ErrorIs(t, err, lease.ErrLost, "a released lease's token, the lease named")

@@ -138,7 +138,7 @@ func (t *Leadership) Token() int64 { return t.k.Lease().Token }
 // Errors: those of SetPayload; ErrLost when this term has ended.
 func (t *Leadership) Proclaim(ctx context.Context, value string) error {
 	l := t.k.Lease()
-	_, err := t.e.c.SetPayload(ctx, l.Name, l.Token, value)
+	_, err := t.e.c.SetPayload(ctx, l, value)
 	return err
 }
 

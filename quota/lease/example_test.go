@@ -56,7 +56,7 @@ func ExampleClient_Keepalive() {
 	case err != nil:
 		log.Fatal(err)
 	}
-	if _, err := leases.Release(ctx, l.Name, l.Token); err != nil && !errors.Is(err, lease.ErrLost) {
+	if _, err := leases.Release(ctx, l); err != nil && !errors.Is(err, lease.ErrLost) {
 		log.Print(err)
 	}
 }

@@ -216,7 +216,7 @@ func (k *Keeper) renew(ctx context.Context) (Lease, error) {
 			return Lease{}, err
 		}
 	}
-	return k.c.Renew(ctx, k.name, k.token, k.ttl)
+	return k.c.Renew(ctx, Lease{Name: k.name, Token: k.token}, k.ttl)
 }
 
 // renewOnNewConn renews on a connection opened for this attempt, with the

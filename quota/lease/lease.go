@@ -288,7 +288,8 @@ func leaseFrom(r db.PgquotaLease, dbNow pgtype.Timestamptz, sent time.Time) Leas
 	return l
 }
 
-// Renew extends the lease name, held with token, to ttl from the database
+// Renew extends lease l (its Name and Token; the other fields are not
+// read, so Lease{Name: n, Token: t} will do) to ttl from the database
 // clock's current instant, in one statement. The token stays the same. A
 // lease that has expired by the database clock cannot be renewed, even when
 // nobody took it over, and even from inside a long transaction (the clock
@@ -306,13 +307,13 @@ func leaseFrom(r db.PgquotaLease, dbNow pgtype.Timestamptz, sent time.Time) Leas
 // COMMIT) was sent and no reply said how it ended, so it may have been
 // applied; to learn the outcome, repeat the call (renewing again with the
 // token is harmless).
-func (c *Client) Renew(ctx context.Context, name string, token int64, ttl time.Duration) (Lease, error) {
-	return c.renew(ctx, c.core.DB, name, token, ttl)
+func (c *Client) Renew(ctx context.Context, l Lease, ttl time.Duration) (Lease, error) {
+	return c.renew(ctx, c.core.DB, l.Name, l.Token, ttl)
 }
 
 // RenewTx is Renew inside the caller's transaction.
-func (c *Client) RenewTx(ctx context.Context, tx pgx.Tx, name string, token int64, ttl time.Duration) (Lease, error) {
-	return c.renew(ctx, tx, name, token, ttl)
+func (c *Client) RenewTx(ctx context.Context, tx pgx.Tx, l Lease, ttl time.Duration) (Lease, error) {
+	return c.renew(ctx, tx, l.Name, l.Token, ttl)
 }
 
 func (c *Client) renew(ctx context.Context, x db.DBTX, name string, token int64, ttl time.Duration) (_ Lease, err error) {
@@ -361,7 +362,8 @@ func (c *Client) leaseLost(ctx context.Context, x db.DBTX, op, name string, toke
 	}
 }
 
-// Release ends the lease name held with token now, so that the next
+// Release ends lease l (its Name and Token; the other fields are not read,
+// so Lease{Name: n, Token: t} will do) now, so that the next
 // Acquire succeeds at once, and wakes AcquireWait callers (NOTIFY on
 // NotifyChannel, sent when the statement commits, only when one is
 // registered as waiting for the lease). Releasing a lease
@@ -377,16 +379,16 @@ func (c *Client) leaseLost(ctx context.Context, x db.DBTX, op, name string, toke
 // COMMIT) was sent and no reply said how it ended, so it may have been
 // applied; to learn the outcome, repeat the call (releasing again with the
 // token is harmless).
-func (c *Client) Release(ctx context.Context, name string, token int64) (_ Lease, err error) {
+func (c *Client) Release(ctx context.Context, l Lease) (_ Lease, err error) {
 	defer c.core.M.LeaseDone(ctx, core.OpRelease, c.core.M.Now(), &err)
-	return c.release(ctx, c.core.DB, name, token)
+	return c.release(ctx, c.core.DB, l.Name, l.Token)
 }
 
 // ReleaseTx is Release inside the caller's transaction: the lease is free
 // to others once tx commits.
-func (c *Client) ReleaseTx(ctx context.Context, tx pgx.Tx, name string, token int64) (_ Lease, err error) {
+func (c *Client) ReleaseTx(ctx context.Context, tx pgx.Tx, l Lease) (_ Lease, err error) {
 	defer c.core.M.LeaseDone(ctx, core.OpRelease, c.core.M.Now(), &err)
-	return c.release(ctx, tx, name, token)
+	return c.release(ctx, tx, l.Name, l.Token)
 }
 
 func (c *Client) release(ctx context.Context, x db.DBTX, name string, token int64) (Lease, error) {

@@ -154,7 +154,7 @@ func (c *Client) Do(ctx context.Context, req DoRequest, fn func(ctx context.Cont
 func (c *Client) releaseAfter(ctx context.Context, l Lease) (Lease, error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	return c.Release(rctx, l.Name, l.Token)
+	return c.Release(rctx, l)
 }
 
 // holdLease validates, acquires (waiting or not) under ctx and starts a

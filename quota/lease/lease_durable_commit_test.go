@@ -39,7 +39,7 @@ func TestLeaseCallsCommitDurablyUnderAsyncCommit(t *testing.T) {
 			return err
 		}},
 		{"RenewTx", func(tx pgx.Tx) error {
-			_, err := b.leases.RenewTx(b.ctx, tx, "r", l.Token, time.Hour)
+			_, err := b.leases.RenewTx(b.ctx, tx, lease.Lease{Name: "r", Token: l.Token}, time.Hour)
 			return err
 		}},
 		{"WriteFencedRowTx with a lease", func(tx pgx.Tx) error {
@@ -59,7 +59,7 @@ func TestLeaseCallsCommitDurablyUnderAsyncCommit(t *testing.T) {
 			return fence.MapError(err)
 		}},
 		{"ReleaseTx", func(tx pgx.Tx) error {
-			_, err := b.leases.ReleaseTx(b.ctx, tx, "r", l.Token)
+			_, err := b.leases.ReleaseTx(b.ctx, tx, lease.Lease{Name: "r", Token: l.Token})
 			return err
 		}},
 	}

@@ -56,7 +56,7 @@ func requireEmptyHolderIsHostPID(t *testing.T, b *testBundle, paths map[string]e
 		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT holder FROM pgquota.lease WHERE name = $1`, l.Name).Scan(&stored), call)
 		require.Equal(t, want, stored, "%s: the lease row names host:pid", call)
 
-		renewed, err := b.leases.Renew(b.ctx, l.Name, l.Token, 2*time.Minute)
+		renewed, err := b.leases.Renew(b.ctx, l, 2*time.Minute)
 		require.NoError(t, err, call)
 		require.Equal(t, l.Token, renewed.Token, call)
 		require.Equal(t, want, renewed.Holder, call)
@@ -64,7 +64,7 @@ func requireEmptyHolderIsHostPID(t *testing.T, b *testBundle, paths map[string]e
 
 		_, err = acquireOther(key)
 		require.ErrorIs(t, err, whileHeld, "%s: held, so refused", call)
-		_, err = b.leases.Release(b.ctx, l.Name, l.Token)
+		_, err = b.leases.Release(b.ctx, l)
 		require.NoError(t, err, call)
 		other, err := acquireOther(key)
 		require.NoError(t, err, "%s: released, so free", call)

@@ -24,7 +24,7 @@ func issueSpins(ctx context.Context, t *testing.T, c *quota.Client, n int) int64
 		l, err := leaseOf(t, c).Acquire(ctx, lease.AcquireRequest{Name: "spin", Holder: "S", TTL: time.Hour})
 		require.NoError(t, err)
 		last = l.Token
-		_, err = leaseOf(t, c).Release(ctx, l.Name, l.Token)
+		_, err = leaseOf(t, c).Release(ctx, l)
 		require.NoError(t, err)
 	}
 	return last
@@ -46,7 +46,7 @@ func TestLeaseEpochBumpRaisesOnlyWhatEveryStandbyHas(t *testing.T) {
 	old := failoverClient(t, primary)
 	a0, err := leaseOf(t, old).Acquire(ctx, lease.AcquireRequest{Name: leaseName, Holder: "A0", TTL: time.Hour})
 	require.NoError(t, err)
-	_, err = leaseOf(t, old).Release(ctx, leaseName, a0.Token)
+	_, err = leaseOf(t, old).Release(ctx, lease.Lease{Name: leaseName, Token: a0.Token})
 	require.NoError(t, err)
 	e1 := a0.Token >> lease.TokenEpochShift
 

@@ -54,7 +54,7 @@ func TestLeaseTokensIncreaseAcrossFailoverToLaggingStandby(t *testing.T) {
 	require.NoError(t, err)
 	issued = append(issued, a0.Token)
 	require.NoError(t, guardedWrite(ctx, old.Pool(), 1, "A0", a0.Token, leaseName))
-	_, err = leaseOf(t, old).Release(ctx, leaseName, a0.Token)
+	_, err = leaseOf(t, old).Release(ctx, lease.Lease{Name: leaseName, Token: a0.Token})
 	require.NoError(t, err)
 
 	standby := primary.NewStandby("standby")
@@ -65,7 +65,7 @@ func TestLeaseTokensIncreaseAcrossFailoverToLaggingStandby(t *testing.T) {
 		l, err := leaseOf(t, old).Acquire(ctx, lease.AcquireRequest{Name: "spin", Holder: "S", TTL: time.Hour})
 		require.NoError(t, err)
 		issued = append(issued, l.Token)
-		_, err = leaseOf(t, old).Release(ctx, l.Name, l.Token)
+		_, err = leaseOf(t, old).Release(ctx, l)
 		require.NoError(t, err)
 	}
 	a, err := leaseOf(t, old).Acquire(ctx, lease.AcquireRequest{Name: leaseName, Holder: "A", TTL: time.Hour})

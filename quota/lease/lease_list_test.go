@@ -27,7 +27,7 @@ func TestLeasesListByPrefixHeldAndPage(t *testing.T) {
 	require.Equal(t, "step 1 of 3", a.Payload)
 	b.acquire(t, "job/b", "w2", time.Minute)
 	c := b.acquire(t, "job/c", "w3", time.Minute)
-	_, err = b.leases.Release(b.ctx, "job/c", c.Token)
+	_, err = b.leases.Release(b.ctx, lease.Lease{Name: "job/c", Token: c.Token})
 	require.NoError(t, err)
 	b.acquire(t, "job_%", "w4", time.Minute) // LIKE's pattern characters are plain here
 	b.acquire(t, "other", "w5", time.Minute)
@@ -89,7 +89,7 @@ func TestLeasePayloadBelongsToOneAcquisition(t *testing.T) {
 	require.Equal(t, "10.0.0.1:5432", again.Payload)
 
 	// The holder updates it, conditioned on its token.
-	upd, err := b.leases.SetPayload(b.ctx, "primary", first.Token, "10.0.0.1:6432")
+	upd, err := b.leases.SetPayload(b.ctx, lease.Lease{Name: "primary", Token: first.Token}, "10.0.0.1:6432")
 	require.NoError(t, err)
 	require.Equal(t, "10.0.0.1:6432", upd.Payload)
 	require.Equal(t, first.ExpiresAt, upd.ExpiresAt, "the expiry is unchanged")
@@ -103,7 +103,7 @@ func TestLeasePayloadBelongsToOneAcquisition(t *testing.T) {
 	require.NoError(t, err)
 	second := b.acquire(t, "primary", "b", time.Minute)
 	require.Empty(t, second.Payload)
-	_, err = b.leases.SetPayload(b.ctx, "primary", first.Token, "stale")
+	_, err = b.leases.SetPayload(b.ctx, lease.Lease{Name: "primary", Token: first.Token}, "stale")
 	require.ErrorIs(t, err, lease.ErrLost)
 	got, err = b.leases.Get(b.ctx, "primary")
 	require.NoError(t, err)
@@ -113,13 +113,13 @@ func TestLeasePayloadBelongsToOneAcquisition(t *testing.T) {
 	// An expired lease's payload cannot be changed, even by its holder.
 	_, err = b.owner.Exec(b.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() WHERE name = 'primary'`)
 	require.NoError(t, err)
-	_, err = b.leases.SetPayload(b.ctx, "primary", second.Token, "late")
+	_, err = b.leases.SetPayload(b.ctx, lease.Lease{Name: "primary", Token: second.Token}, "late")
 	require.ErrorIs(t, err, lease.ErrLost)
 
 	// Clearing: an empty payload.
 	third, err := b.leases.Acquire(b.ctx, lease.AcquireRequest{Name: "primary", Holder: "c", TTL: time.Minute, Payload: "x"})
 	require.NoError(t, err)
-	cleared, err := b.leases.SetPayload(b.ctx, "primary", third.Token, "")
+	cleared, err := b.leases.SetPayload(b.ctx, lease.Lease{Name: "primary", Token: third.Token}, "")
 	require.NoError(t, err)
 	require.Empty(t, cleared.Payload)
 
@@ -129,7 +129,7 @@ func TestLeasePayloadBelongsToOneAcquisition(t *testing.T) {
 		var ie *quota.InputError
 		require.ErrorAs(t, err, &ie)
 		require.Equal(t, "payload", ie.Field)
-		_, err = b.leases.SetPayload(b.ctx, "primary", third.Token, p)
+		_, err = b.leases.SetPayload(b.ctx, lease.Lease{Name: "primary", Token: third.Token}, p)
 		require.ErrorAs(t, err, &ie)
 		require.Equal(t, "payload", ie.Field)
 	}

@@ -76,7 +76,8 @@ func (c *Client) acquireWithPayload(ctx context.Context, x db.DBTX, req AcquireR
 	}
 }
 
-// SetPayload stores payload with the lease name held with token,
+// SetPayload stores payload with lease l (its Name and Token; the other
+// fields are not read),
 // replacing the one it had (an empty payload clears it), in one statement
 // conditioned on the token and on the lease being held by the database
 // clock, so a deposed holder can never overwrite its successor's payload.
@@ -87,13 +88,13 @@ func (c *Client) acquireWithPayload(ctx context.Context, x db.DBTX, req AcquireR
 // lease is not held with token (expired, released, taken over, or never
 // acquired); quota.ErrSchemaMissing; database errors. Nothing is written on an
 // error.
-func (c *Client) SetPayload(ctx context.Context, name string, token int64, payload string) (Lease, error) {
-	return c.setLeasePayload(ctx, c.core.DB, name, token, payload)
+func (c *Client) SetPayload(ctx context.Context, l Lease, payload string) (Lease, error) {
+	return c.setLeasePayload(ctx, c.core.DB, l.Name, l.Token, payload)
 }
 
 // SetPayloadTx is SetPayload inside the caller's transaction.
-func (c *Client) SetPayloadTx(ctx context.Context, tx pgx.Tx, name string, token int64, payload string) (Lease, error) {
-	return c.setLeasePayload(ctx, tx, name, token, payload)
+func (c *Client) SetPayloadTx(ctx context.Context, tx pgx.Tx, l Lease, payload string) (Lease, error) {
+	return c.setLeasePayload(ctx, tx, l.Name, l.Token, payload)
 }
 
 func (c *Client) setLeasePayload(ctx context.Context, x db.DBTX, name string, token int64, payload string) (Lease, error) {

@@ -50,7 +50,7 @@ func (b *testBundle) depose(t *testing.T, name string) (stale, last int64) {
 	_, err := b.owner.Exec(b.ctx, `UPDATE pgquota.lease SET expires_at = clock_timestamp() WHERE name = $1`, name)
 	require.NoError(t, err)
 	l := b.acquire(t, name, "last", time.Minute)
-	_, err = b.leases.Release(b.ctx, name, l.Token)
+	_, err = b.leases.Release(b.ctx, lease.Lease{Name: name, Token: l.Token})
 	require.NoError(t, err)
 	return a.Token, l.Token
 }
@@ -65,7 +65,7 @@ func newReapScene(t *testing.T) *reapScene {
 	s.staleGuard, _ = s.depose(t, "public.reports")
 	s.acquire(t, "held", "h", time.Minute)
 	recent := s.acquire(t, "recent", "h", time.Minute)
-	_, err = leaseOf(t, s.client).Release(s.ctx, "recent", recent.Token)
+	_, err = leaseOf(t, s.client).Release(s.ctx, lease.Lease{Name: "recent", Token: recent.Token})
 	require.NoError(t, err)
 	// bumped: an external token source wrote above the lease's tokens.
 	_, bumpedLast := s.depose(t, "bumped")
@@ -177,7 +177,7 @@ func TestReapLeasesKeepsFencesByDefault(t *testing.T) {
 	s.staleWritesRejected(t, lease.ErrLost)
 	_, err = fenceOf(t, s.client).WriteRow(s.ctx, fence.WriteRowRequest{Resource: "r-lease", Key: "k", Value: "stale", Token: s.stale})
 	require.ErrorIs(t, err, fence.ErrStaleToken)
-	_, err = leaseOf(t, s.client).Renew(s.ctx, "r-lease", s.last, time.Minute)
+	_, err = leaseOf(t, s.client).Renew(s.ctx, lease.Lease{Name: "r-lease", Token: s.last}, time.Minute)
 	require.ErrorIs(t, err, lease.ErrLost)
 
 	// The next acquisition gets a larger token, and the stale holder stays

@@ -131,7 +131,7 @@ func TestLeaseReleaseNotifiesOnlyWhenAWaiterIsRegistered(t *testing.T) {
 				_, err := b.pool.Exec(b.ctx, `SELECT pgquota.lease_wait_register($1, 'w', $2::interval)`, tc.name, tc.lifetime)
 				require.NoError(t, err)
 			}
-			r, err := b.leases.Release(b.ctx, tc.name, l.Token)
+			r, err := b.leases.Release(b.ctx, lease.Lease{Name: tc.name, Token: l.Token})
 			require.NoError(t, err)
 			require.False(t, r.Held)
 			want := tc.want
@@ -146,7 +146,7 @@ func TestLeaseReleaseNotifiesOnlyWhenAWaiterIsRegistered(t *testing.T) {
 		l := acquire("rr")
 		tx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 		require.NoError(t, err)
-		_, err = b.leases.ReleaseTx(b.ctx, tx, "rr", l.Token)
+		_, err = b.leases.ReleaseTx(b.ctx, tx, lease.Lease{Name: "rr", Token: l.Token})
 		require.NoError(t, err)
 		require.NoError(t, tx.Commit(b.ctx))
 		require.Equal(t, "rr", b.firstNotification(t))
@@ -185,7 +185,7 @@ func TestLeaseReleaseAndWaiterRegistrationNeverLoseAWakeup(t *testing.T) {
 		require.NoError(t, err)
 		released := make(chan error, 1)
 		go func() {
-			_, err := b.leases.Release(b.ctx, "reg-first", l.Token)
+			_, err := b.leases.Release(b.ctx, lease.Lease{Name: "reg-first", Token: l.Token})
 			released <- err
 		}()
 		// The release's snapshot could not see the uncommitted
@@ -205,7 +205,7 @@ func TestLeaseReleaseAndWaiterRegistrationNeverLoseAWakeup(t *testing.T) {
 		tx, err := b.pool.Begin(b.ctx)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(b.ctx) }()
-		_, err = b.leases.ReleaseTx(b.ctx, tx, "rel-first", l.Token)
+		_, err = b.leases.ReleaseTx(b.ctx, tx, lease.Lease{Name: "rel-first", Token: l.Token})
 		require.NoError(t, err)
 		registered := make(chan error, 1)
 		go func() {
@@ -263,7 +263,7 @@ func TestAcquireWaitWokenByReleaseRacingItsRegistration(t *testing.T) {
 			defer wg.Done()
 			// Release before, during or after the waiter's registration.
 			time.Sleep(time.Duration(rand.IntN(200)) * time.Millisecond)
-			if _, err := b.leases.Release(b.ctx, name, l.Token); err != nil {
+			if _, err := b.leases.Release(b.ctx, lease.Lease{Name: name, Token: l.Token}); err != nil {
 				errs <- err
 			}
 		}()

@@ -54,7 +54,7 @@ func TestLeaseRenewAfterLockWait(t *testing.T) {
 			var err error
 			go func() {
 				defer close(done)
-				r, err = b.leases.Renew(b.ctx, "job", l.Token, time.Second)
+				r, err = b.leases.Renew(b.ctx, lease.Lease{Name: "job", Token: l.Token}, time.Second)
 			}()
 			b.waitForLockWait(t)
 			time.Sleep(wait)
@@ -80,7 +80,7 @@ func TestLeaseRenewAfterLockWait(t *testing.T) {
 			done = make(chan struct{})
 			go func() {
 				defer close(done)
-				r, err = b.leases.Renew(b.ctx, "job2", l2.Token, time.Minute)
+				r, err = b.leases.Renew(b.ctx, lease.Lease{Name: "job2", Token: l2.Token}, time.Minute)
 			}()
 			b.waitForLockWait(t)
 			time.Sleep(wait)

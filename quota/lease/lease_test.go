@@ -38,7 +38,7 @@ func TestLeaseAcquireRenewRelease(t *testing.T) {
 	require.Positive(t, held.Remaining)
 
 	// Renewal keeps the token and moves the expiry.
-	r, err := b.leases.Renew(b.ctx, "job", l1.Token, 2*time.Minute)
+	r, err := b.leases.Renew(b.ctx, lease.Lease{Name: "job", Token: l1.Token}, 2*time.Minute)
 	require.NoError(t, err)
 	require.Equal(t, l1.Token, r.Token)
 	require.True(t, r.ExpiresAt.After(l1.ExpiresAt))
@@ -50,22 +50,22 @@ func TestLeaseAcquireRenewRelease(t *testing.T) {
 	require.True(t, got.Held)
 
 	// Release, twice (safe to retry); then the lease is free.
-	_, err = b.leases.Release(b.ctx, "job", l1.Token)
+	_, err = b.leases.Release(b.ctx, lease.Lease{Name: "job", Token: l1.Token})
 	require.NoError(t, err)
-	rel, err := b.leases.Release(b.ctx, "job", l1.Token)
+	rel, err := b.leases.Release(b.ctx, lease.Lease{Name: "job", Token: l1.Token})
 	require.NoError(t, err)
 	require.False(t, rel.Held)
-	_, err = b.leases.Renew(b.ctx, "job", l1.Token, time.Minute)
+	_, err = b.leases.Renew(b.ctx, lease.Lease{Name: "job", Token: l1.Token}, time.Minute)
 	require.ErrorIs(t, err, lease.ErrLost, "a released lease cannot be renewed")
 
 	l2 := b.acquire(t, "job", "worker-2", time.Minute)
 	require.Greater(t, l2.Token, l1.Token)
 
 	// The deposed holder can neither release nor renew its successor's lease.
-	_, err = b.leases.Release(b.ctx, "job", l1.Token)
+	_, err = b.leases.Release(b.ctx, lease.Lease{Name: "job", Token: l1.Token})
 	require.ErrorIs(t, err, lease.ErrLost)
 	require.ErrorContains(t, err, "worker-2")
-	_, err = b.leases.Renew(b.ctx, "job", l1.Token, time.Minute)
+	_, err = b.leases.Renew(b.ctx, lease.Lease{Name: "job", Token: l1.Token}, time.Minute)
 	require.ErrorIs(t, err, lease.ErrLost)
 	got, err = b.leases.Get(b.ctx, "job")
 	require.NoError(t, err)
@@ -74,7 +74,7 @@ func TestLeaseAcquireRenewRelease(t *testing.T) {
 
 	_, err = b.leases.Get(b.ctx, "nope")
 	require.ErrorIs(t, err, lease.ErrNotFound)
-	_, err = b.leases.Release(b.ctx, "nope", 1)
+	_, err = b.leases.Release(b.ctx, lease.Lease{Name: "nope", Token: 1})
 	require.ErrorIs(t, err, lease.ErrLost)
 }
 
@@ -103,9 +103,9 @@ func TestLeaseInputValidation(t *testing.T) {
 			require.Equal(t, tc.field, ie.Field)
 		})
 	}
-	_, err := b.leases.Renew(b.ctx, "n", 0, time.Second)
+	_, err := b.leases.Renew(b.ctx, lease.Lease{Name: "n", Token: 0}, time.Second)
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
-	_, err = b.leases.Renew(b.ctx, "n", 1, 0)
+	_, err = b.leases.Renew(b.ctx, lease.Lease{Name: "n", Token: 1}, 0)
 	require.ErrorIs(t, err, quota.ErrInvalidInput)
 	require.Zero(t, b.countRows(t, "lease"))
 }
@@ -128,7 +128,7 @@ func TestLeaseAttemptIdentity(t *testing.T) {
 	_, err = b.leases.Acquire(b.ctx, lease.AcquireRequest{Name: "res", Holder: "pod-a", TTL: time.Minute})
 	require.ErrorIs(t, err, lease.ErrHeld)
 
-	_, err = b.leases.Release(b.ctx, "res", first.Token)
+	_, err = b.leases.Release(b.ctx, lease.Lease{Name: "res", Token: first.Token})
 	require.NoError(t, err)
 	next, err := b.leases.Acquire(b.ctx, lease.AcquireRequest{Name: "res", Holder: "pod-a", TTL: time.Minute})
 	require.NoError(t, err)
@@ -172,7 +172,7 @@ func TestLeaseTokensStrictlyIncrease(t *testing.T) {
 		l := b.acquire(t, "cycle", "h", time.Minute)
 		require.Greater(t, l.Token, last, "cycle %d", i)
 		last = l.Token
-		_, err := b.leases.Release(b.ctx, "cycle", l.Token)
+		_, err := b.leases.Release(b.ctx, lease.Lease{Name: "cycle", Token: l.Token})
 		require.NoError(t, err)
 	}
 	// A deleted lease row does not reset the token.
@@ -196,10 +196,10 @@ func TestLeaseExpiryByDatabaseClockInLongTransaction(t *testing.T) {
 	defer func() { _ = tx.Rollback(b.ctx) }()
 	l, err := b.leases.AcquireTx(b.ctx, tx, lease.AcquireRequest{Name: "long", Holder: "h", TTL: 300 * time.Millisecond})
 	require.NoError(t, err)
-	_, err = b.leases.RenewTx(b.ctx, tx, "long", l.Token, 300*time.Millisecond)
+	_, err = b.leases.RenewTx(b.ctx, tx, lease.Lease{Name: "long", Token: l.Token}, 300*time.Millisecond)
 	require.NoError(t, err)
 	time.Sleep(400 * time.Millisecond)
-	_, err = b.leases.RenewTx(b.ctx, tx, "long", l.Token, 300*time.Millisecond)
+	_, err = b.leases.RenewTx(b.ctx, tx, lease.Lease{Name: "long", Token: l.Token}, 300*time.Millisecond)
 	require.ErrorIs(t, err, lease.ErrLost, "now() would still say the lease is fresh")
 	// Inside the same transaction a new acquirer takes it.
 	l2, err := b.leases.AcquireTx(b.ctx, tx, lease.AcquireRequest{Name: "long", Holder: "h2", TTL: time.Minute})
@@ -233,7 +233,7 @@ func TestLeaseAcquireWait(t *testing.T) {
 			errc <- err
 		}()
 		time.Sleep(300 * time.Millisecond)
-		_, err := b.leases.Release(b.ctx, "w1", l.Token)
+		_, err := b.leases.Release(b.ctx, lease.Lease{Name: "w1", Token: l.Token})
 		require.NoError(t, err)
 		require.NoError(t, <-errc)
 		w := <-got
@@ -284,10 +284,10 @@ func TestLeaseNoSessionState(t *testing.T) {
 	require.Zero(t, advisory())
 	_, err = fenceOf(t, c).WriteRow(ctx, fence.WriteRowRequest{Resource: "r", Key: "k", Value: "v", Token: l.Token, Lease: "r"})
 	require.NoError(t, err)
-	_, err = leaseOf(t, c).Renew(ctx, "r", l.Token, time.Minute)
+	_, err = leaseOf(t, c).Renew(ctx, lease.Lease{Name: "r", Token: l.Token}, time.Minute)
 	require.NoError(t, err)
 	require.Zero(t, advisory())
-	_, err = leaseOf(t, c).Release(ctx, "r", l.Token)
+	_, err = leaseOf(t, c).Release(ctx, lease.Lease{Name: "r", Token: l.Token})
 	require.NoError(t, err)
 	l2, err := leaseOf(t, c).AcquireWait(ctx, lease.AcquireRequest{Name: "r", Holder: "h", TTL: time.Minute}, &lease.WaitOptions{NoListen: true})
 	require.NoError(t, err)

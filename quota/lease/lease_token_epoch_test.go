@@ -38,7 +38,7 @@ func TestLeaseTokenCarriesTheTimelineEpoch(t *testing.T) {
 		var ceiling int64
 		require.NoError(t, b.pool.QueryRow(b.ctx, `SELECT pgquota.lease_token_ceiling()`).Scan(&ceiling))
 		require.Equal(t, l.Token, ceiling, "no other token was issued since")
-		_, err = b.leases.Release(b.ctx, "r", l.Token)
+		_, err = b.leases.Release(b.ctx, lease.Lease{Name: "r", Token: l.Token})
 		require.NoError(t, err)
 	}
 }
@@ -140,7 +140,7 @@ func TestLeaseTokensMigrateForward(t *testing.T) {
 
 	_, err = p.Up(ctx)
 	require.NoError(t, err)
-	_, err = leaseOf(t, client).Renew(ctx, "held", oldToken, time.Hour)
+	_, err = leaseOf(t, client).Renew(ctx, lease.Lease{Name: "held", Token: oldToken}, time.Hour)
 	require.NoError(t, err, "a lease held before the migration renews with its token")
 	_, err = fenceOf(t, client).WriteRow(ctx, fence.WriteRowRequest{Resource: "held", Key: "k", Token: oldToken, Lease: "held"})
 	require.NoError(t, err, "and writes with it")

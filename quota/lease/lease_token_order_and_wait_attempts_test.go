@@ -64,7 +64,7 @@ func TestBreakLeaseTokenGoesBackAfterRowDeletion(t *testing.T) {
 	go func() {
 		l, err := b.leases.Acquire(b.ctx, lease.AcquireRequest{Name: "r", Holder: "fast", TTL: time.Minute})
 		if err == nil {
-			if _, err = b.leases.Release(b.ctx, "r", l.Token); err == nil {
+			if _, err = b.leases.Release(b.ctx, lease.Lease{Name: "r", Token: l.Token}); err == nil {
 				_, err = b.owner.Exec(b.ctx, `DELETE FROM pgquota.lease WHERE expires_at <= clock_timestamp()`)
 			}
 		}
@@ -115,7 +115,7 @@ func TestBreakAcquireWaitListenerStarvesAttempts(t *testing.T) {
 	l, err := b.leases.AcquireWait(ctx, lease.AcquireRequest{Name: "free", Holder: "h", TTL: time.Minute},
 		&lease.WaitOptions{NoListen: true})
 	require.NoError(t, err, "NoListen")
-	_, err = b.leases.Release(b.ctx, "free", l.Token)
+	_, err = b.leases.Release(b.ctx, lease.Lease{Name: "free", Token: l.Token})
 	require.NoError(t, err)
 
 	start := time.Now()

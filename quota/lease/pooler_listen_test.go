@@ -59,7 +59,7 @@ func TestPoolerTransactionLeavesNoListen(t *testing.T) {
 			done <- err
 		}()
 		time.Sleep(300 * time.Millisecond)
-		_, err = leaseOf(t, c).Release(ctx, "r", l.Token)
+		_, err = leaseOf(t, c).Release(ctx, lease.Lease{Name: "r", Token: l.Token})
 		require.NoError(t, err)
 		require.NoError(t, <-done)
 		w, err := leaseOf(t, c).Get(ctx, "r")

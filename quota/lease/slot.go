@@ -288,7 +288,7 @@ func (c *Client) AcquireSlotWait(ctx context.Context, req SlotRequest, opts *Wai
 // Errors: those of Renew (ErrLost when the slot expired, was
 // released or was taken over; quota.ErrOutcomeUnknown: repeat it).
 func (c *Client) RenewSlot(ctx context.Context, s Slot, ttl time.Duration) (Slot, error) {
-	l, err := c.Renew(ctx, s.Name, s.Token, ttl)
+	l, err := c.Renew(ctx, s.Lease, ttl)
 	if err != nil {
 		return Slot{}, err
 	}
@@ -301,7 +301,7 @@ func (c *Client) RenewSlot(ctx context.Context, s Slot, ttl time.Duration) (Slot
 // Errors: those of Release (ErrLost when the slot was taken over
 // since; quota.ErrOutcomeUnknown: repeat it).
 func (c *Client) ReleaseSlot(ctx context.Context, s Slot) (Slot, error) {
-	l, err := c.Release(ctx, s.Name, s.Token)
+	l, err := c.Release(ctx, s.Lease)
 	if err != nil {
 		return Slot{}, err
 	}

@@ -43,7 +43,7 @@ func TestTwoLeaseClientsOnOneQuotaClientBothWokenByRelease(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return b.countRows(t, "lease_waiter") == 2 }, 5*time.Second, 10*time.Millisecond, "both waiters registered")
 	released := time.Now()
-	_, err = b.leases.Release(b.ctx, "job", held.Token)
+	_, err = b.leases.Release(b.ctx, lease.Lease{Name: "job", Token: held.Token})
 	require.NoError(t, err)
 
 	var first got
@@ -56,7 +56,7 @@ func TestTwoLeaseClientsOnOneQuotaClientBothWokenByRelease(t *testing.T) {
 	t.Logf("%s acquired %s after the release", first.c, first.at.Sub(released).Round(time.Millisecond))
 
 	released = time.Now()
-	_, err = map[string]*lease.Client{"l1": l1, "l2": l2}[first.c].Release(b.ctx, "job", first.l.Token)
+	_, err = map[string]*lease.Client{"l1": l1, "l2": l2}[first.c].Release(b.ctx, lease.Lease{Name: "job", Token: first.l.Token})
 	require.NoError(t, err)
 	var second got
 	select {
