@@ -16,7 +16,7 @@ import (
 // it is written down: CHANGELOG.md has a section for it, and the README's
 // go install line names it (TestVersionIsPinnedInChangelogAndReadme). A
 // release bumps it, adds the CHANGELOG section and tags the commit with it.
-const Version = "v0.1.0"
+const Version = "v0.2.0"
 
 // develSuffix marks a build that is not the tagged release itself: one
 // from a clone (go build, go run, go test) or from a commit between tags.
