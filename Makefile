@@ -63,8 +63,8 @@ failover-demo: ## The failover sequence from the shell (.ci/failover-demo): prim
 	.ci/failover-demo
 
 .PHONY: clean-testdb
-clean-testdb: ## Drop what tests leave on PGQUOTA_TEST_DATABASE_URL's server: the testdb_tpl_* databases (templates, failed tests' databases) and the roles pgtdbuser and pgquota_test_app; not while tests run there
-	psql '$(PGQUOTA_TEST_DATABASE_URL)' -Atc "SELECT format('ALTER DATABASE %I IS_TEMPLATE false; DROP DATABASE %I;', datname, datname) FROM pg_database WHERE datname LIKE 'testdb\_tpl\_%'" | \
+clean-testdb: ## Drop what tests leave on PGQUOTA_TEST_DATABASE_URL's server: the testdb_tpl_* and pgquotatest_tpl_* databases (templates, failed tests' databases) and the roles pgtdbuser and pgquota_test_app; not while tests run there
+	psql '$(PGQUOTA_TEST_DATABASE_URL)' -Atc "SELECT format('ALTER DATABASE %I IS_TEMPLATE false; DROP DATABASE %I;', datname, datname) FROM pg_database WHERE datname LIKE 'testdb\_tpl\_%' OR datname LIKE 'pgquotatest\_tpl\_%'" | \
 		psql '$(PGQUOTA_TEST_DATABASE_URL)' -v ON_ERROR_STOP=1 -q
 	psql '$(PGQUOTA_TEST_DATABASE_URL)' -v ON_ERROR_STOP=1 -qc 'DROP ROLE IF EXISTS pgquota_test_app' -c 'DROP ROLE IF EXISTS pgtdbuser'
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
@@ -109,19 +110,30 @@ const maxKeyedRuns = 10
 // grant twice (read the counters with Usage instead).
 func (c *Client) GrantBatch(ctx context.Context, reqs []GrantRequest) (outs []BatchOutcome, err error) {
 	defer c.batchDone(ctx, core.OpGrantBatch, c.m.Now(), reqs, &outs, &err)
-	return c.grantBatchOwn(ctx, reqs)
+	return c.grantBatchOwn(ctx, reqs, 0)
 }
 
 // grantBatchOwn is GrantBatch: without keys, one statement on the pool
-// (retried by grantBatchRound); with keys, one transaction, run again from
-// the start after a serialization failure or deadlock.
-func (c *Client) grantBatchOwn(ctx context.Context, reqs []GrantRequest) ([]BatchOutcome, error) {
+// (its own implicit transaction), else one transaction. With lockWait set
+// (group commit), every statement of the batch waits at most lockWait for
+// a lock another transaction holds: the batch then fails as a whole with
+// SQLSTATE 55P03 (core.IsLockWaitBounded) and wrote nothing.
+func (c *Client) grantBatchOwn(ctx context.Context, reqs []GrantRequest, lockWait time.Duration) ([]BatchOutcome, error) {
+	own := ownTx{DBTX: c.db.Pool, lockWait: lockWait}
+	if lockWait > 0 {
+		p := c.db.Pool
+		p.LockWait = lockWait
+		own.DBTX = p
+	}
 	if !anyKeyed(reqs) {
-		return c.grantBatch(ctx, ownTx{c.db.Pool}, reqs)
+		return c.grantBatch(ctx, own, reqs)
 	}
 	for run := 1; ; run++ {
 		outs, err := core.Retry(ctx, c.policy, func() ([]BatchOutcome, error) {
 			return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) ([]BatchOutcome, error) {
+				if err := boundLockWait(ctx, tx, lockWait); err != nil {
+					return nil, err
+				}
 				return c.grantBatch(ctx, tx, reqs)
 			})
 		})
@@ -129,6 +141,18 @@ func (c *Client) grantBatchOwn(ctx context.Context, reqs []GrantRequest) ([]Batc
 			return outs, batchError(err)
 		}
 	}
+}
+
+// boundLockWait sets lock_timeout to lockWait for the rest of tx, when
+// lockWait is set.
+func boundLockWait(ctx context.Context, tx pgx.Tx, lockWait time.Duration) error {
+	if lockWait <= 0 {
+		return nil
+	}
+	if _, err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true)", core.LockTimeoutSetting(lockWait)); err != nil {
+		return core.DBError("grant batch", err)
+	}
+	return nil
 }
 
 // batchError is the error of a batch's own transaction: the errors of
@@ -209,11 +233,14 @@ func (c *Client) grantBatch(ctx context.Context, x db.DBTX, reqs []GrantRequest)
 			todo = append(todo, i)
 		}
 	}
-	if _, own := x.(ownTx); own && len(todo) > 0 && len(lb.todo) > 0 {
+	if own, isOwn := x.(ownTx); isOwn && len(todo) > 0 && len(lb.todo) > 0 {
 		// Two statements: one transaction, so that the batch commits (or
 		// fails) as a whole, run again after a serialization failure.
 		_, err := core.Retry(ctx, c.policy, func() (struct{}, error) {
 			return dbutil.WithTxResult(ctx, c.pool, func(tx pgx.Tx) (struct{}, error) {
+				if err := boundLockWait(ctx, tx, own.lockWait); err != nil {
+					return struct{}{}, err
+				}
 				if err := c.grantLimitsBatch(ctx, tx, reqs, lb, out); err != nil {
 					return struct{}{}, err
 				}
@@ -396,4 +423,9 @@ func batchResult(req GrantRequest, r db.UsageGrantBatchRow, limit *int64, grante
 // ownTx marks an executor whose statements each run in their own implicit
 // transaction (the pool): pgquota owns those transactions and may run a
 // statement again after a serialization failure or deadlock.
-type ownTx struct{ db.DBTX }
+type ownTx struct {
+	db.DBTX
+	// lockWait, when set, is the lock_timeout of the transactions a batch
+	// opens itself (group commit); DBTX then bounds its statements too.
+	lockWait time.Duration
+}

@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,38 +27,43 @@ type Config struct {
 	// DefaultRetryMaxElapsed (30s).
 	RetryMaxElapsed time.Duration
 
-	// Coalesce makes Grant combine concurrent calls of this client for the
-	// same counter (quota and member) and the same limit (given, or none)
-	// into one statement: while one statement for a counter is in flight,
-	// the calls that arrive wait, and the next statement decides all of
-	// them. Each call still gets its own outcome, exactly the one it would
-	// have got had the calls run one after another in arrival order, and the
-	// limit holds as for single grants; a hot counter then takes one
-	// statement and one commit per batch instead of per call (see
-	// coalesce.go). A call's context still bounds its wait: see
-	// ErrGrantAbandoned. GrantTx is never coalesced. Quotas of every kind
-	// are coalesced (a rate, fixed or rolling quota's calls share one
-	// pgquota.grant_limits_batch statement, each decided at its own instant
-	// as if alone); a grant against several quotas (GrantRequest.Quotas)
-	// runs alone. Defaults to false.
+	// Grouping says which concurrent Grant calls of this client share a
+	// statement and a commit. The default, GroupAcrossCounters, is group
+	// commit: while a statement is in flight, the calls that arrive for any
+	// counters (members or quotas) wait, and the next statement decides
+	// all of them, set-based, locking the counters in key order. Each call
+	// still gets exactly the outcome it would have got alone (calls of one
+	// counter decided in arrival order, Used included), its own error
+	// (ErrQuotaNotFound, ErrNoLimit) never fails the others, and keyed
+	// calls are grouped too (apart from unkeyed ones). No call waits on a
+	// timer: one that finds the client idle runs at once on Grant's own
+	// statement, exactly as without grouping. A group waits at most 100 ms
+	// for a row another transaction holds (an application transaction
+	// that called GrantTx and has not committed): past it the group splits
+	// by counter, so that the held counter's calls wait for it alone and the
+	// others go on (groupcommit.go). A call's context still bounds its
+	// wait: see ErrGrantAbandoned. GroupByCounter groups only calls of one
+	// counter and limit (coalesce.go); GroupNone gives every call its own
+	// statement and commit. GrantTx and GrantBatch are never grouped;
+	// a grant against several quotas (GrantRequest.Quotas) runs alone.
+	// Quotas of every kind are grouped (a rate, fixed or rolling quota's
+	// calls share one pgquota.grant_limits_batch statement, each decided
+	// at its own instant as if alone); a group holding both calendar and
+	// rate, fixed or rolling calls takes two statements in one transaction
+	// (one commit).
+	Grouping Grouping
+
+	// Coalesce, when Grouping is left at its default, selects
+	// GroupByCounter.
+	//
+	// Deprecated: set Grouping to GroupByCounter. Grant calls of a
+	// client are grouped across counters by default since v0.3.0.
 	Coalesce bool
 
-	// GroupCommit makes Grant combine concurrent calls of this client for
-	// any counters (members or quotas) into one statement and one commit:
-	// while a statement is in flight, the calls that arrive wait, and the
-	// next statement decides all of them, set-based, locking the counters
-	// in key order. Each call still gets exactly the outcome it would have
-	// got alone (calls of one counter decided in arrival order), its own
-	// error (ErrQuotaNotFound, ErrNoLimit) never fails the others, and keyed
-	// calls are grouped too (apart from unkeyed ones). No call waits on a
-	// timer: one that finds the client idle runs at once, as without group
-	// commit. A call's context still bounds its wait: see
-	// ErrGrantAbandoned. It includes what Coalesce does; with both set,
-	// GroupCommit decides. GrantTx and GrantBatch are never grouped (see
-	// groupcommit.go). Quotas of every kind are grouped; a group holding
-	// both calendar and rate, fixed or rolling calls takes two statements
-	// in one transaction (one commit). A grant against several quotas
-	// (GrantRequest.Quotas) runs alone. Defaults to false.
+	// GroupCommit selects GroupAcrossCounters, which is the default.
+	//
+	// Deprecated: group commit is the default since v0.3.0; leave it
+	// unset.
 	GroupCommit bool
 
 	// OnAbandonedGrant, when not nil, is called with the outcome of each
@@ -97,6 +103,34 @@ type Config struct {
 	MetricsQuotaName bool
 }
 
+// Grouping is Config.Grouping: which concurrent Grant calls of a Client
+// share a statement and a commit.
+type Grouping int
+
+const (
+	// GroupAcrossCounters groups concurrent calls of any counters: group
+	// commit (DeWitt et al., SIGMOD 1984), the default.
+	GroupAcrossCounters Grouping = iota
+	// GroupByCounter groups concurrent calls of one counter and limit only
+	// (coalescing).
+	GroupByCounter
+	// GroupNone runs every call on its own statement and commit.
+	GroupNone
+)
+
+// String returns the constant's name.
+func (g Grouping) String() string {
+	switch g {
+	case GroupAcrossCounters:
+		return "GroupAcrossCounters"
+	case GroupByCounter:
+		return "GroupByCounter"
+	case GroupNone:
+		return "GroupNone"
+	}
+	return "Grouping(" + strconv.Itoa(int(g)) + ")"
+}
+
 // Client runs pgquota's operations on a connection pool. It is safe for
 // concurrent use by many goroutines.
 //
@@ -123,10 +157,11 @@ type Client struct {
 	// m holds the instruments; nil without Config.MeterProvider (metrics.go).
 	m *core.Metrics
 
-	// coalescer queues Grant calls when Config.Coalesce is set (coalesce.go).
+	// coalescer queues Grant calls with Config.Grouping GroupByCounter
+	// (coalesce.go).
 	coalescer *coalescer
-	// grouper queues Grant calls of any counter when Config.GroupCommit is
-	// set (groupcommit.go).
+	// grouper queues Grant calls of any counter with Config.Grouping
+	// GroupAcrossCounters, the default (groupcommit.go).
 	grouper *grouper
 
 	// kinds caches each quota's kind, to pick its grant statement (shape.go).
@@ -153,7 +188,8 @@ type Client struct {
 // advisory locks, no prepared statements); Migrate excepted, which takes a session-level
 // advisory lock: migrate on a direct connection.
 //
-// Errors: *InputError (ErrInvalidInput) naming the Config field, or pgx's
+// Errors: *InputError (ErrInvalidInput) naming the Config field (an unknown
+// Config.Grouping, a bad Config.Pooler), or pgx's
 // DefaultQueryExecMode when cfg.Pooler is PoolerTransaction and the pool's
 // mode is unsafe behind such a pooler (PoolerMode.CheckExecMode).
 func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
@@ -178,11 +214,17 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Client, error) {
 		return nil, err
 	}
 	c.db, c.queries, c.policy, c.m = k.DB, k.Queries, k.Policy, k.M
-	if c.cfg.Coalesce {
-		c.coalescer = newCoalescer(c)
+	if c.cfg.Grouping == GroupAcrossCounters && c.cfg.Coalesce && !c.cfg.GroupCommit {
+		c.cfg.Grouping = GroupByCounter
 	}
-	if c.cfg.GroupCommit {
+	switch c.cfg.Grouping {
+	case GroupAcrossCounters:
 		c.grouper = newGrouper(c)
+	case GroupByCounter:
+		c.coalescer = newCoalescer(c)
+	case GroupNone:
+	default:
+		return nil, core.Invalid("Config.Grouping", "is %d: use GroupAcrossCounters, GroupByCounter or GroupNone", int(c.cfg.Grouping))
 	}
 	return c, nil
 }

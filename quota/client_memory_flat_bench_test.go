@@ -57,9 +57,9 @@ func BenchmarkClientMemoryFlat(b *testing.B) {
 		name string
 		cfg  quota.Config
 	}{
-		{"group", quota.Config{GroupCommit: true}},
-		{"coalesce", quota.Config{Coalesce: true}},
-		{"single", quota.Config{}},
+		{"group", quota.Config{Grouping: quota.GroupAcrossCounters}},
+		{"coalesce", quota.Config{Grouping: quota.GroupByCounter}},
+		{"single", quota.Config{Grouping: quota.GroupNone}},
 	} {
 		b.Run(m.name, func(b *testing.B) {
 			pool := pgtest.Connect(b, url, 16)

@@ -205,7 +205,7 @@ func (co *coalescer) send(batch []*waiter) {
 	}
 	co.c.m.StatementSizeOf(batch[0].ctx, core.PathCoalesce, len(batch))
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(batch[0].ctx), coalesceStatementTimeout)
-	outcomes, err := co.c.grantBatchOwn(ctx, reqs)
+	outcomes, err := co.c.grantBatchOwn(ctx, reqs, 0)
 	cancel()
 	if err != nil {
 		// The callers called Grant: their error says so, once prefixed,

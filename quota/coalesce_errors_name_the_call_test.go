@@ -30,7 +30,7 @@ func TestCoalescedGrantErrorsNameTheCallWhenPoolerDies(t *testing.T) {
 	pooled, err := b.URL(pgtest.SuiteURL(t, dbURL))
 	require.NoError(t, err)
 	pool := pgtest.Connect(t, pooled+"&default_query_exec_mode=exec", 8)
-	client, err := quota.New(pool, &quota.Config{Coalesce: true, Pooler: quota.PoolerTransaction, RetryMaxElapsed: time.Second})
+	client, err := quota.New(pool, &quota.Config{Grouping: quota.GroupByCounter, Pooler: quota.PoolerTransaction, RetryMaxElapsed: time.Second})
 	require.NoError(t, err)
 	// Defined directly (not through the pooler, which is stopped below)
 	// by the operator's role.

@@ -19,7 +19,7 @@ import (
 // coalescing returns a client with Config.Coalesce on b's pool.
 func (b *testBundle) coalescing(t *testing.T, cfg quota.Config) *quota.Client {
 	t.Helper()
-	cfg.Coalesce = true
+	cfg.Grouping = quota.GroupByCounter
 	c, err := quota.New(b.pool, &cfg)
 	require.NoError(t, err)
 	return c

@@ -43,9 +43,9 @@
 // # Hot rows: coalescing, sharding, batches
 //
 // A single counter row serializes its writers on the row lock, which each
-// holds until its commit is flushed. Config.Coalesce combines concurrent
-// Grant calls for the same counter into one statement (group commit for one
-// row); voucher.Client.CreateShardedCampaign splits a voucher pool's total across several rows;
+// holds until its commit is flushed. A Client combines concurrent Grant
+// calls, of one counter or of many, into one statement and one commit
+// (group commit, the default: Config.Grouping); voucher.Client.CreateShardedCampaign splits a voucher pool's total across several rows;
 // GrantBatch grants many requests in one statement and one commit. All
 // three keep the total exact, and coalesced and batched grants decide the
 // requests on one counter exactly as running them one after another would:
@@ -87,8 +87,14 @@
 // a member of pgquota_app (migrations.AppRole; `pgquota migrate grant-app
 // --role ROLE`).
 //
-// Errors are sentinels (errors.Is) or typed errors (errors.As) listed in
-// errors.go; database failures keep their *pgconn.PgError and SQLSTATE.
+// Errors are sentinels (errors.Is): ErrInvalidInput, ErrQuotaNotFound,
+// ErrQuotaKindChange, ErrNoLimit, ErrSchemaMissing, ErrSchemaNewer,
+// ErrSchemaGap, ErrPermissionDenied, ErrIdempotencyKeyReused,
+// ErrGrantNotFound, ErrGrantAbandoned and ErrOutcomeUnknown; or typed
+// errors (errors.As): *InputError (which field, why) and
+// *SchemaVersionError. `go doc quota ErrNoLimit` and the like say which
+// calls return each. Database failures keep their *pgconn.PgError and
+// SQLSTATE.
 // Every error of a state-changing call is one of two kinds: nothing was
 // written, or errors.Is(err, ErrOutcomeUnknown): the request was sent and
 // no reply said how it ended, so it may have been applied (repeat with the

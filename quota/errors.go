@@ -199,9 +199,10 @@ func (e *SchemaVersionError) Unwrap() []error {
 
 // Sentinel errors of coalesced and batched grants (coalesce.go, batch.go).
 var (
-	// ErrGrantAbandoned is returned by Grant with Config.Coalesce or
-	// Config.GroupCommit when the caller's context ended after its call had
-	// been sent to the database in a shared statement (the error also wraps
+	// ErrGrantAbandoned is returned by Grant (grouped: Config.Grouping,
+	// GroupAcrossCounters by default, or GroupByCounter) when the caller's
+	// context ended after its call had been sent to the database in a
+	// shared statement (the error also wraps
 	// ErrOutcomeUnknown, since the caller cannot tell the outcome, and the
 	// context's error).
 	// The database decides the call anyway: its units are granted or not,

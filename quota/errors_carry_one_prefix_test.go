@@ -40,7 +40,7 @@ func TestErrorsCarryOnePrefix(t *testing.T) {
 
 	b := setup(t, 0)
 	c := b.client
-	coal, err := quota.New(b.pool, testConfig(t, &quota.Config{Coalesce: true}))
+	coal, err := quota.New(b.pool, testConfig(t, &quota.Config{Grouping: quota.GroupByCounter}))
 	require.NoError(t, err)
 	b.define(t, quota.Definition{Name: "q", Window: quota.WindowDay, DefaultLimit: ptr(int64(5))})
 	b.define(t, quota.Definition{Name: "nolimit", Window: quota.WindowDay})

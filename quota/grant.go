@@ -77,8 +77,8 @@ type GrantResult struct {
 	// WindowEnd. ResetAfter is how long until every quota is back at its
 	// full limit (a calendar window: WindowEnd; Never for WindowNone). Both
 	// are from the database clock, rounded up to the microsecond, for
-	// grants of every kind, alone or in a batch (GrantBatch, Coalesce,
-	// GroupCommit), as pgquota.grant and pgquota.grant_limits compute them
+	// grants of every kind, alone or in a batch (GrantBatch, grouped
+	// calls), as pgquota.grant and pgquota.grant_limits compute them
 	// (docs/sql.md). DecidedAt is the database clock's instant
 	// of the decision. A replayed keyed grant (Keyed.Replayed) carries the
 	// first call's DecidedAt, RetryAfter and ResetAfter (as of DecidedAt,
@@ -128,20 +128,18 @@ type GrantResult struct {
 // PostgreSQL's SQLSTATE 57014, query_canceled, when the cancel arrived in
 // time: nothing was written.)
 //
-// With Config.Coalesce, concurrent calls for the same counter and limit
-// share one statement (see Config.Coalesce and coalesce.go), or with
-// idempotency keys one transaction in which each keyed call still gets its
-// own ledger entry and grant id; the outcome of each call is the same as
-// without, and the errors are those of GrantBatch for one request, plus
-// the context's error when ctx ends before the call was sent (nothing
-// granted), or ErrGrantAbandoned when it ends after (a keyed call's
-// outcome is then in the ledger: repeat the call with its key).
-//
-// With Config.GroupCommit, concurrent calls for any counters share one
-// statement and one commit (see Config.GroupCommit and groupcommit.go),
-// with the same outcomes and errors as with Config.Coalesce; a call that
-// finds no statement of the client in flight runs alone, exactly as
-// without. ErrGrantAbandoned then also wraps ErrOutcomeUnknown.
+// Concurrent calls of one Client share a statement and a commit (group
+// commit: Config.Grouping, GroupAcrossCounters by default; groupcommit.go),
+// or with idempotency keys one transaction in which each keyed call still
+// gets its own ledger entry and grant id. A call that finds no statement
+// of the client in flight runs alone, on its own statement. The outcome
+// of each call is the same as without grouping, and the errors are those
+// of GrantBatch for one request, plus the context's error when ctx ends
+// before the call was sent (nothing granted), or ErrGrantAbandoned
+// (wrapping ErrOutcomeUnknown) when it ends after (a keyed call's outcome
+// is then in the ledger: repeat the call with its key). A group waits at
+// most 100 ms for a counter another transaction holds locked, then splits
+// by counter: only the held counter's calls wait for it.
 //
 // Errors: *InputError (ErrInvalidInput) for a bad quota name, member,
 // amount, limit or idempotency key; ErrQuotaNotFound; ErrNoLimit when no
@@ -158,7 +156,9 @@ func (c *Client) Grant(ctx context.Context, req GrantRequest) (res GrantResult, 
 	// their kind is read first (shapedRoute). The plain path needs no
 	// kind: pgquota.grant serves every kind, pgquota.grant_keyed reports
 	// it (grantKeyed).
-	limits := (len(req.Quotas) > 0 || c.grouper != nil || c.coalescer != nil) && c.shapedRoute(ctx, c.db.Reads(), req)
+	// The group commit reads the kind only for a call it queues (a lone
+	// call takes the plain path): grouper.grant checks it then.
+	limits := (len(req.Quotas) > 0 || c.coalescer != nil) && c.shapedRoute(ctx, c.db.Reads(), req)
 	if _, err := checkGrantRequest(req, limits); err != nil {
 		return GrantResult{}, err
 	}

@@ -13,12 +13,12 @@ import (
 	"github.com/pgquota/pgquota/quota"
 )
 
-// grouping returns a client with Config.GroupCommit on b's pool, with at
+// grouping returns a client with group commit (Config.Grouping) on b's pool, with at
 // most inFlight statements per lane (0 for the default), whose hook sees
 // every statement of the group path.
 func (b *testBundle) grouping(t *testing.T, cfg quota.Config, inFlight int, hook func([]quota.GrantRequest)) *quota.Client {
 	t.Helper()
-	cfg.GroupCommit = true
+	cfg.Grouping = quota.GroupAcrossCounters
 	c, err := quota.New(b.pool, testConfig(t, &cfg))
 	require.NoError(t, err)
 	if hook != nil {

@@ -3,6 +3,7 @@ package quota
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/pgquota/pgquota/internal/core"
 )
@@ -130,7 +131,20 @@ func (g *grouper) grant(ctx context.Context, req GrantRequest) (GrantResult, err
 	}
 	k := groupCounter{req.Quota, req.Member}
 	g.mu.Lock()
-	if ln.inFlight < g.inFlight && len(ln.waiting) == 0 && ln.busy[k] == 0 {
+	if !g.aloneOK(ln, k) {
+		// It will be queued: a call for a rate, fixed or rolling quota is
+		// decided by pgquota.grant_limits_batch, which checks it as
+		// grant_limits does (a key refused), so its kind is read first
+		// (cached after the first call of the quota).
+		g.mu.Unlock()
+		if g.c.shapedRoute(ctx, g.c.db.Reads(), req) {
+			if _, err := checkGrantRequest(req, true); err != nil {
+				return GrantResult{}, err
+			}
+		}
+		g.mu.Lock()
+	}
+	if g.aloneOK(ln, k) {
 		// Alone: Grant's own path, on the caller's context.
 		ln.inFlight++
 		ln.hold(k)
@@ -160,6 +174,13 @@ func (g *grouper) grant(ctx context.Context, req GrantRequest) (GrantResult, err
 	g.mu.Unlock()
 
 	return w.await(ctx, &g.mu, &ln.waiting)
+}
+
+// aloneOK reports whether a call of counter k may run alone now: its lane
+// has room for another statement, nobody waits, and k is in no statement
+// in flight. Called with g.mu held.
+func (g *grouper) aloneOK(ln *groupLane, k groupCounter) bool {
+	return ln.inFlight < g.inFlight && len(ln.waiting) == 0 && ln.busy[k] == 0
 }
 
 // abandonedError is the error of a grouped or coalesced call whose caller
@@ -207,11 +228,16 @@ func (g *grouper) run(ln *groupLane) {
 }
 
 // send decides one group and delivers the outcomes.
+//
+// A group of several calls waits at most groupLockWait for a lock another
+// transaction holds (an application transaction that granted on one of
+// its counters with GrantTx and has not committed, a SELECT ... FOR UPDATE
+// of plain SQL): past it the statement fails with 55P03 having written
+// nothing, and the group splits into its counters (splitByCounter), so
+// that one held row never stalls the calls of other counters for longer
+// than groupLockWait. A group of one waits as Grant does.
 func (g *grouper) send(ln *groupLane, batch []*waiter) {
-	reqs := make([]GrantRequest, len(batch))
-	for i, w := range batch {
-		reqs[i] = w.req
-	}
+	reqs := requestsOf(batch)
 	if hook := g.c.testHookGroupSend; hook != nil {
 		hook(reqs)
 	}
@@ -227,13 +253,108 @@ func (g *grouper) send(ln *groupLane, batch []*waiter) {
 		// also with a key, where a keyed group takes four).
 		outcomes[0].GrantResult, outcomes[0].Err = g.c.grant(ctx, g.c.db, reqs[0])
 	} else {
-		outcomes, err = g.c.grantBatchOwn(ctx, reqs)
+		outcomes, err = g.c.grantBatchOwn(ctx, reqs, groupLockWait)
+		if err != nil && core.IsLockWaitBounded(err) {
+			cancel()
+			g.splitByCounter(ln, batch)
+			return
+		}
 		if err != nil {
 			err = core.Errorf("pgquota: grant: group commit: %w", err)
 		}
 	}
 	cancel()
+	g.deliver(ln, batch, outcomes, err)
+}
 
+// groupLockWait bounds how long a group of several calls waits for a lock
+// held by a transaction outside it (see send). Waits for another group's
+// or another Client's statement on the same counters last a statement and
+// a commit, well under it; a group that passes it only splits, and its
+// calls are still decided exactly.
+const groupLockWait = 100 * time.Millisecond
+
+// splitByCounter decides the calls of a group whose statement waited past
+// groupLockWait, nothing written: each counter's calls (in arrival order)
+// take a statement of their own, up to groupInFlight at once, each waiting
+// at most groupLockWait again. A counter that still waits is the one held:
+// its calls go on in a goroutine of their own that waits as Grant does,
+// leaving the others free. Every counter stays held in ln.busy until its
+// calls are delivered, so later calls of a held counter queue behind them
+// instead of joining new groups.
+func (g *grouper) splitByCounter(ln *groupLane, batch []*waiter) {
+	var order []groupCounter
+	by := make(map[groupCounter][]*waiter)
+	for _, w := range batch {
+		k := groupCounter{w.req.Quota, w.req.Member}
+		if by[k] == nil {
+			order = append(order, k)
+		}
+		by[k] = append(by[k], w)
+	}
+	sem := make(chan struct{}, groupInFlight)
+	for _, k := range order {
+		ws := by[k]
+		sem <- struct{}{}
+		go func() {
+			outcomes, err := g.decideAlone(ws, groupLockWait)
+			<-sem
+			if err != nil && core.IsLockWaitBounded(err) {
+				outcomes, err = g.decideAlone(ws, 0)
+			}
+			g.deliverSplit(ln, ws, outcomes, err)
+		}()
+	}
+	// Once every counter had its bounded try, the runner goes on with the
+	// queue; a held counter's goroutine waits and delivers on its own.
+	for range cap(sem) {
+		sem <- struct{}{}
+	}
+}
+
+// decideAlone runs the calls ws of one counter as one statement (a batch
+// when there are several), waiting at most lockWait for locks when it is
+// set, else as Grant does.
+func (g *grouper) decideAlone(ws []*waiter, lockWait time.Duration) ([]BatchOutcome, error) {
+	reqs := requestsOf(ws)
+	if hook := g.c.testHookGroupSend; hook != nil {
+		hook(reqs)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ws[0].ctx), coalesceStatementTimeout)
+	defer cancel()
+	outcomes, err := g.c.grantBatchOwn(ctx, reqs, lockWait)
+	if err != nil && !core.IsLockWaitBounded(err) {
+		err = core.Errorf("pgquota: grant: group commit: %w", err)
+	}
+	return outcomes, err
+}
+
+// deliverSplit delivers the calls of one counter of a split group, and
+// starts a runner when calls wait and the lane has room: the group's
+// runner may have ended meanwhile, with those calls queued behind this
+// counter.
+func (g *grouper) deliverSplit(ln *groupLane, ws []*waiter, outcomes []BatchOutcome, err error) {
+	g.deliver(ln, ws, outcomes, err)
+	g.mu.Lock()
+	if len(ln.waiting) > 0 && ln.inFlight < g.inFlight {
+		ln.inFlight++
+		go g.run(ln)
+	}
+	g.mu.Unlock()
+}
+
+func requestsOf(ws []*waiter) []GrantRequest {
+	reqs := make([]GrantRequest, len(ws))
+	for i, w := range ws {
+		reqs[i] = w.req
+	}
+	return reqs
+}
+
+// deliver sets the outcomes of batch (or err for all of them), releases
+// their counters and wakes their callers; the outcomes of callers that gave
+// up go to Config.OnAbandonedGrant.
+func (g *grouper) deliver(ln *groupLane, batch []*waiter, outcomes []BatchOutcome, err error) {
 	var abandoned []*waiter
 	g.mu.Lock()
 	for i, w := range batch {

@@ -58,14 +58,14 @@ func BenchmarkGrantGroupCommit(b *testing.B) {
 		cfg      quota.Config
 		inFlight int
 	}
-	modes := []mode{{name: "single"}, {name: "group", cfg: quota.Config{GroupCommit: true}}}
+	modes := []mode{{name: "single", cfg: quota.Config{Grouping: quota.GroupNone}}, {name: "group", cfg: quota.Config{Grouping: quota.GroupAcrossCounters}}}
 	if s := os.Getenv("PGQUOTA_BENCH_INFLIGHT"); s != "" {
 		for _, f := range strings.Split(s, ",") {
 			n, err := strconv.Atoi(f)
 			if err != nil || n < 1 {
 				b.Fatalf("PGQUOTA_BENCH_INFLIGHT: %q is not a positive count", f)
 			}
-			modes = append(modes, mode{name: fmt.Sprintf("group-inflight%d", n), cfg: quota.Config{GroupCommit: true}, inFlight: n})
+			modes = append(modes, mode{name: fmt.Sprintf("group-inflight%d", n), cfg: quota.Config{Grouping: quota.GroupAcrossCounters}, inFlight: n})
 		}
 	}
 	hot := func(*rand.Rand) string { return "hot" }
@@ -76,7 +76,7 @@ func BenchmarkGrantGroupCommit(b *testing.B) {
 		modes  []mode
 	}{
 		{"spread", spread, modes},
-		{"hot-row", hot, append(cloneModes(modes), mode{name: "coalesce", cfg: quota.Config{Coalesce: true}})},
+		{"hot-row", hot, append(cloneModes(modes), mode{name: "coalesce", cfg: quota.Config{Grouping: quota.GroupByCounter}})},
 	} {
 		for _, clients := range []int{1, 8, 32, 64} {
 			for _, m := range w.modes {

@@ -99,7 +99,7 @@ func TestMetricsCoalescedStatementSizesAddUpToCalls(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 8)
 	b.define(t, quota.Definition{Name: "hot", Window: quota.WindowDay, DefaultLimit: ptr(int64(150))})
-	c, m := b.meteredClient(t, &quota.Config{Coalesce: true})
+	c, m := b.meteredClient(t, &quota.Config{Grouping: quota.GroupByCounter})
 	var mu sync.Mutex
 	statements := 0
 	quota.SetCoalesceSend(c, func(int) { mu.Lock(); statements++; mu.Unlock() })

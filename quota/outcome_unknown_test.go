@@ -133,7 +133,7 @@ func TestOutcomeUnknownAfterLostReply(t *testing.T) {
 		},
 		{
 			name: "Grant coalesced",
-			cfg:  &quota.Config{Coalesce: true},
+			cfg:  &quota.Config{Grouping: quota.GroupByCounter},
 			prepare: func(t *testing.T, b *testBundle) any {
 				b.define(t, quota.Definition{Name: "q", Window: quota.WindowDay, DefaultLimit: ptr[int64](10)})
 				return nil

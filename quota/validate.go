@@ -7,7 +7,7 @@ import (
 )
 
 // MaxNameBytes is the longest quota name, member, campaign or voucher code
-// accepted, in bytes of UTF-8.
+// accepted, in bytes of UTF-8: 255.
 const MaxNameBytes = core.MaxNameBytes
 
 // MaxUnits is the largest amount, limit or pool total accepted: 2^62 - 1.

@@ -23,14 +23,14 @@ type grantHotCoalesced struct{}
 
 func (grantHotCoalesced) Name() string { return "grant-hot-coalesced" }
 func (grantHotCoalesced) Describe() string {
-	return "pgquota Grant with Config.Coalesce on the hot counter row (pgbench: grant-hot's statement)"
+	return "pgquota Grant with Config.Grouping GroupByCounter on the hot counter row (pgbench: grant-hot's statement)"
 }
 func (grantHotCoalesced) PgbenchBaseline() Strategy { return grantHot{} }
 func (grantHotCoalesced) Setup(ctx context.Context, env Env) (Op, error) {
 	if _, _, err := resetUsage(ctx, env, []string{hotMember}); err != nil {
 		return Op{}, err
 	}
-	client, err := quota.New(env.Pool, &quota.Config{Coalesce: true, MeterProvider: env.MeterProvider})
+	client, err := quota.New(env.Pool, &quota.Config{Grouping: quota.GroupByCounter, MeterProvider: env.MeterProvider})
 	if err != nil {
 		return Op{}, err
 	}

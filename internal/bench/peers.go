@@ -66,8 +66,8 @@ func PeerCases() []PeerCase {
 	return []PeerCase{
 		{
 			Name:     "grant-spread",
-			Describe: fmt.Sprintf("one unit granted to one of %d members (redis_rate Allow on one of %d keys)", SpreadMembers, SpreadMembers),
-			pgquota:  grantSpread{},
+			Describe: fmt.Sprintf("one unit granted to one of %d members, default Config (redis_rate Allow on one of %d keys)", SpreadMembers, SpreadMembers),
+			pgquota:  grantSpreadGrouped{},
 			pgbench:  captured(grantSpread{}),
 			peer: func(rdb *redis.Client, prefix string) Strategy {
 				return redisRate{rdb: rdb, prefix: prefix, members: SpreadMembers}
@@ -75,9 +75,27 @@ func PeerCases() []PeerCase {
 		},
 		{
 			Name:     "grant-hot",
-			Describe: "one unit granted to one hot member (pgquota with Config.Coalesce; pgbench: the single-row grant; redis_rate on one key)",
-			pgquota:  grantHotCoalesced{},
+			Describe: "one unit granted to one hot member, default Config (pgbench: the single-row grant; redis_rate on one key)",
+			pgquota:  grantHotGrouped{},
 			pgbench:  captured(grantHot{}),
+			peer: func(rdb *redis.Client, prefix string) Strategy {
+				return redisRate{rdb: rdb, prefix: prefix, members: 1}
+			},
+		},
+		{
+			Name:     "rate-spread",
+			Describe: fmt.Sprintf("one unit of a rate (GCRA) to one of %d members, default Config (redis_rate Allow on one of %d keys)", SpreadMembers, SpreadMembers),
+			pgquota:  rateSpread{},
+			pgbench:  captured(rateSpread{}),
+			peer: func(rdb *redis.Client, prefix string) Strategy {
+				return redisRate{rdb: rdb, prefix: prefix, members: SpreadMembers}
+			},
+		},
+		{
+			Name:     "rate-hot",
+			Describe: "one unit of a rate (GCRA) to one hot member, default Config (pgbench: the single call; redis_rate on one key)",
+			pgquota:  rateHot{mode: "grouped"},
+			pgbench:  captured(rateHot{}),
 			peer: func(rdb *redis.Client, prefix string) Strategy {
 				return redisRate{rdb: rdb, prefix: prefix, members: 1}
 			},
@@ -169,7 +187,7 @@ func RunPeers(ctx context.Context, admin *pgxpool.Pool, cfg PeersConfig) (_ *Pee
 				}
 			}
 			if !found {
-				return nil, fmt.Errorf("unknown peers case %q (known: grant-spread, grant-hot, lease-cycle)", name)
+				return nil, fmt.Errorf("unknown peers case %q (known: grant-spread, grant-hot, rate-spread, rate-hot, lease-cycle)", name)
 			}
 		}
 		cases = sel

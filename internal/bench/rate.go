@@ -81,6 +81,23 @@ func (rateGCRA) Setup(ctx context.Context, env Env) (Op, error) {
 		`DELETE FROM pgquota.rate_state WHERE quota_name = $1`)
 }
 
+// rateSpread is a grant of rate-gcra's quota through a client with the
+// default Config (group commit), over SpreadMembers members: the rate
+// counterpart of grant-spread-grouped, a case of the peers bench.
+type rateSpread struct{}
+
+func (rateSpread) Name() string { return "rate-spread" }
+func (rateSpread) Describe() string {
+	return fmt.Sprintf("grant 1 of a rate quota (GCRA, %d/s), %d members, default Config (group commit)", ratePerSecond, SpreadMembers)
+}
+func (rateSpread) Setup(ctx context.Context, env Env) (Op, error) {
+	op, err := shapeGrantWith(ctx, env, quota.Definition{Name: rateQuota, Window: quota.WindowRate, DefaultLimit: ptrInt(ratePerSecond), Period: time.Second},
+		`DELETE FROM pgquota.rate_state WHERE quota_name = $1`, &quota.Config{MeterProvider: env.MeterProvider},
+		func(vals []int64) string { return strconv.FormatInt(vals[0], 10) })
+	op.Vars = []Var{{Name: "member", Min: 1, Max: SpreadMembers}}
+	return op, err
+}
+
 // rateHot is rate-gcra on one hot member, plain (a statement per call),
 // with Config.Coalesce or with Config.GroupCommit: the limit-shape
 // counterparts of grant-hot, grant-hot-coalesced and grant-hot-grouped.
@@ -94,7 +111,7 @@ func (r rateHot) Name() string {
 	return "rate-gcra-hot-" + r.mode
 }
 func (r rateHot) Describe() string {
-	how := map[string]string{"": "one statement per call", "coalesced": "with Config.Coalesce", "grouped": "with Config.GroupCommit"}[r.mode]
+	how := map[string]string{"": "one statement per call", "coalesced": "with Config.Grouping GroupByCounter", "grouped": "with the default Config (group commit)"}[r.mode]
 	return "grant 1 of rate-gcra's quota to one hot member, " + how + " (pgbench: rate-gcra's statement)"
 }
 func (rateHot) PgbenchBaseline() Strategy { return rateGCRA{} }
@@ -102,9 +119,9 @@ func (r rateHot) Setup(ctx context.Context, env Env) (Op, error) {
 	var cfg *quota.Config
 	switch r.mode {
 	case "coalesced":
-		cfg = &quota.Config{Coalesce: true, MeterProvider: env.MeterProvider}
+		cfg = &quota.Config{Grouping: quota.GroupByCounter, MeterProvider: env.MeterProvider}
 	case "grouped":
-		cfg = &quota.Config{GroupCommit: true, MeterProvider: env.MeterProvider}
+		cfg = &quota.Config{MeterProvider: env.MeterProvider}
 	}
 	return shapeGrantWith(ctx, env, quota.Definition{Name: rateQuota, Window: quota.WindowRate, DefaultLimit: ptrInt(ratePerSecond), Period: time.Second},
 		`DELETE FROM pgquota.rate_state WHERE quota_name = $1`, cfg, func([]int64) string { return hotMember })

@@ -109,7 +109,9 @@ func openPool(ctx context.Context, db *scratch.Database, n int, tracer *recorder
 }
 
 func newEnv(pool *pgxpool.Pool, mp metric.MeterProvider) (Env, error) {
-	client, err := quota.New(pool, &quota.Config{MeterProvider: mp})
+	// The plain strategies measure one statement per call: their client
+	// groups nothing (the grouped ones make clients of their own).
+	client, err := quota.New(pool, &quota.Config{Grouping: quota.GroupNone, MeterProvider: mp})
 	if err != nil {
 		return Env{}, err
 	}

@@ -45,7 +45,8 @@ machine, a burst of load elsewhere then skews one round instead of the
 ratio.
 
 --peers measures instead, in one run, each case (grant-spread, grant-hot,
-lease-cycle; --strategy picks some) through pgquota, through pgbench on the
+rate-spread, rate-hot, lease-cycle; --strategy picks some) through pgquota
+with the default Config, through pgbench on the
 same SQL, and through the Redis peers (go-redis/redis_rate, bsm/redislock)
 against two redis-server processes it starts itself (no persistence, and
 --appendonly yes --appendfsync always), printing ops/s, p50, p99 and the

@@ -18,7 +18,7 @@ type peersFlags struct {
 }
 
 func (p *peersFlags) register(f *pflag.FlagSet) {
-	f.BoolVar(&p.on, "peers", false, "measure grant-spread, grant-hot and lease-cycle through pgquota, pgbench and the Redis peers (redis_rate, redislock) on a Redis started twice (no persistence; appendfsync always)")
+	f.BoolVar(&p.on, "peers", false, "measure grant-spread, grant-hot, rate-spread, rate-hot and lease-cycle through pgquota (default Config), pgbench and the Redis peers (redis_rate, redislock) on a Redis started twice (no persistence; appendfsync always)")
 }
 
 func (a *app) benchPeers(ctx context.Context, _ *cobra.Command, p *peersFlags, cfg bench.Config, cases []string, chart string, noProgress bool) error {
@@ -36,7 +36,7 @@ func (a *app) benchPeers(ctx context.Context, _ *cobra.Command, p *peersFlags, c
 	}
 	for _, c := range cases {
 		if !known[c] {
-			return usagef("--strategy with --peers: unknown case %q (known: grant-spread,grant-hot,lease-cycle)", c)
+			return usagef("--strategy with --peers: unknown case %q (known: grant-spread,grant-hot,rate-spread,rate-hot,lease-cycle)", c)
 		}
 	}
 	if chart != "" {

@@ -3,6 +3,7 @@ package core
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -250,9 +251,49 @@ func ReadsOf(x db.DBTX) db.DBTX {
 // reported, not one pgx knows happened before sending; a context that ended
 // after the statement was sent, a lost connection). With ReadOnly set, errors
 // are never marked: the statements change nothing.
+//
+// With LockWait set, each statement runs with lock_timeout = LockWait: it
+// is pipelined after SELECT set_config('lock_timeout', ..., true) in one
+// implicit transaction (one round trip, one Sync: the PostgreSQL manual,
+// section 55.2.4, "Pipelining"), so a statement that waits longer than
+// LockWait for a row or key lock another transaction holds fails with
+// SQLSTATE 55P03 (lock_not_available) and, its transaction rolled back,
+// wrote nothing (IsLockWaitBounded). The setting ends with the statement's
+// transaction.
 type SentPool struct {
 	Pool     *pgxpool.Pool
 	ReadOnly bool
+	LockWait time.Duration
+}
+
+// LockTimeoutSetting is the lock_timeout value of d, in whole
+// milliseconds (at least 1).
+func LockTimeoutSetting(d time.Duration) string {
+	ms := d.Milliseconds()
+	if ms < 1 {
+		ms = 1
+	}
+	return strconv.FormatInt(ms, 10) + "ms"
+}
+
+// setLockTimeout is the statement SentPool pipelines before each of its
+// statements when LockWait is set.
+const setLockTimeout = "SELECT set_config('lock_timeout', $1, true)"
+
+// IsLockWaitBounded reports SQLSTATE 55P03 (lock_not_available): a lock
+// wait longer than lock_timeout (SentPool.LockWait) or a NOWAIT lock that
+// another transaction held. The statement failed and its transaction
+// rolled back.
+func IsLockWaitBounded(err error) bool { return SQLState(err) == "55P03" }
+
+// bounded sends sql after the lock_timeout setting, in one pipeline on
+// conn; the caller reads the second result and closes the batch.
+func (p SentPool) bounded(ctx context.Context, conn *pgxpool.Conn, sql string, args []any) pgx.BatchResults {
+	b := &pgx.Batch{}
+	b.Queue(setLockTimeout, LockTimeoutSetting(p.LockWait))
+	b.Queue(sql, args...)
+	br := conn.SendBatch(ctx, b)
+	return br
 }
 
 func (p SentPool) mark(err error) error {
@@ -268,6 +309,15 @@ func (p SentPool) Exec(ctx context.Context, sql string, args ...any) (pgconn.Com
 		return pgconn.CommandTag{}, err // nothing was sent
 	}
 	defer conn.Release()
+	if p.LockWait > 0 {
+		br := p.bounded(ctx, conn, sql, args)
+		_, err := br.Exec()
+		var tag pgconn.CommandTag
+		if err == nil {
+			tag, err = br.Exec()
+		}
+		return tag, p.mark(errors.Join(err, br.Close()))
+	}
 	tag, err := conn.Exec(ctx, sql, args...)
 	return tag, p.mark(err)
 }
@@ -276,6 +326,21 @@ func (p SentPool) Query(ctx context.Context, sql string, args ...any) (pgx.Rows,
 	conn, err := p.Pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if p.LockWait > 0 {
+		br := p.bounded(ctx, conn, sql, args)
+		if _, err := br.Exec(); err != nil {
+			err = errors.Join(err, br.Close())
+			conn.Release()
+			return nil, p.mark(err)
+		}
+		rows, err := br.Query()
+		if err != nil {
+			err = errors.Join(err, br.Close())
+			conn.Release()
+			return nil, p.mark(err)
+		}
+		return &sentRows{Rows: rows, p: p, batch: br, release: sync.OnceFunc(conn.Release)}, nil
 	}
 	rows, err := conn.Query(ctx, sql, args...)
 	if err != nil {
@@ -303,6 +368,14 @@ func (sr sentRow) Scan(dest ...any) error {
 		return err
 	}
 	defer conn.Release()
+	if sr.p.LockWait > 0 {
+		br := sr.p.bounded(sr.ctx, conn, sr.sql, sr.args)
+		_, err := br.Exec()
+		if err == nil {
+			err = br.QueryRow().Scan(dest...)
+		}
+		return sr.p.mark(errors.Join(err, br.Close()))
+	}
 	return sr.p.mark(conn.QueryRow(sr.ctx, sr.sql, sr.args...).Scan(dest...))
 }
 
@@ -312,14 +385,28 @@ type sentRows struct {
 	pgx.Rows
 	p       SentPool
 	release func()
+	// batch, when not nil, is the pipeline the rows came from
+	// (SentPool.LockWait): closing it reads the end of the implicit
+	// transaction (its COMMIT), whose error Err reports.
+	batch    pgx.BatchResults
+	batchErr error
 }
 
 func (r *sentRows) Close() {
 	r.Rows.Close()
+	if r.batch != nil {
+		r.batchErr = r.batch.Close()
+		r.batch = nil
+	}
 	r.release()
 }
 
-func (r *sentRows) Err() error { return r.p.mark(r.Rows.Err()) }
+func (r *sentRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return r.p.mark(err)
+	}
+	return r.p.mark(r.batchErr)
+}
 
 func (r *sentRows) Next() bool {
 	if r.Rows.Next() {

@@ -36,7 +36,7 @@ func TestDenialSendsRetryAfterForEveryKind(t *testing.T) {
 	c, err := quota.New(pool, &cfg)
 	require.NoError(t, err)
 	coalCfg := cfg
-	coalCfg.Coalesce = true
+	coalCfg.Grouping = quota.GroupByCounter
 	coal, err := quota.New(pool, &coalCfg)
 	require.NoError(t, err)
 	one := int64(1)

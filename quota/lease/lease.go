@@ -36,10 +36,10 @@ import (
 
 // Bounds of a lease's TTL.
 const (
-	// MinTTL is the shortest TTL accepted. A smaller one is almost
+	// MinTTL is the shortest TTL accepted: 1 ms. A smaller one is almost
 	// certainly a unit mistake (30 instead of 30*time.Second).
 	MinTTL = core.MinLeaseTTL
-	// MaxTTL is the longest TTL accepted.
+	// MaxTTL is the longest TTL accepted: 24 h.
 	MaxTTL = core.MaxLeaseTTL
 )
 
