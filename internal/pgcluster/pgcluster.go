@@ -179,6 +179,11 @@ func newCluster(tb testing.TB, name string) *Cluster {
 	return c
 }
 
+// BinDir returns the folder of the PostgreSQL binaries the clusters run
+// (see the package comment), for helpers that look for the server's files
+// beside them (internal/cituscluster looks for citus.so).
+func BinDir() (string, error) { return binDir() }
+
 // binDir finds the PostgreSQL binaries.
 func binDir() (string, error) {
 	if d := os.Getenv(EnvBin); d != "" {
