@@ -12,7 +12,8 @@
 // Citus is not in Debian's packages: .ci/citus-build builds it from the
 // vendored source and installs citus.so into the PostgreSQL whose binaries
 // pgcluster runs. Without it Start fails the test saying so; it never
-// skips.
+// skips. The tests that start a cluster build with the tag citus (`go test
+// -tags citus`), in CI's Citus pass: `make test` runs on an ordinary server.
 package cituscluster
 
 import (
