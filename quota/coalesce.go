@@ -9,7 +9,7 @@ import (
 	"github.com/pgquota/pgquota/internal/core"
 )
 
-// Coalesced grants (Config.Coalesce).
+// Coalesced grants (Config.Grouping GroupByCounter).
 //
 // One hot counter takes one conditional UPDATE per commit: the row stays
 // locked until the commit's WAL flush, so callers of one counter queue one

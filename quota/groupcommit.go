@@ -8,7 +8,8 @@ import (
 	"github.com/pgquota/pgquota/internal/core"
 )
 
-// Group commit across counters (Config.GroupCommit).
+// Group commit across counters (Config.Grouping GroupAcrossCounters, the
+// default).
 //
 // Coalescing (coalesce.go) shares a statement between the calls of ONE
 // counter. Calls spread over many counters still take a statement and a
@@ -99,8 +100,8 @@ func (ln *groupLane) unhold(k groupCounter) {
 	}
 }
 
-// grouper queues Grant calls of any counter when Config.GroupCommit is
-// set. It keeps no state per counter: its memory is that of the calls in
+// grouper queues Grant calls of any counter with group commit (the default
+// Config.Grouping). It keeps no state per counter: its memory is that of the calls in
 // flight.
 type grouper struct {
 	c        *Client

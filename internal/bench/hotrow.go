@@ -14,7 +14,7 @@ import (
 // ShardedPoolShards is the number of shards of the voucher-sharded pool.
 const ShardedPoolShards = 32
 
-// grantHotCoalesced is grant-hot through a client with Config.Coalesce:
+// grantHotCoalesced is grant-hot through a client with Config.Grouping GroupByCounter:
 // concurrent calls on the hot counter share one statement. pgbench runs
 // grant-hot's single conditional statement, one per transaction, so the
 // ratio is coalesced grants per second over what the statement alone

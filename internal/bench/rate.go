@@ -99,7 +99,7 @@ func (rateSpread) Setup(ctx context.Context, env Env) (Op, error) {
 }
 
 // rateHot is rate-gcra on one hot member, plain (a statement per call),
-// with Config.Coalesce or with Config.GroupCommit: the limit-shape
+// with Config.Grouping GroupByCounter or with the default Config: the limit-shape
 // counterparts of grant-hot, grant-hot-coalesced and grant-hot-grouped.
 // pgbench runs rate-gcra's statement (its script spreads over the members).
 type rateHot struct{ mode string } // "", "coalesced" or "grouped"
