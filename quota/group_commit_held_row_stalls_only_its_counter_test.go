@@ -49,17 +49,19 @@ func TestGroupCommitHeldRowStallsOnlyItsCounter(t *testing.T) {
 			quota.SetGroupSend(c, gate.hook)
 			quota.SetGroupInFlight(c, 1)
 			require.NoError(t, quota.WarmKinds(b.ctx, c, qname))
+			// call makes a call's request (its key, on the keyed lane)
+			// in the test's goroutine; the call runs when invoked.
 			calls := 0
-			grant := func(member string) (quota.GrantResult, error) {
+			call := func(member string) func() (quota.GrantResult, error) {
 				req := quota.GrantRequest{Quota: qname, Member: member, Amount: 1}
 				if tc.keyed {
 					calls++
 					req.Idempotency = quota.IdempotencyKey{Key: fmt.Sprintf("%s-%d", member, calls)}
 				}
-				return c.Grant(b.ctx, req)
+				return func() (quota.GrantResult, error) { return c.Grant(b.ctx, req) }
 			}
 			if tc.existing {
-				_, err := grant("held")
+				_, err := call("held")()
 				require.NoError(t, err)
 			}
 
@@ -77,15 +79,6 @@ func TestGroupCommitHeldRowStallsOnlyItsCounter(t *testing.T) {
 			type outcome struct {
 				res quota.GrantResult
 				err error
-			}
-			// The keys are made here, in one goroutine (grant counts calls).
-			call := func(member string) func() (quota.GrantResult, error) {
-				req := quota.GrantRequest{Quota: qname, Member: member, Amount: 1}
-				if tc.keyed {
-					calls++
-					req.Idempotency = quota.IdempotencyKey{Key: fmt.Sprintf("%s-%d", member, calls)}
-				}
-				return func() (quota.GrantResult, error) { return c.Grant(b.ctx, req) }
 			}
 			first := make(chan outcome, 1)
 			firstCall := call("first")
