@@ -95,20 +95,20 @@ func (e *UnplannedTableError) Error() string {
 // Citus, as the coordinator's metadata says.
 type TableDistribution struct {
 	// Table is the table's name, without the schema.
-	Table string `json:"table"`
+	Table string
 	// Method is Reference, Distributed or Local (also for a table Citus
 	// does not know).
-	Method string `json:"method"`
+	Method string
 	// Column is the distribution column of a Distributed table, else "".
-	Column string `json:"column,omitempty"`
+	Column string
 	// ColocatedWith is the table a Distributed table is colocated with:
 	// the one named in the plan when the two share their colocation
 	// group, else the group's oldest other table; "" for a group's first
 	// table (or one alone in its group).
-	ColocatedWith string `json:"colocated_with,omitempty"`
+	ColocatedWith string
 	// Shards is the number of shards of a Distributed table (one for a
 	// reference or Citus-local table, 0 for a table Citus does not know).
-	Shards int `json:"shards"`
+	Shards int
 }
 
 // String is the table's distribution in words: "reference", "distributed
@@ -124,18 +124,21 @@ func (d TableDistribution) String() string {
 	}
 }
 
-// queryer is what the Citus queries read through: *sql.DB, *sql.Conn or
-// *sql.Tx.
-type queryer interface {
-	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
-}
-
 // HasCitus reports whether the database has the citus extension (one
 // catalog query, pg_extension).
-func HasCitus(ctx context.Context, db queryer) (bool, error) {
+func HasCitus(ctx context.Context, db DBTX) (bool, error) {
+	rows, err := db.QueryContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`)
+	if err != nil {
+		return false, errorf("pgquota: look for the citus extension: %w", err)
+	}
+	defer rows.Close()
 	var has bool
-	if err := db.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&has); err != nil {
+	for rows.Next() {
+		if err := rows.Scan(&has); err != nil {
+			return false, errorf("pgquota: look for the citus extension: %w", err)
+		}
+	}
+	if err := rows.Err(); err != nil {
 		return false, errorf("pgquota: look for the citus extension: %w", err)
 	}
 	return has, nil
@@ -145,7 +148,7 @@ func HasCitus(ctx context.Context, db queryer) (bool, error) {
 // distributed, by table name, when the database has the citus extension;
 // nil without it (after one catalog query). It reads the metadata only
 // (citus_tables is not read: it sums shard sizes over the workers).
-func ReadDistribution(ctx context.Context, db queryer) ([]TableDistribution, error) {
+func ReadDistribution(ctx context.Context, db DBTX) ([]TableDistribution, error) {
 	has, err := HasCitus(ctx, db)
 	if err != nil || !has {
 		return nil, err
@@ -153,12 +156,12 @@ func ReadDistribution(ctx context.Context, db queryer) ([]TableDistribution, err
 	return readDistribution(ctx, db)
 }
 
-func readDistribution(ctx context.Context, db queryer) ([]TableDistribution, error) {
+func readDistribution(ctx context.Context, db DBTX) ([]TableDistribution, error) {
 	// pg_dist_partition: partmethod 'h' with a distribution key is hash
 	// distributed; 'n' is a reference table (repmodel 't') or a Citus
 	// local one ('s'). The coordinator's placements of reference and
 	// Citus-local tables are shards in the same schema (quota_102008):
-	// relation_is_a_known_shard leaves them out.
+	// relation_is_a_known_shard leaves them out. It takes no lock.
 	rows, err := db.QueryContext(ctx, `
 		SELECT c.relname::text,
 		       CASE WHEN p.logicalrelid IS NULL THEN 'local'
