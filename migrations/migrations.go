@@ -283,6 +283,11 @@ func EnsureSchema(ctx context.Context, db *sql.DB) error {
 // it applied. It fails without applying anything, with a *SchemaError,
 // when the database has migrations this build does not know (ErrSchemaNewer)
 // or misses one below its newest (ErrSchemaGap, unless AllowMissing).
+//
+// When the database has the citus extension, Up then distributes the
+// tables that Citus does not know yet (see distributeCitus in citus.go),
+// in a transaction of its own: it fails with an *UnplannedTableError,
+// with the migrations applied, when a table is not in the plan.
 func Up(ctx context.Context, db *sql.DB, opts ...Option) ([]*goose.MigrationResult, error) {
 	l := &locker{check: true}
 	for _, o := range opts {
@@ -303,6 +308,9 @@ func Up(ctx context.Context, db *sql.DB, opts ...Option) ([]*goose.MigrationResu
 	}
 	if err != nil {
 		return res, errorf("pgquota: migrate up: %w", err)
+	}
+	if err := distributeCitus(ctx, db); err != nil {
+		return res, err
 	}
 	return res, nil
 }

@@ -88,7 +88,13 @@ applies the missing ones out of order).`,
 			Short: "List every migration and whether it is applied",
 			Long: `List every migration and whether it is applied. It takes no lock and creates
 nothing. It fails on a schema with migrations this build does not know, or
-with a gap, naming them and the way out.`,
+with a gap, naming them and the way out.
+
+On Citus (the database has the citus extension) it also lists how each
+pgquota table is distributed: reference, distributed by a column (colocated
+with a table), or local (on the coordinator only); with --json the output is
+then an object, {"migrations": [...], "citus_tables": [...]}, instead of the
+list of migrations alone.`,
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				ctx := cmd.Context()
@@ -121,7 +127,7 @@ with a gap, naming them and the way out.`,
 					}
 					items = append(items, it)
 				}
-				return a.output(items, func(w *tabwriter.Writer) {
+				text := func(w *tabwriter.Writer) {
 					row(w, "VERSION", "FILE", "APPLIED")
 					for _, it := range items {
 						applied := "pending"
@@ -129,6 +135,25 @@ with a gap, naming them and the way out.`,
 							applied = stamp(*it.AppliedAt)
 						}
 						row(w, it.Version, it.File, applied)
+					}
+				}
+				tables, err := a.readDistribution(ctx)
+				if err != nil {
+					return fmt.Errorf("migrate status: %w", err)
+				}
+				if tables == nil {
+					return a.output(items, text)
+				}
+				out := struct {
+					Migrations []item          `json:"migrations"`
+					Tables     []citusTableOut `json:"citus_tables"`
+				}{items, tables}
+				return a.output(out, func(w *tabwriter.Writer) {
+					text(w)
+					row(w)
+					row(w, "TABLE", "CITUS")
+					for _, t := range tables {
+						row(w, migrations.Schema+"."+t.Table, t.text)
 					}
 				})
 			},
@@ -207,6 +232,41 @@ func (a *app) readState(ctx context.Context) (migrations.State, error) {
 		return st, permissionHint(err)
 	}
 	return st, nil
+}
+
+// citusTableOut is one table of migrate status on Citus.
+type citusTableOut struct {
+	Table         string  `json:"table"`
+	Method        string  `json:"method"`
+	Column        *string `json:"column"`
+	ColocatedWith *string `json:"colocated_with"`
+	Shards        int     `json:"shards"`
+	text          string
+}
+
+// readDistribution reads how pgquota's tables are distributed on Citus,
+// nil when the database has no citus extension.
+func (a *app) readDistribution(ctx context.Context) ([]citusTableOut, error) {
+	db, err := a.sqlDB(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer db.Close()
+	dist, err := migrations.ReadDistribution(ctx, db)
+	if err != nil || dist == nil {
+		return nil, err
+	}
+	out := make([]citusTableOut, len(dist))
+	for i, d := range dist {
+		out[i] = citusTableOut{Table: d.Table, Method: d.Method, Shards: d.Shards, text: d.String()}
+		if d.Column != "" {
+			out[i].Column = &d.Column
+		}
+		if d.ColocatedWith != "" {
+			out[i].ColocatedWith = &d.ColocatedWith
+		}
+	}
+	return out, nil
 }
 
 // permissionHint adds to a permission error (SQLSTATE 42501) what to do.
