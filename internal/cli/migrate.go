@@ -90,11 +90,11 @@ applies the missing ones out of order).`,
 nothing. It fails on a schema with migrations this build does not know, or
 with a gap, naming them and the way out.
 
-On Citus (the database has the citus extension) it also lists how each
-pgquota table is distributed: reference, distributed by a column (colocated
-with a table), or local (on the coordinator only); with --json the output is
-then an object, {"migrations": [...], "citus_tables": [...]}, instead of the
-list of migrations alone.`,
+On Citus (the database has the citus extension) the text also lists how
+each pgquota table is distributed: reference, distributed by a column
+(colocated with a table), or local (on the coordinator only). --json prints
+the list of migrations alone, on every server; ` + "`pgquota migrate tables --json`" + `
+gives the distribution.`,
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				ctx := cmd.Context()
@@ -144,16 +144,42 @@ list of migrations alone.`,
 				if tables == nil {
 					return a.output(items, text)
 				}
-				out := struct {
-					Migrations []item          `json:"migrations"`
-					Tables     []citusTableOut `json:"citus_tables"`
-				}{items, tables}
-				return a.output(out, func(w *tabwriter.Writer) {
+				return a.output(items, func(w *tabwriter.Writer) {
 					text(w)
 					row(w)
 					row(w, "TABLE", "CITUS")
 					for _, t := range tables {
 						row(w, migrations.Schema+"."+t.Table, t.text)
+					}
+				})
+			},
+		},
+		&cobra.Command{
+			Use:   "tables",
+			Short: "List how pgquota's tables are distributed on Citus",
+			Long: `List how each pgquota table is distributed when the database is a Citus
+coordinator (it has the citus extension; ` + "`migrate up`" + ` distributes them):
+reference, distributed by a column (colocated with a table), or local (on
+the coordinator only), with its shard count. On a server without Citus it
+says so and lists nothing (--json: []). It takes no lock and creates
+nothing.`,
+			Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				tables, err := a.readDistribution(cmd.Context())
+				if err != nil {
+					return fmt.Errorf("migrate tables: %w", err)
+				}
+				if tables == nil {
+					tables = []citusTableOut{}
+				}
+				return a.output(tables, func(w *tabwriter.Writer) {
+					if len(tables) == 0 {
+						row(w, "no citus extension in this database: pgquota's tables are plain PostgreSQL tables")
+						return
+					}
+					row(w, "TABLE", "CITUS", "SHARDS")
+					for _, t := range tables {
+						row(w, migrations.Schema+"."+t.Table, t.text, t.Shards)
 					}
 				})
 			},

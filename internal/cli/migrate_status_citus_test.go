@@ -19,9 +19,10 @@ import (
 )
 
 // On Citus, `migrate up` distributes pgquota's tables and `migrate status`
-// lists, after the migrations, how each one is distributed; --json gives
-// {"migrations": [...], "citus_tables": [...]}. On plain PostgreSQL the
-// status has no table list and its JSON is the list of migrations.
+// lists, after the migrations, how each one is distributed, while its JSON
+// stays the list of migrations; `migrate tables --json` gives the
+// distribution. On plain PostgreSQL the status has no table list and
+// `migrate tables --json` is [].
 func TestMigrateStatusShowsCitusDistribution(t *testing.T) {
 	c := cituscluster.Start(t, 1)
 	dbURL := c.URL()
@@ -51,10 +52,9 @@ func TestMigrateStatusShowsCitusDistribution(t *testing.T) {
 		require.Regexp(t, regexp.MustCompile(`(?m)^`+want+`$`), tables)
 	}
 
-	v := okJSON(t, dbURL, cli.ExitOK, "migrate", "status").(map[string]any)
-	require.Len(t, v["migrations"], len(files))
+	require.Len(t, okJSON(t, dbURL, cli.ExitOK, "migrate", "status").([]any), len(files))
 	byName := map[string]map[string]any{}
-	for _, x := range v["citus_tables"].([]any) {
+	for _, x := range okJSON(t, dbURL, cli.ExitOK, "migrate", "tables").([]any) {
 		m := x.(map[string]any)
 		byName[m["table"].(string)] = m
 	}
@@ -69,4 +69,6 @@ func TestMigrateStatusShowsCitusDistribution(t *testing.T) {
 	require.NotContains(t, out, "CITUS")
 	require.NotContains(t, out, "\n\n")
 	_ = okJSON(t, plain, cli.ExitOK, "migrate", "status").([]any)
+	require.Empty(t, okJSON(t, plain, cli.ExitOK, "migrate", "tables").([]any))
+	require.Contains(t, ok(t, plain, "migrate", "tables"), "no citus extension")
 }
