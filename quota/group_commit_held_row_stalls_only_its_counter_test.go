@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/quota"
@@ -66,7 +67,10 @@ func TestGroupCommitHeldRowStallsOnlyItsCounter(t *testing.T) {
 			}
 
 			// The application's transaction takes the held counter's row.
-			tx, err := b.pool.Begin(b.ctx)
+			// At READ COMMITTED, as the application's transactions run: under a
+			// server default of SERIALIZABLE its COMMIT could fail with 40001
+			// beside the calls decided meanwhile, which it would retry.
+			tx, err := b.pool.BeginTx(b.ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback(b.ctx) }()
 			appRes, err := c.GrantTx(b.ctx, tx, quota.GrantRequest{Quota: qname, Member: "held", Amount: 1})
