@@ -132,35 +132,15 @@ func foreignKeysOf(t *testing.T, db *sql.DB, citus bool) []string {
 	if citus {
 		q += ` AND NOT relation_is_a_known_shard(conrelid)`
 	}
-	rows, err := db.QueryContext(context.Background(), q+` ORDER BY 1`)
-	require.NoError(t, err)
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var s string
-		require.NoError(t, rows.Scan(&s))
-		out = append(out, s)
-	}
-	require.NoError(t, rows.Err())
-	return out
+	return queryStrings(t, db, q+` ORDER BY 1`)
 }
 
 // shardPlacements lists every shard of pgquota's tables with the node it
 // is on, to see that a run changed nothing.
 func shardPlacements(t *testing.T, db *sql.DB) []string {
 	t.Helper()
-	rows, err := db.QueryContext(context.Background(), `SELECT shard_name::text || '@' || nodeport FROM citus_shards
+	return queryStrings(t, db, `SELECT shard_name::text || '@' || nodeport FROM citus_shards
 		WHERE table_name::text LIKE 'pgquota.%' ORDER BY 1`)
-	require.NoError(t, err)
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var s string
-		require.NoError(t, rows.Scan(&s))
-		out = append(out, s)
-	}
-	require.NoError(t, rows.Err())
-	return out
 }
 
 func citusDB(t *testing.T, c *cituscluster.Cluster) *sql.DB {

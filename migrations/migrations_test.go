@@ -69,13 +69,19 @@ func allOnce() map[int64]int {
 // relations lists the tables, functions and sequences in schema.
 func relations(t *testing.T, db *sql.DB, schema string) []string {
 	t.Helper()
-	rows, err := db.Query(`
+	return queryStrings(t, db, `
 		SELECT CASE c.relkind WHEN 'S' THEN 'sequence ' ELSE 'table ' END || relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 		WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'S')
 		UNION ALL
 		SELECT 'function ' || proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
 		WHERE n.nspname = $1
 		ORDER BY 1`, schema)
+}
+
+// queryStrings runs q on db and returns its one text column, row by row.
+func queryStrings(t *testing.T, db *sql.DB, q string, args ...any) []string {
+	t.Helper()
+	rows, err := db.QueryContext(context.Background(), q, args...)
 	require.NoError(t, err)
 	defer rows.Close()
 	var out []string
