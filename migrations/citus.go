@@ -44,6 +44,9 @@ type citusTable struct {
 // Citus refuses to distribute ledger (by scope, idempotency key or grant
 // id: UNIQUE constraints without the distribution column), hence
 // ledger_outcome (a foreign key to ledger): both are reference tables.
+// The outbox stays a plain table on the coordinator: the relay's claim
+// (FOR UPDATE SKIP LOCKED over the oldest pending events) is a scan across
+// shards, which Citus refuses.
 var citusPlan = []citusTable{
 	{table: "pgquota_migrations", method: Local}, // goose's version table
 	{table: "quota", method: Reference},
@@ -69,8 +72,8 @@ var citusPlan = []citusTable{
 	{table: "voucher_claim", method: Distributed, column: "campaign", colocate: "voucher_pool"},
 	{table: "voucher_code", method: Distributed, column: "campaign", colocate: "voucher_pool"},
 	{table: "voucher_shard", method: Distributed, column: "campaign", colocate: "voucher_pool"},
-	{table: "outbox", method: Distributed, column: "id"},
-	{table: "outbox_claimed", method: Distributed, column: "id", colocate: "outbox"},
+	{table: "outbox", method: Local},
+	{table: "outbox_claimed", method: Local},
 }
 
 // UnplannedTableError is Up's error on Citus when schema pgquota has a

@@ -51,8 +51,8 @@ var wantCitus = map[string]struct{ kind, column, group string }{
 	"voucher_claim":        {"distributed", "campaign", "voucher"},
 	"voucher_code":         {"distributed", "campaign", "voucher"},
 	"voucher_shard":        {"distributed", "campaign", "voucher"},
-	"outbox":               {"distributed", "id", "outbox"},
-	"outbox_claimed":       {"distributed", "id", "outbox"},
+	"outbox":               {kind: "local"},
+	"outbox_claimed":       {kind: "local"},
 }
 
 type citusRow struct {
@@ -227,7 +227,7 @@ func TestCitusUpFailsNamingUnplannedTable(t *testing.T) {
 	// Stands for a future migration's table: created as a plain table,
 	// and one planned table made plain again, to see the run roll back.
 	c.Exec(`CREATE TABLE pgquota.future_thing (id bigint PRIMARY KEY);
-		SELECT undistribute_table('pgquota.outbox_claimed')`)
+		SELECT undistribute_table('pgquota.semaphore')`)
 	_, err = migrations.Up(ctx, db)
 	require.Error(t, err)
 	t.Logf("Up: %v", err)
@@ -237,7 +237,7 @@ func TestCitusUpFailsNamingUnplannedTable(t *testing.T) {
 	require.ErrorContains(t, err, "table pgquota.future_thing is not in pgquota's Citus plan (citusPlan in migrations/citus.go)")
 	got := citusTables(t, db)
 	require.Equal(t, "local", got["future_thing"].Kind)
-	require.Equal(t, "local", got["outbox_claimed"].Kind, "the failed run distributed nothing")
+	require.Equal(t, "local", got["semaphore"].Kind, "the failed run distributed nothing")
 
 	// A table Citus refuses half way (a trigger, without
 	// citus.enable_unsafe_triggers) rolls back the whole run:
@@ -264,7 +264,7 @@ func TestCitusUpFailsNamingUnplannedTable(t *testing.T) {
 	got = citusTables(t, db)
 	require.Equal(t, "reference", got["fence_secret"].Kind)
 	require.Equal(t, "reference", got["function_grant"].Kind)
-	require.Equal(t, "distributed", got["outbox_claimed"].Kind)
-	require.Equal(t, got["outbox"].Colocation, got["outbox_claimed"].Colocation)
+	require.Equal(t, "distributed", got["semaphore"].Kind)
+	require.Equal(t, got["lease"].Colocation, got["semaphore"].Colocation)
 	require.Equal(t, "distributed", got["usage"].Kind, "tables distributed before are left as they were")
 }

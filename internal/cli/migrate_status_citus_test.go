@@ -46,7 +46,7 @@ func TestMigrateStatusShowsCitusDistribution(t *testing.T) {
 		`pgquota.lease +distributed by name`,
 		`pgquota.fence +distributed by resource colocated with lease`,
 		`pgquota.voucher_code +distributed by campaign colocated with voucher_pool`,
-		`pgquota.outbox_claimed +distributed by id colocated with outbox`,
+		`pgquota.outbox_claimed +local`,
 		`pgquota.pgquota_migrations +local`,
 	} {
 		require.Regexp(t, regexp.MustCompile(`(?m)^`+want+`$`), tables)
