@@ -3,6 +3,7 @@ package migrations
 import (
 	"context"
 	"database/sql"
+	_ "embed"
 	"fmt"
 	"slices"
 	"strings"
@@ -299,7 +300,13 @@ func distributeCitus(ctx context.Context, db *sql.DB) error {
 		}
 	}
 	if len(todo) == 0 {
-		return nil // the transaction rolls back: nothing was changed
+		if err := applyCitusCalls(ctx, tx); err != nil {
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			return errorf("pgquota: distribute on Citus: commit the calls' Citus bodies: %w", err)
+		}
+		return nil
 	}
 	// The foreign keys from or to a table distributed here are dropped
 	// first and added back at the end: Citus turns a plain table with a
@@ -350,6 +357,9 @@ func distributeCitus(ctx context.Context, db *sql.DB) error {
 		}
 	}
 	if err := checkShardTypes(ctx, tx); err != nil {
+		return err
+	}
+	if err := applyCitusCalls(ctx, tx); err != nil {
 		return err
 	}
 	if err := tx.Commit(); err != nil {
@@ -429,3 +439,21 @@ func foreignKeys(ctx context.Context, tx *sql.Tx, tables []citusTable) ([]foreig
 
 // quoteIdent quotes an SQL identifier.
 func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+// citusCalls holds the Citus bodies of the calls whose plain versions
+// Citus refuses (the clock in a modification's clauses): lease acquire,
+// renew and release. See the file's head.
+//
+//go:embed citus/calls.sql
+var citusCalls string
+
+// applyCitusCalls replaces, in tx, the calls that have a Citus body
+// (citus/calls.sql) with it: on every Up on a Citus coordinator, after the
+// migrations, so a migration that redefines one of them is followed by its
+// Citus body again. CREATE OR REPLACE keeps the functions' privileges.
+func applyCitusCalls(ctx context.Context, tx *sql.Tx) error {
+	if _, err := tx.ExecContext(ctx, citusCalls); err != nil {
+		return errorf("pgquota: distribute on Citus: apply the calls' Citus bodies (migrations/citus/calls.sql): %w", err)
+	}
+	return nil
+}
