@@ -135,3 +135,136 @@ BEGIN
                         v_cur.renewed_at, v_cur.expires_at, v_now, pgquota.lease_notify_waiters(v_cur.name);
 END
 $fn$;
+
+-- pgquota.quota_define: 00014_sql_interface.sql and later. No row, and
+-- nothing written, when the zone is unknown or when the quota exists with
+-- another kind and p_replace_kind is false; with it, a change of kind
+-- deletes the quota's counters first (a statement over every shard of
+-- usage, in the same transaction).
+CREATE OR REPLACE FUNCTION pgquota.quota_define(p_name text, p_window_unit text, p_default_limit bigint, p_time_zone text, p_replace_kind boolean)
+RETURNS SETOF pgquota.quota
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pgquota, pg_temp
+    AS $fn$
+DECLARE
+    v_prev text;
+    v_tz   text;
+    v_now  timestamptz;
+BEGIN
+    SELECT z.name INTO v_tz FROM pg_catalog.pg_timezone_names z
+    WHERE lower(z.name) = lower(p_time_zone)
+    ORDER BY z.name = p_time_zone DESC, z.name
+    LIMIT 1;
+    IF v_tz IS NULL THEN
+        RETURN;
+    END IF;
+    SELECT p.window_unit INTO v_prev FROM pgquota.quota p WHERE p.name = p_name FOR UPDATE;
+    IF v_prev IS NOT NULL AND v_prev <> p_window_unit AND NOT p_replace_kind THEN
+        RETURN;
+    END IF;
+    PERFORM pgquota.durable_commit();
+    v_now := pgquota.clock();
+    IF v_prev IS NOT NULL AND v_prev <> p_window_unit THEN
+        -- One connection per worker: the transaction writes a reference
+        -- table next, which Citus refuses after parallel DML.
+        PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
+        DELETE FROM pgquota.usage u WHERE u.quota_name = p_name;
+    END IF;
+    RETURN QUERY
+    INSERT INTO pgquota.quota AS q (name, window_unit, time_zone, default_limit)
+    VALUES (p_name, p_window_unit, v_tz, p_default_limit)
+    ON CONFLICT (name) DO UPDATE
+    SET window_unit   = excluded.window_unit,
+        time_zone     = excluded.time_zone,
+        default_limit = excluded.default_limit,
+        updated_at    = v_now
+    RETURNING q.name, q.window_unit, q.time_zone, q.default_limit, q.created_at, q.updated_at;
+END
+$fn$;
+
+-- pgquota.quota_shape_define: 00011_limit_shapes.sql and later, as
+-- quota_define above.
+CREATE OR REPLACE FUNCTION pgquota.quota_shape_define(p_name text, p_window_unit text, p_default_limit bigint, p_period_us bigint, p_burst bigint, p_origin timestamptz, p_replace_kind boolean)
+RETURNS SETOF pgquota.quota_shape_defined
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pgquota, pg_temp
+    AS $fn$
+DECLARE
+    v_prev text;
+    v_now  timestamptz;
+    v_q    pgquota.quota;
+    v_s    pgquota.quota_shape;
+BEGIN
+    SELECT p.window_unit INTO v_prev FROM pgquota.quota p WHERE p.name = p_name FOR UPDATE;
+    IF v_prev IS NOT NULL AND v_prev <> p_window_unit AND NOT p_replace_kind THEN
+        RETURN;
+    END IF;
+    PERFORM pgquota.durable_commit();
+    v_now := pgquota.clock();
+    IF v_prev IS NOT NULL AND v_prev <> p_window_unit THEN
+        PERFORM set_config('citus.multi_shard_modify_mode', 'sequential', true);
+        DELETE FROM pgquota.usage u WHERE u.quota_name = p_name;
+        DELETE FROM pgquota.rate_state rs WHERE rs.quota_name = p_name;
+        DELETE FROM pgquota.rolling_usage ru WHERE ru.quota_name = p_name;
+    END IF;
+    INSERT INTO pgquota.quota AS q (name, window_unit, time_zone, default_limit)
+    VALUES (p_name, p_window_unit, 'UTC', p_default_limit)
+    ON CONFLICT (name) DO UPDATE
+    SET window_unit   = excluded.window_unit,
+        time_zone     = excluded.time_zone,
+        default_limit = excluded.default_limit,
+        updated_at    = v_now
+    RETURNING * INTO v_q;
+    INSERT INTO pgquota.quota_shape AS s (quota_name, period_us, burst, origin)
+    VALUES (p_name, p_period_us, p_burst, p_origin)
+    ON CONFLICT (quota_name) DO UPDATE
+    SET period_us  = excluded.period_us,
+        burst      = excluded.burst,
+        origin     = excluded.origin,
+        updated_at = v_now
+    RETURNING * INTO v_s;
+    RETURN QUERY SELECT v_q.name, v_q.window_unit, v_q.time_zone, v_q.default_limit, v_q.created_at, v_q.updated_at,
+                        v_s.period_us, v_s.burst, v_s.origin;
+END
+$fn$;
+
+-- pgquota.quota_override_set: 00014_sql_interface.sql and later.
+CREATE OR REPLACE FUNCTION pgquota.quota_override_set(p_member text, p_limit_value bigint, p_quota_name text)
+RETURNS SETOF pgquota.quota_override
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pgquota, pg_temp
+    AS $fn$
+DECLARE
+    v_now timestamptz;
+BEGIN
+    PERFORM 1 FROM pgquota.quota q WHERE q.name = p_quota_name FOR SHARE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM pgquota.durable_commit();
+    v_now := pgquota.clock();
+    RETURN QUERY
+    INSERT INTO pgquota.quota_override AS o (quota_name, member, limit_value)
+    VALUES (p_quota_name, p_member, p_limit_value)
+    ON CONFLICT (quota_name, member) DO UPDATE
+    SET limit_value = excluded.limit_value,
+        updated_at  = v_now
+    RETURNING o.quota_name, o.member, o.limit_value, o.updated_at;
+END
+$fn$;
+
+-- pgquota.quota_override_delete: 00014_sql_interface.sql and later.
+CREATE OR REPLACE FUNCTION pgquota.quota_override_delete(p_quota_name text, p_member text)
+RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pgquota, pg_temp
+    AS $fn$
+DECLARE
+    v_rows bigint;
+BEGIN
+    PERFORM pgquota.durable_commit();
+    DELETE FROM pgquota.quota_override o WHERE o.quota_name = p_quota_name AND o.member = p_member;
+    GET DIAGNOSTICS v_rows = ROW_COUNT;
+    RETURN v_rows;
+END
+$fn$;
