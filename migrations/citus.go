@@ -451,9 +451,30 @@ var citusCalls string
 // (citus/calls.sql) with it: on every Up on a Citus coordinator, after the
 // migrations, so a migration that redefines one of them is followed by its
 // Citus body again. CREATE OR REPLACE keeps the functions' privileges.
+//
+// A Citus body must replace a function the migrations made: one whose
+// arguments no longer match would add an overload beside it, which the
+// count of pgquota's functions before and after catches (the run fails).
 func applyCitusCalls(ctx context.Context, tx *sql.Tx) error {
+	count := func() (int, error) {
+		var n int
+		err := tx.QueryRowContext(ctx, `SELECT count(*) FROM pg_proc WHERE pronamespace = $1::regnamespace`, Schema).Scan(&n)
+		return n, err
+	}
+	before, err := count()
+	if err != nil {
+		return errorf("pgquota: distribute on Citus: count pgquota's functions: %w", err)
+	}
 	if _, err := tx.ExecContext(ctx, citusCalls); err != nil {
 		return errorf("pgquota: distribute on Citus: apply the calls' Citus bodies (migrations/citus/calls.sql): %w", err)
+	}
+	after, err := count()
+	if err != nil {
+		return errorf("pgquota: distribute on Citus: count pgquota's functions: %w", err)
+	}
+	if after != before {
+		return fmt.Errorf("pgquota: distribute on Citus: migrations/citus/calls.sql created %d function(s) instead of replacing the migrations' own: "+
+			"a Citus body's arguments differ from its function's (nothing was changed)", after-before)
 	}
 	return nil
 }

@@ -268,3 +268,25 @@ func TestCitusUpFailsNamingUnplannedTable(t *testing.T) {
 	require.Equal(t, got["lease"].Colocation, got["semaphore"].Colocation)
 	require.Equal(t, "distributed", got["usage"].Kind, "tables distributed before are left as they were")
 }
+
+// The Citus bodies (migrations/citus/calls.sql) replace functions the
+// migrations made: a body whose function is gone (or whose arguments
+// changed) would add a function of its own, and Up fails naming the file,
+// changing nothing.
+func TestCitusUpRefusesACitusBodyWithoutItsFunction(t *testing.T) {
+	c := cituscluster.Start(t, 1)
+	ctx := context.Background()
+	db := citusDB(t, c)
+	_, err := migrations.Up(ctx, db)
+	require.NoError(t, err)
+	var body string
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT prosrc FROM pg_proc WHERE oid = 'pgquota.lease_acquire(interval,text,text,text)'::regprocedure`).Scan(&body))
+	require.Contains(t, body, "v_now := pgquota.clock();", "the Citus body is in place")
+
+	c.Exec(`DROP FUNCTION pgquota.quota_override_delete(text, text)`)
+	_, err = migrations.Up(ctx, db)
+	require.ErrorContains(t, err, "migrations/citus/calls.sql created 1 function(s) instead of replacing the migrations' own")
+	var n int
+	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM pg_proc WHERE proname = 'quota_override_delete'`).Scan(&n))
+	require.Zero(t, n, "nothing was changed")
+}
