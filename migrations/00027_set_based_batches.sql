@@ -176,7 +176,7 @@ BEGIN
     SELECT array_agg(y.l_i ORDER BY y.l_i, y.l_ord), array_agg(y.l_ord ORDER BY y.l_i, y.l_ord),
            array_agg(y.l_name ORDER BY y.l_i, y.l_ord), array_agg(y.l_found ORDER BY y.l_i, y.l_ord),
            array_agg(y.l_unit ORDER BY y.l_i, y.l_ord), array_agg(y.l_tz ORDER BY y.l_i, y.l_ord),
-           array_agg(y.l_limit ORDER BY y.l_i, y.l_ord),
+           array_agg(CASE WHEN y.l_found THEN y.l_limit END ORDER BY y.l_i, y.l_ord),
            array_agg(CASE WHEN y.l_unit = 'rate' THEN coalesce(y.l_burst, y.l_limit) END ORDER BY y.l_i, y.l_ord),
            array_agg(y.l_period ORDER BY y.l_i, y.l_ord), array_agg(y.l_origin ORDER BY y.l_i, y.l_ord),
            array_agg(y.l_usable ORDER BY y.l_i, y.l_ord),
