@@ -4,9 +4,10 @@
 -- name: LimitsGrantBatch :many
 -- Decides a batch of grants in ONE statement (one round trip, one commit
 -- when it runs on its own): pgquota.grant_limits_batch
--- (migrations/00016_shaped_batch.sql), which says why each request's
--- outcome is the one pgquota.grant_limits would give it alone, the
--- requests run one after another in array order. Request i names the
+-- (migrations/00027_set_based_batches.sql), which locks and writes each
+-- state row once and says why each request's outcome is the one
+-- pgquota.grant_limits would give it, the requests run one after another
+-- in array order at the batch's one instant (decided_at). Request i names the
 -- quotas @quota_names[@firsts[i] .. @firsts[i] + @counts[i] - 1] for member
 -- @members[i], @amounts[i] units, with the call's limit @limit_values[i]
 -- (-1 for none). The rows are those of LimitsGrant (rate.sql) for each
