@@ -4,7 +4,7 @@
 -- name: LimitsGrantBatch :many
 -- Decides a batch of grants in ONE statement (one round trip, one commit
 -- when it runs on its own): pgquota.grant_limits_batch
--- (migrations/00027_set_based_batches.sql), which locks and writes each
+-- (migrations/00025_set_based_batches.sql), which locks and writes each
 -- state row once and says why each request's outcome is the one
 -- pgquota.grant_limits would give it, the requests run one after another
 -- in array order at the batch's one instant (decided_at). Request i names the

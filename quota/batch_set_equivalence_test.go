@@ -20,7 +20,7 @@ type eqCall struct {
 	limit  int64 // -1: none
 }
 
-// TestBatchSetEquivalence proves that pgquota.grant_limits_batch (00027),
+// TestBatchSetEquivalence proves that pgquota.grant_limits_batch (00025),
 // which locks and writes each state row once per batch and decides its
 // requests in memory, gives every request the rows pgquota.grant_limits_row
 // gives it when the requests run one at a time in array order, and leaves
