@@ -157,4 +157,3 @@ func eqOneAtATime(t *testing.T, b *testBundle, calls []eqCall) ([]string, []stri
 	require.NoError(t, tx.Commit(b.ctx))
 	return got, state
 }
-

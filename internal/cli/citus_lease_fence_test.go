@@ -88,7 +88,9 @@ func TestCitusLeaseAcquireFencesAndRefusesStaleToken(t *testing.T) {
 	_, err = tx.Exec(t.Context(), `SELECT 1 FROM pgquota.lease WHERE name = 'report' FOR UPDATE`)
 	require.NoError(t, err)
 	done := make(chan result, 1)
-	go func() { done <- runDB(t, db, "--json", "lease", "renew", "--name", "report", "--token", strconv.FormatInt(third, 10), "--ttl", "1s") }()
+	go func() {
+		done <- runDB(t, db, "--json", "lease", "renew", "--name", "report", "--token", strconv.FormatInt(third, 10), "--ttl", "1s")
+	}()
 	time.Sleep(1500 * time.Millisecond)
 	require.NoError(t, tx.Commit(t.Context()))
 	rr := <-done
