@@ -105,14 +105,18 @@ func (q *Queries) SlotAcquire(ctx context.Context, db DBTX, arg SlotAcquireParam
 }
 
 const slotList = `-- name: SlotList :many
+WITH g AS MATERIALIZED (
+    SELECT g.i::int AS i, pgquota.slot_lease_name(s.name, g.i::int) AS lease_name
+    FROM pgquota.semaphore s
+    CROSS JOIN LATERAL generate_series(0, s.slots - 1) g(i)
+    WHERE s.name = $1::text
+)
 SELECT g.i::int AS slot, l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at,
        c.at AS db_now,
        coalesce(CASE WHEN l.payload_token = l.token THEN l.payload END, '')::text AS payload
-FROM pgquota.semaphore s
-CROSS JOIN LATERAL generate_series(0, s.slots - 1) g(i)
-JOIN pgquota.lease l ON l.name = pgquota.slot_lease_name(s.name, g.i::int)
+FROM g
+JOIN pgquota.lease l ON l.name = g.lease_name
 CROSS JOIN (SELECT pgquota.clock() AS at) c
-WHERE s.name = $1::text
 ORDER BY g.i
 `
 
@@ -131,6 +135,10 @@ type SlotListRow struct {
 
 // The slot lease rows of semaphore @name, held or not (by the database
 // clock: compare expires_at with db_now), by slot.
+// The slot names are computed first (a materialized CTE), then joined
+// with the lease rows on their name: on Citus the lease table's
+// distribution column, which a join on an expression of the semaphore's
+// row is not (Citus refuses that join).
 func (q *Queries) SlotList(ctx context.Context, db DBTX, name string) ([]SlotListRow, error) {
 	rows, err := db.Query(ctx, slotList, name)
 	if err != nil {

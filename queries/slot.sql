@@ -18,12 +18,20 @@ WHERE s.name = @name::text;
 -- name: SlotList :many
 -- The slot lease rows of semaphore @name, held or not (by the database
 -- clock: compare expires_at with db_now), by slot.
+-- The slot names are computed first (a materialized CTE), then joined
+-- with the lease rows on their name: on Citus the lease table's
+-- distribution column, which a join on an expression of the semaphore's
+-- row is not (Citus refuses that join).
+WITH g AS MATERIALIZED (
+    SELECT g.i::int AS i, pgquota.slot_lease_name(s.name, g.i::int) AS lease_name
+    FROM pgquota.semaphore s
+    CROSS JOIN LATERAL generate_series(0, s.slots - 1) g(i)
+    WHERE s.name = @name::text
+)
 SELECT g.i::int AS slot, l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at,
        c.at AS db_now,
        coalesce(CASE WHEN l.payload_token = l.token THEN l.payload END, '')::text AS payload
-FROM pgquota.semaphore s
-CROSS JOIN LATERAL generate_series(0, s.slots - 1) g(i)
-JOIN pgquota.lease l ON l.name = pgquota.slot_lease_name(s.name, g.i::int)
+FROM g
+JOIN pgquota.lease l ON l.name = g.lease_name
 CROSS JOIN (SELECT pgquota.clock() AS at) c
-WHERE s.name = @name::text
 ORDER BY g.i;

@@ -268,3 +268,412 @@ BEGIN
     RETURN v_rows;
 END
 $fn$;
+
+-- pgquota.slot_lease_guard: 00012_slots.sql. The trigger runs on the
+-- worker holding the lease's shard, which cannot see the coordinator's
+-- transaction settings (pgquota.slot_taking, set by slot_acquire), so on
+-- Citus it lets every row through. Slot names stay reserved all the same:
+-- the lease API's Citus body (lease_acquire, above) refuses any name
+-- starting with "slot:" (PQ012), and the application role has no
+-- privilege on pgquota.lease (00022), so only slot_acquire writes them.
+CREATE OR REPLACE FUNCTION pgquota.slot_lease_guard() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $fn$
+BEGIN
+    RETURN NEW;
+END
+$fn$;
+
+-- pgquota.slot_acquire: 00022_app_role_lockdown.sql, without the
+-- pgquota.slot_taking setting (see slot_lease_guard above) and with the
+-- clock in variables.
+CREATE OR REPLACE FUNCTION pgquota.slot_acquire(p_name text, p_limit integer, p_holder text, p_attempt text, p_ttl interval)
+RETURNS TABLE(taken boolean, slot integer, lease_name text, holder text, attempt text, token bigint, acquired_at timestamp with time zone, renewed_at timestamp with time zone, expires_at timestamp with time zone, db_now timestamp with time zone, holders integer, next_expiry timestamp with time zone)
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pgquota, pg_temp
+    AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_sem   pgquota.semaphore;
+    v_row   pgquota.lease;
+    v_at    timestamptz;
+    v_held  integer;
+    v_next  timestamptz;
+    v_slot  text;
+    v_token bigint;
+    v_found boolean;
+BEGIN
+    IF p_name IS NULL OR octet_length(p_name) NOT BETWEEN 1 AND 240 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'pgquota: slot_acquire: the semaphore name must be 1 to 240 bytes';
+    END IF;
+    IF p_limit IS NULL OR p_limit NOT BETWEEN 1 AND 1000 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('pgquota: slot_acquire: the limit must be 1 to 1000, got %s', coalesce(p_limit::text, 'NULL'));
+    END IF;
+    IF p_holder IS NULL OR p_holder = '' OR p_attempt IS NULL OR p_attempt = '' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = 'pgquota: slot_acquire: the holder and the attempt must not be empty';
+    END IF;
+    IF p_ttl IS NULL OR p_ttl <= interval '0' THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('pgquota: slot_acquire: the ttl must be positive, got %s', coalesce(p_ttl::text, 'NULL'));
+    END IF;
+    PERFORM pgquota.durable_commit();
+
+    -- Before any lock, from the statement's snapshot: a retry of an
+    -- attempt that holds a slot gets it back, and a semaphore full at the
+    -- limit it was last given answers "full" without a lock and without a
+    -- write. Both are safe without the lock: the attempt's slot is its
+    -- own; and this count only ever decides a refusal, never a take: it
+    -- may miss a release committed since the snapshot (a refusal that
+    -- the caller retries), and when it misses an acquire and finds room,
+    -- the locked path below counts again. Waiters poll here without
+    -- queueing on the semaphore's row.
+    v_at := pgquota.clock();
+    SELECT * INTO v_sem FROM pgquota.semaphore s WHERE s.name = p_name;
+    IF FOUND THEN
+        SELECT l.* INTO v_row
+        FROM generate_series(0, greatest(v_sem.slots, p_limit) - 1) g(i)
+        JOIN pgquota.lease l ON l.name = pgquota.slot_lease_name(p_name, g.i)
+        WHERE l.attempt = p_attempt AND l.expires_at > v_at
+        LIMIT 1;
+        v_found := FOUND;
+        SELECT count(*), min(l.expires_at) INTO v_held, v_next
+        FROM generate_series(0, greatest(v_sem.slots, p_limit) - 1) g(i)
+        JOIN pgquota.lease l ON l.name = pgquota.slot_lease_name(p_name, g.i)
+        WHERE l.expires_at > v_at;
+        IF v_found THEN
+            RETURN QUERY SELECT true, substring(v_row.name FROM '[0-9]+$')::integer, v_row.name, v_row.holder, v_row.attempt,
+                                v_row.token, v_row.acquired_at, v_row.renewed_at, v_row.expires_at, v_at, v_held,
+                                NULL::timestamptz;
+            RETURN;
+        END IF;
+        IF v_held >= p_limit AND v_sem.slot_limit = p_limit THEN
+            RETURN QUERY SELECT false, -1, ''::text, ''::text, ''::text, 0::bigint, NULL::timestamptz,
+                                NULL::timestamptz, NULL::timestamptz, v_at, v_held, v_next;
+            RETURN;
+        END IF;
+    END IF;
+
+    LOOP
+        SELECT * INTO v_sem FROM pgquota.semaphore s WHERE s.name = p_name FOR UPDATE;
+        EXIT WHEN FOUND;
+        v_at := pgquota.clock();
+        INSERT INTO pgquota.semaphore (name, slot_limit, slots, created_at, updated_at)
+        VALUES (p_name, p_limit, p_limit, v_at, v_at)
+        ON CONFLICT (name) DO NOTHING;
+    END LOOP;
+
+    v_at := pgquota.clock();
+    -- The same attempt again (committed while this call waited for the
+    -- lock): its slot, unchanged.
+    SELECT l.* INTO v_row
+    FROM generate_series(0, greatest(v_sem.slots, p_limit) - 1) g(i)
+    JOIN pgquota.lease l ON l.name = pgquota.slot_lease_name(p_name, g.i)
+    WHERE l.attempt = p_attempt AND l.expires_at > v_at
+    LIMIT 1;
+    IF FOUND THEN
+        SELECT count(*) INTO v_held
+        FROM generate_series(0, greatest(v_sem.slots, p_limit) - 1) g(i)
+        JOIN pgquota.lease l ON l.name = pgquota.slot_lease_name(p_name, g.i)
+        WHERE l.expires_at > v_at;
+        RETURN QUERY SELECT true, substring(v_row.name FROM '[0-9]+$')::integer, v_row.name, v_row.holder, v_row.attempt,
+                            v_row.token, v_row.acquired_at, v_row.renewed_at, v_row.expires_at, v_at, v_held,
+                            NULL::timestamptz;
+        RETURN;
+    END IF;
+
+    SELECT count(*), min(l.expires_at) INTO v_held, v_next
+    FROM generate_series(0, greatest(v_sem.slots, p_limit) - 1) g(i)
+    JOIN pgquota.lease l ON l.name = pgquota.slot_lease_name(p_name, g.i)
+    WHERE l.expires_at > v_at;
+
+    IF v_held < p_limit THEN
+        FOR i IN 0 .. p_limit - 1 LOOP
+            v_slot := pgquota.slot_lease_name(p_name, i);
+            SELECT * INTO v_row FROM pgquota.lease l WHERE l.name = v_slot FOR UPDATE SKIP LOCKED;
+            v_found := FOUND;
+            IF NOT v_found THEN
+                CONTINUE WHEN EXISTS (SELECT 1 FROM pgquota.lease l WHERE l.name = v_slot);
+                -- Absent. The lease acquirers' advisory lock on the name
+                -- (queries/lease.sql), which the reaper also tries.
+                PERFORM pg_advisory_xact_lock(hashtextextended('pgquota.lease:' || v_slot, 0));
+            END IF;
+            v_at := pgquota.clock();
+            CONTINUE WHEN v_found AND v_row.expires_at > v_at;
+            v_token := pgquota.next_lease_token();
+            v_at := pgquota.clock();
+            IF v_found THEN
+                UPDATE pgquota.lease l
+                SET holder = p_holder, attempt = p_attempt, token = v_token,
+                    acquired_at = v_at, renewed_at = v_at, expires_at = v_at + p_ttl
+                WHERE l.name = v_slot
+                RETURNING l.* INTO v_row;
+            ELSE
+                INSERT INTO pgquota.lease AS l (name, holder, attempt, token, acquired_at, renewed_at, expires_at)
+                VALUES (v_slot, p_holder, p_attempt, v_token, v_at, v_at, v_at + p_ttl)
+                ON CONFLICT (name) DO NOTHING
+                RETURNING l.* INTO v_row;
+                v_found := FOUND;
+            END IF;
+            -- Inserted meanwhile: the lease API refuses slot names (its
+            -- Citus body); pass over it all the same.
+            CONTINUE WHEN NOT v_found;
+            INSERT INTO pgquota.fence AS f (resource, max_token, updated_at)
+            VALUES (v_slot, v_token, v_at)
+            ON CONFLICT (resource) DO UPDATE
+            SET max_token = excluded.max_token, updated_at = excluded.updated_at
+            WHERE f.max_token < excluded.max_token;
+            UPDATE pgquota.semaphore s
+            SET slot_limit = p_limit, slots = greatest(s.slots, p_limit),
+                acquisitions = s.acquisitions + 1, updated_at = v_at
+            WHERE s.name = p_name;
+            RETURN QUERY SELECT true, i, v_row.name, v_row.holder, v_row.attempt, v_row.token, v_row.acquired_at,
+                                v_row.renewed_at, v_row.expires_at, pgquota.clock(), v_held + 1, NULL::timestamptz;
+            RETURN;
+        END LOOP;
+        -- Fewer than p_limit held, but every free slot's row was locked
+        -- by another session.
+        v_next := NULL;
+    END IF;
+    IF v_sem.slot_limit <> p_limit THEN
+        v_at := pgquota.clock();
+        UPDATE pgquota.semaphore s
+        SET slot_limit = p_limit, slots = greatest(s.slots, p_limit), updated_at = v_at
+        WHERE s.name = p_name;
+    END IF;
+    RETURN QUERY SELECT false, -1, ''::text, ''::text, ''::text, 0::bigint, NULL::timestamptz,
+                        NULL::timestamptz, NULL::timestamptz, pgquota.clock(), v_held, v_next;
+END
+$fn$;
+
+-- pgquota.lease_payload_set: 00022_app_role_lockdown.sql. The lease's row
+-- is locked first (one shard), then the clock is read.
+CREATE OR REPLACE FUNCTION pgquota.lease_payload_set(p_payload text, p_name text, p_token bigint, p_require_held boolean)
+RETURNS TABLE (name text, holder text, attempt text, token bigint, acquired_at timestamptz, renewed_at timestamptz, expires_at timestamptz, db_now timestamptz, payload text)
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pgquota, pg_temp
+    AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz;
+BEGIN
+    PERFORM pgquota.durable_commit();
+    PERFORM 1 FROM pgquota.lease l WHERE l.name = p_name FOR UPDATE;
+    v_now := pgquota.clock();
+    RETURN QUERY
+    UPDATE pgquota.lease l
+    SET payload = p_payload,
+        payload_token = l.token
+    WHERE l.name = p_name
+      AND l.token = p_token
+      AND (NOT p_require_held OR l.expires_at > v_now)
+    RETURNING l.name, l.holder, l.attempt, l.token, l.acquired_at, l.renewed_at, l.expires_at, v_now AS db_now,
+              coalesce(l.payload, '')::text AS payload;
+END
+$fn$;
+
+-- pgquota.compensate_grant: 00022_app_role_lockdown.sql, with the clock
+-- read into a variable after the outcome's row is locked.
+CREATE OR REPLACE FUNCTION pgquota.compensate_grant(p_grant_id bigint)
+RETURNS TABLE(grant_id bigint, target text, member text, amount bigint, granted boolean, window_start timestamp with time zone, window_end timestamp with time zone, revoked_now boolean, compensated bigint, compensated_used bigint, compensated_at timestamp with time zone, written_used bigint)
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pgquota, pg_temp
+    AS $fn$
+DECLARE
+    g      record;
+    v_cur  bigint;
+    v_comp bigint;
+    v_left bigint;
+    v_at   timestamptz;
+    v_used bigint;
+BEGIN
+    IF p_grant_id IS NULL OR p_grant_id < 1 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023',
+            MESSAGE = format('pgquota.compensate_grant: p_grant_id must be at least 1, got %s', coalesce(p_grant_id::text, 'NULL'));
+    END IF;
+    SELECT l.grant_id AS id, l.target AS quota, l.member AS who, l.amount AS units, o.granted AS ok,
+           o.window_start AS ws, o.window_end AS we
+    INTO g
+    FROM pgquota.ledger l
+    JOIN pgquota.ledger_outcome o ON o.grant_id = l.grant_id
+    WHERE l.grant_id = p_grant_id
+      AND l.operation = 'grant';
+    IF g.id IS NULL THEN
+        RETURN;
+    END IF;
+    PERFORM pgquota.durable_commit();
+    IF g.ok THEN
+        SELECT u.used INTO v_cur
+        FROM pgquota.usage u
+        WHERE u.quota_name = g.quota AND u.member = g.who
+          AND u.window_start = g.ws AND u.window_end = g.we
+        FOR UPDATE;
+    END IF;
+    -- Citus: the outcome's row is locked first, then the clock is read
+    -- (a VOLATILE function in SET is refused on a distributed table).
+    PERFORM 1 FROM pgquota.ledger_outcome o WHERE o.grant_id = g.id FOR UPDATE;
+    v_at := pgquota.clock();
+    UPDATE pgquota.ledger_outcome AS o
+    SET compensated = least(coalesce(v_cur, 0), g.units),
+        compensated_used = coalesce(v_cur, 0) - least(coalesce(v_cur, 0), g.units),
+        compensated_at = v_at
+    WHERE o.grant_id = g.id
+      AND o.compensated_at IS NULL
+    RETURNING o.compensated, o.compensated_used, o.compensated_at INTO v_comp, v_left, v_at;
+    IF NOT FOUND THEN
+        v_at := NULL;
+    END IF;
+    IF v_at IS NOT NULL AND v_comp > 0 THEN
+        -- least(): kept from the single-statement form this function
+        -- replaces (queries/ledger.sql, LedgerRevokeGrant), where
+        -- PostgreSQL computed the new row from the version in the
+        -- statement's snapshot, which could hold fewer units than the
+        -- locked one, and checked it against usage_used_nonnegative before
+        -- re-evaluating SET on the locked version. Here the UPDATE takes
+        -- its snapshot after the lock (READ COMMITTED), so it reads the
+        -- locked version, on which least() is v_comp itself (v_cur >=
+        -- v_comp); least() keeps the write from failing the check should a
+        -- snapshot ever predate the lock.
+        UPDATE pgquota.usage AS u
+        SET used = u.used - least(u.used, v_comp),
+            updated_at = v_at
+        WHERE u.quota_name = g.quota AND u.member = g.who
+          AND u.window_start = g.ws AND u.window_end = g.we
+        RETURNING u.used INTO v_used;
+    END IF;
+    RETURN QUERY SELECT g.id, g.quota, g.who, g.units, g.ok, g.ws, g.we, v_at IS NOT NULL,
+                        coalesce(v_comp, 0), coalesce(v_left, 0), v_at, coalesce(v_used, -1);
+END
+$fn$;
+
+-- pgquota.usage_grant_batch: 00020_decision_instant.sql. Same arguments,
+-- rows and decisions; on Citus every statement names one counter (one
+-- shard): a multi-shard SELECT ... FOR UPDATE is refused. The counters are
+-- decided one after another in (quota, member) order, so two batches never
+-- wait on each other in a cycle, each locked by a one-shard SELECT ... FOR
+-- NO KEY UPDATE (a missing counter inserted with ON CONFLICT DO NOTHING and
+-- locked by the next pass), its calls decided in order by greedy_take on
+-- the locked value, as one call at a time would. The decision instant is
+-- read after every lock is held; when a window boundary passed meanwhile
+-- the pass's writes are undone (the rows are still held) and the batch is
+-- decided again in the new instant's windows, as the plain body does.
+CREATE OR REPLACE FUNCTION pgquota.usage_grant_batch(
+    p_quota_names text[], p_members text[], p_firsts integer[], p_counts integer[],
+    p_amounts bigint[], p_limits bigint[]
+) RETURNS TABLE (
+    counter_index      integer,
+    implicit_limit     bigint,
+    window_start       timestamptz,
+    window_end         timestamptz,
+    written            boolean,
+    used_before        bigint,
+    used_after         bigint,
+    decided_at         timestamptz
+)
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pgquota, pg_temp
+    AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_n     integer := coalesce(cardinality(p_quota_names), 0);
+    v_order integer[];
+    v_at    timestamptz;
+    v_now   timestamptz;
+    v_lo    timestamptz;
+    v_hi    timestamptz;
+    v_lim   bigint;
+    v_ws    timestamptz;
+    v_we    timestamptz;
+    v_am    bigint[];
+    v_li    bigint[];
+    v_used  bigint;
+    v_take  bigint;
+    v_ok    boolean;
+    i       integer;
+    o_i     integer[];
+    o_lim   bigint[];
+    o_ws    timestamptz[];
+    o_we    timestamptz[];
+    o_wr    boolean[];
+    o_bef   bigint[];
+    o_aft   bigint[];
+BEGIN
+    v_order := array(SELECT t.i FROM generate_series(1, v_n) t(i)
+                     ORDER BY p_quota_names[t.i], p_members[t.i], t.i);
+    v_at := pgquota.clock();
+    LOOP
+        v_lo := '-infinity';
+        v_hi := 'infinity';
+        o_i := '{}'; o_lim := '{}'; o_ws := '{}'; o_we := '{}'; o_wr := '{}'; o_bef := '{}'; o_aft := '{}';
+        FOREACH i IN ARRAY v_order LOOP
+            SELECT coalesce(o.limit_value, q.default_limit),
+                   pgquota.window_start(q.window_unit, q.time_zone, v_at),
+                   pgquota.window_end(q.window_unit, q.time_zone, v_at)
+            INTO v_lim, v_ws, v_we
+            FROM pgquota.quota q
+            LEFT JOIN pgquota.quota_override o ON o.quota_name = q.name AND o.member = p_members[i]
+            WHERE q.name = p_quota_names[i];
+            CONTINUE WHEN NOT FOUND;  -- no such quota: no row for the counter
+            v_am := p_amounts[p_firsts[i] : p_firsts[i] + p_counts[i] - 1];
+            v_li := p_limits[p_firsts[i] : p_firsts[i] + p_counts[i] - 1];
+            LOOP
+                SELECT u.used INTO v_used FROM pgquota.usage u
+                WHERE u.quota_name = p_quota_names[i] AND u.member = p_members[i]
+                  AND u.window_start = v_ws AND u.window_end = v_we
+                FOR NO KEY UPDATE;
+                IF FOUND THEN
+                    v_take := pgquota.greedy_take(v_used, v_am, v_li, v_lim);
+                    IF v_take > 0 THEN
+                        UPDATE pgquota.usage u SET used = v_used + v_take, updated_at = v_at
+                        WHERE u.quota_name = p_quota_names[i] AND u.member = p_members[i]
+                          AND u.window_start = v_ws AND u.window_end = v_we;
+                    END IF;
+                    v_ok := v_take > 0;
+                    EXIT;
+                END IF;
+                v_take := pgquota.greedy_take(0, v_am, v_li, v_lim);
+                IF v_take = 0 THEN
+                    -- Nothing fits even an empty counter: what a denial
+                    -- reports is the latest committed value.
+                    v_used := pgquota.usage_used_fresh(p_quota_names[i], p_members[i], v_ws, v_we);
+                    v_ok := false;
+                    EXIT;
+                END IF;
+                v_used := 0;
+                INSERT INTO pgquota.usage AS u (quota_name, member, window_start, window_end, used, updated_at)
+                VALUES (p_quota_names[i], p_members[i], v_ws, v_we, v_take, v_at)
+                ON CONFLICT (quota_name, member, window_start, window_end) DO NOTHING;
+                v_ok := FOUND;
+                EXIT WHEN v_ok;
+                -- Inserted meanwhile by another call: lock it and decide on it.
+            END LOOP;
+            v_lo := greatest(v_lo, v_ws);
+            v_hi := least(v_hi, v_we);
+            o_i := o_i || i;
+            o_lim := o_lim || v_lim;
+            o_ws := o_ws || v_ws;
+            o_we := o_we || v_we;
+            o_wr := o_wr || v_ok;
+            o_bef := o_bef || v_used;
+            o_aft := o_aft || (v_used + CASE WHEN v_ok THEN v_take ELSE 0 END);
+        END LOOP;
+        -- Every lock is held: the decision's instant, if every window holds it.
+        v_now := pgquota.clock();
+        EXIT WHEN v_now >= v_lo AND v_now < v_hi;
+        -- A boundary passed: undo this pass's writes, one counter at a time
+        -- (the rows are still held), and decide again.
+        FOR i IN 1 .. cardinality(o_i) LOOP
+            CONTINUE WHEN NOT o_wr[i];
+            UPDATE pgquota.usage u SET used = o_bef[i]
+            WHERE u.quota_name = p_quota_names[o_i[i]] AND u.member = p_members[o_i[i]]
+              AND u.window_start = o_ws[i] AND u.window_end = o_we[i];
+        END LOOP;
+        v_at := v_now;
+    END LOOP;
+    RETURN QUERY
+        SELECT x.i, x.lim, x.ws, x.we, x.wr, x.bef, x.aft, v_now
+        FROM unnest(o_i, o_lim, o_ws, o_we, o_wr, o_bef, o_aft) AS x(i, lim, ws, we, wr, bef, aft);
+END
+$fn$;
