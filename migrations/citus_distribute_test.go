@@ -290,3 +290,55 @@ func TestCitusUpRefusesACitusBodyWithoutItsFunction(t *testing.T) {
 	require.NoError(t, db.QueryRowContext(ctx, `SELECT count(*) FROM pg_proc WHERE proname = 'quota_override_delete'`).Scan(&n))
 	require.Zero(t, n, "nothing was changed")
 }
+
+// withoutReplicaIdentity lists the tables and shards of schema pgquota on
+// one node that have no replica identity (no primary key, no REPLICA
+// IDENTITY USING INDEX, not FULL): logical replication, and so a Citus
+// rebalance, cannot move them.
+func withoutReplicaIdentity(t *testing.T, db *sql.DB) []string {
+	t.Helper()
+	return queryStrings(t, db, `SELECT c.relname::text FROM pg_class c
+		WHERE c.relnamespace = 'pgquota'::regnamespace AND c.relkind IN ('r', 'p')
+		  AND c.relreplident <> 'f'
+		  AND NOT EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid
+		                  AND (i.indisreplident OR (c.relreplident = 'd' AND i.indisprimary)))
+		ORDER BY 1`)
+}
+
+// A cluster distributed by an older build (no replica identity on the
+// row-type tables) that runs Up again gets 00026's REPLICA IDENTITY on the
+// coordinator and on every worker's placements, so that a rebalance can
+// move them (internal/cli/citus_rebalance_under_load_test.go).
+func TestCitusUpgradeGivesEveryPlacementAReplicaIdentity(t *testing.T) {
+	c := cituscluster.Start(t, 2)
+	ctx := context.Background()
+	db := citusDB(t, c)
+	_, err := migrations.Up(ctx, db)
+	require.NoError(t, err)
+
+	// The cluster as the build before 00026 left it.
+	for _, stmt := range []string{
+		`ALTER TABLE pgquota.quota_shape_defined REPLICA IDENTITY DEFAULT`,
+		`ALTER TABLE pgquota.outbox_claimed REPLICA IDENTITY DEFAULT`,
+		`DELETE FROM ` + migrations.VersionTable + ` WHERE version_id >= 26`,
+	} {
+		_, err := db.ExecContext(ctx, stmt)
+		require.NoError(t, err, stmt)
+	}
+	workers := c.Workers()
+	workerDB := func(i int) *sql.DB {
+		w, err := sql.Open("pgx", workers[i].URL(cituscluster.Database))
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = w.Close() })
+		return w
+	}
+	require.NotEmpty(t, withoutReplicaIdentity(t, workerDB(0)), "the older schema's placements lack one")
+
+	res, err := migrations.Up(ctx, db)
+	require.NoError(t, err)
+	require.NotEmpty(t, res)
+	require.Empty(t, withoutReplicaIdentity(t, db), "coordinator")
+	for i := range workers {
+		require.Empty(t, withoutReplicaIdentity(t, workerDB(i)), "worker %d", workers[i].Port)
+	}
+}
