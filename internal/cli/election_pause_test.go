@@ -71,7 +71,14 @@ func startPgquota(t *testing.T, args ...string) (*exec.Cmd, *syncBuffer, *syncBu
 // exits 3.
 func TestCLIElectionStoppedLeaderIsDeposed(t *testing.T) {
 	t.Parallel()
-	dbURL := pgtest.NewURL(t)
+	requireStoppedLeaderIsDeposed(t, pgtest.NewURL(t))
+}
+
+// requireStoppedLeaderIsDeposed is TestCLIElectionStoppedLeaderIsDeposed on
+// the migrated database dbURL (a plain server's, or a Citus
+// coordinator's).
+func requireStoppedLeaderIsDeposed(t *testing.T, dbURL string) {
+	t.Helper()
 	ctx := context.Background()
 
 	leader, stdout, stderr := startPgquota(t, "--database-url", dbURL, "election", "campaign", "--name", "primary",
