@@ -3,6 +3,7 @@ package migrations
 import (
 	"context"
 	"database/sql"
+	"errors"
 	_ "embed"
 	"fmt"
 	"slices"
@@ -126,6 +127,68 @@ func (d TableDistribution) String() string {
 	default:
 		return "distributed by " + d.Column
 	}
+}
+
+// ErrCitusWorker is the error on a Citus worker node's database, wrapped
+// by *CitusWorkerError: pgquota runs on the coordinator only. Its version
+// table, its token sequence (lease tokens, so their order) and the
+// advisory locks that order lease acquisitions and waiters are the
+// coordinator's, and every decision reads the coordinator's clock; a
+// worker has none of them, so Up, ReadState (and so Client.CheckSchema
+// and every pgquota command) refuse it, and a lease call sent there fails.
+var ErrCitusWorker = errors.New("pgquota: this is a Citus worker node: pgquota runs on the coordinator only")
+
+// SQLStateCitusWorker is the SQLSTATE of the lease calls (lease_acquire,
+// lease_release, slot_acquire) run on a Citus worker node: the Go library
+// returns it wrapped with ErrCitusWorker.
+const SQLStateCitusWorker = "PQ021"
+
+// CitusWorkerError is ErrCitusWorker with the coordinator's address as
+// the worker's pg_dist_node lists it.
+type CitusWorkerError struct {
+	// Coordinator is the coordinator's host:port, "" when the worker's
+	// metadata does not list it.
+	Coordinator string
+}
+
+func (e *CitusWorkerError) Error() string {
+	if e.Coordinator == "" {
+		return ErrCitusWorker.Error() + ": connect to the coordinator"
+	}
+	return ErrCitusWorker.Error() + ": connect to the coordinator, " + e.Coordinator
+}
+
+func (e *CitusWorkerError) Unwrap() error { return ErrCitusWorker }
+
+// CheckNotCitusWorker returns *CitusWorkerError (ErrCitusWorker) when db
+// is a database on a Citus worker node (the citus extension, and
+// citus_is_coordinator() false), nil on a coordinator or a server without
+// Citus.
+func CheckNotCitusWorker(ctx context.Context, db DBTX) error {
+	has, err := HasCitus(ctx, db)
+	if err != nil || !has {
+		return err
+	}
+	rows, err := db.QueryContext(ctx, `SELECT citus_is_coordinator(),
+		coalesce((SELECT nodename || ':' || nodeport FROM pg_dist_node
+		          WHERE groupid = 0 AND noderole = 'primary' ORDER BY nodeid LIMIT 1), '')`)
+	if err != nil {
+		return errorf("pgquota: ask Citus whether this is the coordinator: %w", err)
+	}
+	defer rows.Close()
+	coordinator, addr := true, ""
+	for rows.Next() {
+		if err := rows.Scan(&coordinator, &addr); err != nil {
+			return errorf("pgquota: ask Citus whether this is the coordinator: %w", err)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return errorf("pgquota: ask Citus whether this is the coordinator: %w", err)
+	}
+	if coordinator {
+		return nil
+	}
+	return &CitusWorkerError{Coordinator: addr}
 }
 
 // HasCitus reports whether the database has the citus extension (one

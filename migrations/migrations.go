@@ -293,6 +293,9 @@ func Up(ctx context.Context, db *sql.DB, opts ...Option) ([]*goose.MigrationResu
 	for _, o := range opts {
 		o(&l.opts)
 	}
+	if err := CheckNotCitusWorker(ctx, db); err != nil {
+		return nil, err
+	}
 	// goose's Up looks for its version table before it locks: create it
 	// (and check the state) under the lock first.
 	if err := l.prepareLocked(ctx, db); err != nil {
@@ -420,7 +423,8 @@ type State struct {
 // ReadState reads the applied migrations without taking the migration
 // lock and without creating anything, so it answers while another process
 // migrates, and with SELECT on the version table only (AppRole has it).
-// A missing schema or version table is version 0.
+// A missing schema or version table is version 0, except on a Citus
+// worker node: *CitusWorkerError (ErrCitusWorker).
 func ReadState(ctx context.Context, db DBTX) (State, error) {
 	st := State{Applied: map[int64]time.Time{}}
 	rows, err := db.QueryContext(ctx, `SELECT coalesce(to_regclass($1), to_regclass($2))::text`, VersionTable, LegacyVersionTable)
@@ -438,7 +442,7 @@ func ReadState(ctx context.Context, db DBTX) (State, error) {
 		return st, errorf("pgquota: read schema version: %w", err)
 	}
 	if !table.Valid {
-		return st, nil
+		return st, CheckNotCitusWorker(ctx, db)
 	}
 	// to_regclass gives the name as search_path would show it: use ours.
 	st.Installed, st.Table = true, VersionTable
@@ -469,6 +473,12 @@ func ReadState(ctx context.Context, db DBTX) (State, error) {
 	}
 	if err := rows.Err(); err != nil {
 		return st, errorf("pgquota: read schema version: %w", err)
+	}
+	if st.Current == 0 {
+		// The versions are recorded on a Citus coordinator only: a
+		// worker's database has pgquota's schema and an empty version
+		// table, and is refused rather than read as "not migrated".
+		return st, CheckNotCitusWorker(ctx, db)
 	}
 	return st, nil
 }

@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 
@@ -264,7 +265,9 @@ func (c *Client) Migrate(ctx context.Context) error {
 // version this build needs, and a *SchemaVersionError otherwise: wrapping
 // ErrSchemaMissing when the schema is missing or behind, ErrSchemaNewer
 // when it has migrations this build does not know (a newer build migrated
-// it), ErrSchemaGap when a migration below its newest is not applied. It
+// it), ErrSchemaGap when a migration below its newest is not applied; on a
+// Citus worker node's database, a *migrations.CitusWorkerError
+// (ErrCitusWorker) naming the coordinator to connect to instead. It
 // takes no lock and needs SELECT on the version table only (the
 // migrations.AppRole role has it). Other errors come from the database.
 func (c *Client) CheckSchema(ctx context.Context) error {
@@ -272,9 +275,12 @@ func (c *Client) CheckSchema(ctx context.Context) error {
 	defer sqlDB.Close()
 	st, err := migrations.ReadState(ctx, sqlDB)
 	if err != nil {
-		if migrations.IsUndefinedSchemaError(err) {
+		switch {
+		case errors.Is(err, migrations.ErrCitusWorker):
+			return err
+		case migrations.IsUndefinedSchemaError(err):
 			st = migrations.State{}
-		} else {
+		default:
 			return core.DBError("check schema", err)
 		}
 	}

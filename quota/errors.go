@@ -54,6 +54,13 @@ var (
 	// migrations.ErrSchemaNewer.
 	ErrSchemaNewer = migrations.ErrSchemaNewer
 
+	// ErrCitusWorker is CheckSchema's and Migrate's error (a
+	// *migrations.CitusWorkerError naming the coordinator) on a database of
+	// a Citus worker node: pgquota runs on the coordinator only (its
+	// version table, lease token sequence, advisory locks and clock are
+	// the coordinator's; docs/scaling.md). It is migrations.ErrCitusWorker.
+	ErrCitusWorker = migrations.ErrCitusWorker
+
 	// ErrSchemaGap is wrapped by CheckSchema's *SchemaVersionError and by
 	// Migrate's error (which then applies nothing) when a migration of this
 	// build below the database's newest applied one is not applied (applied

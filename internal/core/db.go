@@ -51,6 +51,9 @@ func DBError(op string, err error) error {
 	if SQLState(err) == SQLStateQuotaNotFound {
 		return Errorf("pgquota: %s: %w: %w", op, ErrQuotaNotFound, err)
 	}
+	if SQLState(err) == migrations.SQLStateCitusWorker {
+		return Errorf("pgquota: %s: %w", op, migrationsCitusWorker{err})
+	}
 	return Errorf("pgquota: %s: %w", op, err)
 }
 
@@ -236,3 +239,11 @@ func WaitMS(d time.Duration) int64 {
 	}
 	return ms
 }
+
+// migrationsCitusWorker is the server's SQLStateCitusWorker error (its
+// message says which call and why) that also unwraps to
+// migrations.ErrCitusWorker.
+type migrationsCitusWorker struct{ err error }
+
+func (e migrationsCitusWorker) Error() string   { return e.err.Error() }
+func (e migrationsCitusWorker) Unwrap() []error { return []error{migrations.ErrCitusWorker, e.err} }

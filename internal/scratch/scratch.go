@@ -2,6 +2,15 @@
 // `pgquota lab` and `pgquota bench`, so that neither ever touches a user's
 // data: each run gets a database of its own, migrated to pgquota's schema,
 // and drops it afterwards.
+//
+// On a Citus coordinator (the target database has the citus extension),
+// the scratch database is a Citus database of its own: Citus 13 does not
+// propagate CREATE DATABASE, so Create creates it on the coordinator and
+// on every active primary worker that pg_dist_node lists (connecting to
+// each with the target's user, password and database, at the node's host
+// and port), creates the extension in each, registers the coordinator and
+// the workers, and migrates it, which distributes pgquota's tables there
+// as on the target (migrations.Up). Drop drops it on every node.
 package scratch
 
 import (
@@ -10,6 +19,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -32,6 +42,68 @@ type Database struct {
 
 	admin *pgxpool.Pool
 	cfg   *pgxpool.Config
+	// workers are the Citus workers the database was also created on
+	// (none on a plain server).
+	workers []*pgx.ConnConfig
+}
+
+// node is a Citus node as pg_dist_node lists it.
+type node struct {
+	host        string
+	port        int
+	coordinator bool
+}
+
+// citusNodes returns the active primary nodes of the Citus cluster admin
+// is connected to (the coordinator, when registered, first), or nil when
+// admin's database has no citus extension.
+func citusNodes(ctx context.Context, admin *pgxpool.Pool) ([]node, error) {
+	var has bool
+	if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'citus')`).Scan(&has); err != nil {
+		return nil, fmt.Errorf("look for the citus extension: %w", err)
+	}
+	if !has {
+		return nil, nil
+	}
+	rows, err := admin.Query(ctx, `SELECT nodename, nodeport, groupid = 0 FROM pg_dist_node
+		WHERE isactive AND noderole = 'primary' ORDER BY groupid, nodeid`)
+	if err != nil {
+		return nil, fmt.Errorf("list the Citus nodes (pg_dist_node): %w", err)
+	}
+	nodes, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (node, error) {
+		var n node
+		err := r.Scan(&n.host, &n.port, &n.coordinator)
+		return n, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list the Citus nodes (pg_dist_node): %w", err)
+	}
+	return nodes, nil
+}
+
+// on returns a copy of cfg's connection settings for database on host and
+// port.
+func on(cfg *pgx.ConnConfig, host string, port int, database string) *pgx.ConnConfig {
+	c := cfg.Copy()
+	c.Host, c.Port, c.Database = host, uint16(port), database
+	c.Fallbacks = nil
+	return c
+}
+
+// execOn runs statements, one after another, in a connection of its own
+// made with cfg.
+func execOn(ctx context.Context, cfg *pgx.ConnConfig, statements ...string) error {
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	for _, stmt := range statements {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("%s: %w", stmt, err)
+		}
+	}
+	return nil
 }
 
 // Create creates an empty database named prefix_<random> on the server that
@@ -53,10 +125,50 @@ func Create(ctx context.Context, admin *pgxpool.Pool, prefix string) (*Database,
 	cfg := admin.Config()
 	cfg.ConnConfig.Database = name
 	d := &Database{Name: name, admin: admin, cfg: cfg}
+	if err := d.citus(ctx); err != nil {
+		return nil, errors.Join(err, d.Drop(ctx))
+	}
 	if err := d.migrate(ctx); err != nil {
 		return nil, errors.Join(err, d.Drop(ctx))
 	}
 	return d, nil
+}
+
+// citus makes d a Citus database of its own when the admin's database is
+// on a Citus coordinator: the database and the extension on every worker,
+// then the extension on the coordinator and every node registered.
+func (d *Database) citus(ctx context.Context) error {
+	nodes, err := citusNodes(ctx, d.admin)
+	if err != nil || nodes == nil {
+		return err
+	}
+	target := d.admin.Config().ConnConfig
+	coordinator := []string{"CREATE EXTENSION citus"}
+	for _, n := range nodes {
+		if n.coordinator {
+			coordinator = append(coordinator, fmt.Sprintf("SELECT citus_set_coordinator_host(%s, %d)", quoteLiteral(n.host), n.port))
+			continue
+		}
+		// Recorded before the CREATE DATABASE, so that Drop tries it
+		// wherever the create may have got.
+		d.workers = append(d.workers, on(target, n.host, n.port, target.Database))
+		if err := execOn(ctx, d.workers[len(d.workers)-1], "CREATE DATABASE "+pgx.Identifier{d.Name}.Sanitize()); err != nil {
+			return fmt.Errorf("create scratch database %s on Citus worker %s:%d: %w", d.Name, n.host, n.port, err)
+		}
+		if err := execOn(ctx, on(target, n.host, n.port, d.Name), "CREATE EXTENSION citus"); err != nil {
+			return fmt.Errorf("scratch database %s on Citus worker %s:%d: %w", d.Name, n.host, n.port, err)
+		}
+		coordinator = append(coordinator, fmt.Sprintf("SELECT citus_add_node(%s, %d)", quoteLiteral(n.host), n.port))
+	}
+	if err := execOn(ctx, d.cfg.ConnConfig, coordinator...); err != nil {
+		return fmt.Errorf("scratch database %s on the Citus coordinator: %w", d.Name, err)
+	}
+	return nil
+}
+
+// quoteLiteral quotes s as an SQL string literal.
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
 }
 
 func (d *Database) migrate(ctx context.Context) error {
@@ -98,9 +210,15 @@ func (d *Database) Pool(ctx context.Context, maxConns int32) (*pgxpool.Pool, err
 func (d *Database) Drop(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dropTimeout)
 	defer cancel()
-	_, err := d.admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{d.Name}.Sanitize()+" WITH (FORCE)")
-	if err != nil {
-		return fmt.Errorf("drop scratch database %s: %w", d.Name, err)
+	drop := "DROP DATABASE IF EXISTS " + pgx.Identifier{d.Name}.Sanitize() + " WITH (FORCE)"
+	var errs []error
+	if _, err := d.admin.Exec(ctx, drop); err != nil {
+		errs = append(errs, fmt.Errorf("drop scratch database %s: %w", d.Name, err))
 	}
-	return nil
+	for _, w := range d.workers {
+		if err := execOn(ctx, w, drop); err != nil {
+			errs = append(errs, fmt.Errorf("drop scratch database %s on Citus worker %s:%d: %w", d.Name, w.Host, w.Port, err))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -24,6 +24,11 @@ DECLARE
     v_token bigint;
     v_found boolean;
 BEGIN
+    IF NOT citus_is_coordinator() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'PQ021',
+            MESSAGE = 'pgquota: lease_acquire on a Citus worker node: pgquota runs on the coordinator only (its token sequence, which orders every lease''s tokens, and the advisory locks that order acquisitions are the coordinator''s)';
+    END IF;
     PERFORM pgquota.lease_args_check('lease_acquire', p_name, p_ttl, p_holder, p_attempt, true);
     IF starts_with(p_name, 'slot:') THEN
         RAISE EXCEPTION USING
@@ -121,6 +126,11 @@ DECLARE
     v_now timestamptz;
     v_cur pgquota.lease;
 BEGIN
+    IF NOT citus_is_coordinator() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'PQ021',
+            MESSAGE = 'pgquota: lease_release on a Citus worker node: pgquota runs on the coordinator only (the advisory lock that orders a release with the waiters it must wake is the coordinator''s)';
+    END IF;
     PERFORM 1 FROM pgquota.lease l WHERE l.name = p_name AND l.token = p_token FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RETURN;
@@ -318,6 +328,11 @@ BEGIN
     IF p_ttl IS NULL OR p_ttl <= interval '0' THEN
         RAISE EXCEPTION USING ERRCODE = '22023',
             MESSAGE = format('pgquota: slot_acquire: the ttl must be positive, got %s', coalesce(p_ttl::text, 'NULL'));
+    END IF;
+    IF NOT citus_is_coordinator() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'PQ021',
+            MESSAGE = 'pgquota: slot_acquire on a Citus worker node: pgquota runs on the coordinator only (its token sequence and the advisory locks that order acquisitions are the coordinator''s)';
     END IF;
     PERFORM pgquota.durable_commit();
 
