@@ -3,8 +3,8 @@ package migrations
 import (
 	"context"
 	"database/sql"
-	"errors"
 	_ "embed"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
