@@ -215,20 +215,7 @@ func TestCitusRebalanceOntoAddedWorkerUnderLoadKeepsLimitsAndFences(t *testing.T
 
 	// After the moves: a member and a lease whose shards are on the added
 	// worker.
-	onAdded := func(table, prefix string) string {
-		for i := range 1000 {
-			v := prefix + strconv.Itoa(i)
-			var port int
-			c.Coordinator.QueryValue(cituscluster.Database, `SELECT nodeport FROM citus_shards
-				WHERE shardid = get_shard_id_for_distribution_column($1::regclass, $2::text)`, &port, table, v)
-			if port == added.Port {
-				return v
-			}
-		}
-		t.Fatalf("no %s value with prefix %q on the added worker", table, prefix)
-		return ""
-	}
-	member := onAdded("pgquota.usage", "after")
+	member := citusValueOn(t, c, "pgquota.usage", "after", added.Port)
 	var granted atomic.Int64
 	var gw sync.WaitGroup
 	for i := range 20 {
@@ -250,7 +237,7 @@ func TestCitusRebalanceOntoAddedWorkerUnderLoadKeepsLimitsAndFences(t *testing.T
 	require.NoError(t, err)
 	require.EqualValues(t, 5, u.Used)
 
-	res := onAdded("pgquota.lease", "moved-job")
+	res := citusValueOn(t, c, "pgquota.lease", "moved-job", added.Port)
 	lc, err := lease.New(a)
 	require.NoError(t, err)
 	fc, err := fence.New(b)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -147,6 +148,13 @@ func (e *outcomeUnknownError) Is(target error) bool { return target == ErrOutcom
 
 func (e *outcomeUnknownError) Unwrap() error { return e.err }
 
+// CitusCommitFailedPrefix begins the message of the error a Citus
+// coordinator raises when a worker's one-phase COMMIT failed
+// (ErrorIfPostCommitFailedShardPlacements in Citus's
+// connection/placement_connection.c, after the WARNING "failed to commit
+// transaction on HOST:PORT"): the worker may or may not have committed.
+const CitusCommitFailedPrefix = "could not commit transaction for shard "
+
 // SentWithoutReply reports whether err, returned by a statement that runs
 // in its own implicit transaction or by a COMMIT, leaves its outcome
 // unknown: the request may have reached the server and no reply said how
@@ -155,7 +163,11 @@ func (e *outcomeUnknownError) Unwrap() error { return e.err }
 //     severity ERROR: PostgreSQL rolled the statement back). A FATAL or
 //     PANIC one ended the session instead, possibly after the commit (a
 //     backend terminated or shut down while it sent the reply), so it
-//     counts as unknown;
+//     counts as unknown; so does a Citus coordinator's ERROR "could not
+//     commit transaction for shard ..." (CitusCommitFailedPrefix): it
+//     sent COMMIT to a worker (a transaction on one worker commits there
+//     in one phase, before the coordinator's own commit) and got no reply,
+//     so the worker may have committed;
 //   - one that pgconn guarantees happened before anything was sent
 //     (pgconn.SafeToRetry: a context that had already ended, a busy
 //     connection), except pgconn.ErrConnClosed: pgx v5.12 also returns
@@ -177,7 +189,8 @@ func SentWithoutReply(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return pgErr.SeverityUnlocalized == "FATAL" || pgErr.SeverityUnlocalized == "PANIC" ||
-			(pgErr.SeverityUnlocalized == "" && (pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC"))
+			(pgErr.SeverityUnlocalized == "" && (pgErr.Severity == "FATAL" || pgErr.Severity == "PANIC")) ||
+			strings.HasPrefix(pgErr.Message, CitusCommitFailedPrefix)
 	}
 	var connectErr *pgconn.ConnectError
 	switch {

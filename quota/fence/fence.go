@@ -499,7 +499,9 @@ type GuardedTable struct {
 //
 // Errors: *quota.InputError (quota.ErrInvalidInput) when the table name does not parse,
 // the table or column does not exist, the table is one of pgquota's own or
-// takes part in table inheritance, the column is not a bigint, or the
+// takes part in table inheritance, the column is not a bigint, the table
+// is a Citus distributed or reference table (its rows are in workers'
+// shards, where the guard's trigger cannot see the presented token), or the
 // binding is bad (External with Lease or Semaphore, both Lease and
 // Semaphore, a bad name); quota.ErrSchemaMissing; quota.ErrPermissionDenied (42501)
 // when the role is not a member of pgquota_operator, lacks the TRIGGER
@@ -586,6 +588,9 @@ func (c *Client) attachFenceGuard(ctx context.Context, tx pgx.Tx, req GuardTable
 		// Fencing tokens are 64-bit: a lease token need not fit a smaller
 		// column.
 		return GuardedTable{}, core.Invalid("column", "%s.%s is of type %s, it must be bigint (fencing tokens are 64-bit)", resource, column, typ)
+	}
+	if err := refuseCitusShardedTable(ctx, tx, table, resource); err != nil {
+		return GuardedTable{}, err
 	}
 	// Inheritance children: a statement on the parent reads and writes
 	// their rows, and a statement on a child bypasses the parent's triggers.
@@ -760,4 +765,33 @@ func (c *Client) PresentTokenTx(ctx context.Context, tx pgx.Tx, req PresentToken
 // (checkName).
 func quoteLiteral(s string) string {
 	return "E'" + strings.NewReplacer(`\`, `\\`, "'", "''").Replace(s) + "'"
+}
+
+// refuseCitusShardedTable refuses, on a Citus coordinator, a table whose
+// rows live in shards on the workers (a distributed or a reference
+// table): the guard is a trigger that reads the token the transaction
+// presented, a setting of the coordinator's session that a trigger on a
+// worker's shard cannot see, and Citus refuses triggers on such tables
+// unless citus.enable_unsafe_triggers is on. A plain table or a Citus
+// local table on the coordinator is guarded as on plain PostgreSQL.
+func refuseCitusShardedTable(ctx context.Context, tx pgx.Tx, table, resource string) error {
+	var citus bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'citus')`).Scan(&citus); err != nil {
+		return core.DBError("attach fence guard", err)
+	}
+	if !citus {
+		return nil
+	}
+	var kind string
+	err := tx.QueryRow(ctx, `SELECT CASE WHEN p.partmethod = 'h' THEN 'distributed' WHEN p.repmodel = 't' THEN 'reference' ELSE '' END
+		FROM pg_dist_partition p WHERE p.logicalrelid = to_regclass($1)`, table).Scan(&kind)
+	if err != nil && !core.IsNoRows(err) {
+		return core.DBError("attach fence guard", err)
+	}
+	if kind == "" {
+		return nil
+	}
+	return core.Invalid("table", "%s is a Citus %s table: the fence guard is a trigger that must run on the coordinator, "+
+		"where the transaction presents its token (a trigger on a worker's shard cannot see it); keep the guarded table "+
+		"on the coordinator (a plain table or a Citus local table), or fence its rows with WriteRow", resource, kind)
 }
