@@ -47,9 +47,9 @@ verify: ## Fail when db/ differs from what sqlc generates into a clean folder
 lint: ## gofmt, go vet, staticcheck, and go mod tidy leaving no diff
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	go vet ./...
-	go vet -tags citus ./internal/cituscluster/ ./migrations/ ./internal/cli/
+	go vet -tags citus ./internal/cituscluster/ ./migrations/ ./internal/scratch/ ./internal/cli/
 	$(STATICCHECK) ./...
-	$(STATICCHECK) -tags citus ./internal/cituscluster/ ./migrations/ ./internal/cli/
+	$(STATICCHECK) -tags citus ./internal/cituscluster/ ./migrations/ ./internal/scratch/ ./internal/cli/
 	go mod tidy -diff
 
 .PHONY: test
