@@ -9,9 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/internal/cituscluster"
+	"github.com/pgquota/pgquota/internal/cli"
 	"github.com/pgquota/pgquota/internal/pgcluster"
 	"github.com/pgquota/pgquota/migrations"
 	"github.com/pgquota/pgquota/quota"
@@ -24,8 +26,11 @@ import (
 // and names the coordinator: migrate up, migrate status, grant, lease
 // acquire; CheckSchema returns *migrations.CitusWorkerError
 // (quota.ErrCitusWorker); and a Go client that skipped CheckSchema has its
-// lease calls refused by the server (SQLSTATE PQ021, ErrCitusWorker),
-// writing nothing. The coordinator is unaffected.
+// lease calls and grants refused by the server (SQLSTATE PQ021,
+// ErrCitusWorker), and so are the SQL interface's functions called with
+// plain SQL on the worker (every decision reads pgquota.clock(), whose
+// Citus body refuses a client of a worker), writing nothing. The
+// coordinator is unaffected.
 func TestCitusWorkerNodeIsRefusedNamingTheCoordinator(t *testing.T) {
 	c := cituscluster.Start(t, 2)
 	ok(t, c.URL(), "migrate", "up")
@@ -62,6 +67,35 @@ func TestCitusWorkerNodeIsRefusedNamingTheCoordinator(t *testing.T) {
 	require.Equal(t, 1, strings.Count(err.Error(), "pgquota:"), "one prefix: %v", err)
 	_, err = lc.AcquireSlot(ctx, lease.SlotRequest{Semaphore: "pool", Limit: 2, Holder: "w", TTL: 10 * time.Second})
 	require.ErrorIs(t, err, quota.ErrCitusWorker)
+
+	// The decisions of the Go library and of the SQL interface read the
+	// coordinator's clock: on the worker they are refused, writing
+	// nothing.
+	_, err = qc.Grant(ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1})
+	require.ErrorIs(t, err, quota.ErrCitusWorker)
+	ok(t, c.URL(), "voucher", "create", "--campaign", "launch", "--total", "5")
+	wp := pgcluster.Pool(t, worker)
+	for _, stmt := range []string{
+		`SELECT * FROM pgquota.grant('q', 'm', 1)`,
+		`SELECT * FROM pgquota.grant_keyed('orders', 'o-1', 'q', 'm', 1)`,
+		`SELECT * FROM pgquota.revoke('q', 'm', 1)`,
+		`SELECT * FROM pgquota.claim('launch', 'm')`,
+		`SELECT * FROM pgquota.limit_usage('q', 'm')`,
+	} {
+		_, err := wp.Exec(ctx, stmt)
+		var pgErr *pgconn.PgError
+		require.ErrorAs(t, err, &pgErr, stmt)
+		require.Equal(t, migrations.SQLStateCitusWorker, pgErr.Code, stmt)
+		require.Contains(t, pgErr.Message, "Citus worker node", stmt)
+	}
+	var written int
+	c.Coordinator.QueryValue(cituscluster.Database, `SELECT (SELECT count(*) FROM pgquota.usage) + (SELECT count(*) FROM pgquota.voucher_claim) + (SELECT count(*) FROM pgquota.ledger)`, &written)
+	require.Zero(t, written, "nothing written by the refused decisions")
+	// The coordinator decides as before (its reads of shards on the
+	// worker evaluate the clock there, over Citus's own connections).
+	r := runDB(t, c.URL(), "grant", "--quota", "q", "--member", "m")
+	require.Equal(t, cli.ExitOK, r.code, r.stderr)
+	ok(t, c.URL(), "usage", "--quota", "q", "--member", "m")
 
 	// The coordinator's lease, released through the worker: refused, and
 	// the lease is still held.

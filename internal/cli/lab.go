@@ -150,10 +150,10 @@ func labText(w *tabwriter.Writer, rep *lab.Report) {
 		}
 		for i, r := range s.Runs {
 			if r.Fault != "" {
-				fmt.Fprintf(w, "\n%s run %d, fault: %s", s.Name, i+1, r.Fault)
+				fmt.Fprintf(w, "\n%s run %d, fault: %s\n", s.Name, i+1, r.Fault)
 			}
 			if r.Errors > 0 {
-				fmt.Fprintf(w, "\n%s run %d: %d requests failed, first: %s", s.Name, i+1, r.Errors, r.FirstError)
+				fmt.Fprintf(w, "\n%s run %d: %d requests failed, first: %s\n", s.Name, i+1, r.Errors, r.FirstError)
 			}
 		}
 	}

@@ -520,12 +520,34 @@ func (a *app) printResults(ctx context.Context, db *sql.DB, res []*goose.Migrati
 		return fmt.Errorf("migrate: read version: %w", err)
 	}
 	current := st.Current
+	// On a Citus coordinator, how many of pgquota's tables Citus knows
+	// (distributed or reference), so that the run says it distributed
+	// them; `migrate status` and `migrate tables` list how.
+	var citus *int
+	if has, err := migrations.HasCitus(ctx, db); err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	} else if has {
+		dist, err := migrations.ReadDistribution(ctx, db)
+		if err != nil {
+			return fmt.Errorf("migrate: %w", err)
+		}
+		n := 0
+		for _, d := range dist {
+			if d.Method != migrations.Local {
+				n++
+			}
+		}
+		citus = &n
+	}
 	out := struct {
 		Database target `json:"connection"`
 		Applied  []item `json:"applied"`
 		Version  int64  `json:"version"`
 		Latest   int64  `json:"latest"`
-	}{*a.target, items, current, migrations.Latest()}
+		// CitusTables is set on a Citus coordinator: the number of
+		// pgquota's tables that are distributed or reference tables.
+		CitusTables *int `json:"citus_tables,omitempty"`
+	}{*a.target, items, current, migrations.Latest(), citus}
 	return a.output(out, func(w *tabwriter.Writer) {
 		row(w, "database", out.Database.brief())
 		if len(items) == 0 {
@@ -535,5 +557,8 @@ func (a *app) printResults(ctx context.Context, db *sql.DB, res []*goose.Migrati
 			row(w, it.Direction, it.File, strconv.FormatFloat(it.took.Seconds(), 'f', 3, 64)+"s")
 		}
 		row(w, "version", fmt.Sprintf("%d (this build needs %d)", current, out.Latest))
+		if citus != nil {
+			row(w, "citus", fmt.Sprintf("%d tables distributed or reference, the rest on the coordinator (pgquota migrate tables lists them)", *citus))
+		}
 	})
 }

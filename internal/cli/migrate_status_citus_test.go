@@ -26,7 +26,11 @@ import (
 func TestMigrateStatusShowsCitusDistribution(t *testing.T) {
 	c := cituscluster.Start(t, 1)
 	dbURL := c.URL()
-	ok(t, dbURL, "migrate", "up")
+	up := ok(t, dbURL, "migrate", "up")
+	require.Regexp(t, `(?m)^citus +23 tables distributed or reference, the rest on the coordinator`, up,
+		"migrate up says it distributed the tables")
+	again := okJSON(t, dbURL, cli.ExitOK, "migrate", "up").(map[string]any)
+	require.Equal(t, 23.0, again["citus_tables"])
 
 	out := ok(t, dbURL, "migrate", "status")
 	t.Logf("migrate status:\n%s", out)

@@ -12,6 +12,28 @@
 -- versions (the lease's row is locked with FOR UPDATE first, a one-shard
 -- query), so a call that waited for the lock decides on the time it got it.
 
+-- pgquota.clock: 00001_quota.sql. Every decision reads it (after its row
+-- locks); on Citus it refuses a client connected to a worker node, whose
+-- clock is not the coordinator's: pgquota runs on the coordinator only
+-- (CheckSchema, every command and the lease bodies below refuse a worker
+-- too). A worker still evaluates it for the coordinator's own distributed
+-- queries (a SELECT routed to a shard carries it): those come over
+-- Citus's internal connections, application_name "citus_internal
+-- gpid=..." (Citus's CITUS_APPLICATION_NAME_PREFIX). A client that sets
+-- that name itself only chooses the worker's clock: the limits stay exact.
+CREATE OR REPLACE FUNCTION pgquota.clock() RETURNS timestamptz
+    LANGUAGE plpgsql VOLATILE PARALLEL SAFE
+    AS $fn$
+BEGIN
+    IF NOT citus_is_coordinator() AND NOT starts_with(current_setting('application_name'), 'citus_internal gpid=') THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'PQ021',
+            MESSAGE = 'pgquota: a call on a Citus worker node: pgquota runs on the coordinator only (every decision reads the coordinator''s clock)';
+    END IF;
+    RETURN clock_timestamp();
+END
+$fn$;
+
 -- pgquota.lease_acquire: 00022_app_role_lockdown.sql.
 CREATE OR REPLACE FUNCTION pgquota.lease_acquire(p_ttl interval, p_name text, p_holder text, p_attempt text)
 RETURNS TABLE (taken boolean, name text, holder text, attempt text, token bigint, acquired_at timestamptz, renewed_at timestamptz, expires_at timestamptz, db_now timestamptz)
