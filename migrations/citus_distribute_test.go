@@ -316,15 +316,12 @@ func TestCitusUpgradeGivesEveryPlacementAReplicaIdentity(t *testing.T) {
 	_, err := migrations.Up(ctx, db)
 	require.NoError(t, err)
 
-	// The cluster as the build before 00026 left it.
-	for _, stmt := range []string{
-		`ALTER TABLE pgquota.quota_shape_defined REPLICA IDENTITY DEFAULT`,
-		`ALTER TABLE pgquota.outbox_claimed REPLICA IDENTITY DEFAULT`,
-		`DELETE FROM ` + migrations.VersionTable + ` WHERE version_id >= 26`,
-	} {
-		_, err := db.ExecContext(ctx, stmt)
-		require.NoError(t, err, stmt)
-	}
+	// The cluster as the build before 00026 left it: the later migrations
+	// rolled back (their Down on Citus).
+	p, err := migrations.NewProvider(db)
+	require.NoError(t, err)
+	_, err = p.DownTo(ctx, 25)
+	require.NoError(t, err)
 	workers := c.Workers()
 	workerDB := func(i int) *sql.DB {
 		w, err := sql.Open("pgx", workers[i].URL(cituscluster.Database))

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/internal/cituscluster"
@@ -25,7 +26,9 @@ import (
 // (granted pgquota's app role with `migrate grant-app`), through PgBouncer
 // in transaction mode, gets the guarantees of one server: 20 concurrent
 // grants from two Clients at a limit of 5 give 5, a keyed grant replays,
-// a stale token is refused, from the shell too; and the role can neither
+// a stale token is refused, from the shell too; the role writes a guarded
+// table with the current holder's token and is refused with the previous
+// one's; and the role can neither
 // write pgquota's tables with plain SQL nor create a table.
 func TestCitusAppRoleThroughPgBouncerTransactionModeIsExact(t *testing.T) {
 	c := cituscluster.Start(t, 2)
@@ -93,6 +96,37 @@ func TestCitusAppRoleThroughPgBouncerTransactionModeIsExact(t *testing.T) {
 	require.NoError(t, err)
 	_, err = fc.WriteRow(ctx, fence.WriteRowRequest{Resource: "job", Key: "k", Value: "old", Token: old.Token})
 	require.ErrorIs(t, err, fence.ErrStaleToken)
+
+	// A guarded table on the coordinator, written by the app role: the
+	// current holder's write lands, the previous holder's is refused.
+	c.Exec(`CREATE TABLE public.reports (id int PRIMARY KEY, status text, fence_token bigint);
+		GRANT SELECT, INSERT, UPDATE ON public.reports TO app`)
+	owner, err := quota.New(c.Pool(), nil)
+	require.NoError(t, err)
+	ofc, err := fence.New(owner)
+	require.NoError(t, err)
+	g, err := ofc.GuardTable(ctx, fence.GuardTableRequest{Table: "public.reports", Column: "fence_token"})
+	require.NoError(t, err)
+	prev, err := lc.Acquire(ctx, lease.AcquireRequest{Name: g.Resource, Holder: "one", TTL: time.Minute})
+	require.NoError(t, err)
+	_, err = lc.Release(ctx, prev)
+	require.NoError(t, err)
+	holder, err := lc.Acquire(ctx, lease.AcquireRequest{Name: g.Resource, Holder: "two", TTL: time.Minute})
+	require.NoError(t, err)
+	report := func(token int64, status string) error {
+		return fc.RunTx(ctx, fence.TxRequest{Resource: g.Resource, Token: token}, func(tx pgx.Tx) error {
+			_, err := tx.Exec(ctx, `INSERT INTO public.reports (id, status) VALUES (1, $1)
+				ON CONFLICT (id) DO UPDATE SET status = excluded.status`, status)
+			return err
+		})
+	}
+	require.NoError(t, report(holder.Token, "current"), "the app role writes the guarded table with the current token")
+	require.ErrorIs(t, report(prev.Token, "stale"), fence.ErrStaleToken)
+	var status string
+	var stamped int64
+	require.NoError(t, c.Pool().QueryRow(ctx, `SELECT status, fence_token FROM public.reports WHERE id = 1`).Scan(&status, &stamped))
+	require.Equal(t, "current", status)
+	require.Equal(t, holder.Token, stamped)
 
 	// From the shell, as the app role through PgBouncer.
 	shell := []string{"--pooler", "transaction"}

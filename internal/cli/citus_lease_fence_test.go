@@ -101,4 +101,18 @@ func TestCitusLeaseAcquireFencesAndRefusesStaleToken(t *testing.T) {
 	}
 	require.NoError(t, json.Unmarshal([]byte(rr.stdout), &renewed), rr.stdout)
 	require.Equal(t, time.Second, renewed.ExpiresAt.Sub(renewed.DBNow))
+
+	// A waiter registers (AcquireWait does, once it LISTENs) and the
+	// release of the lease notifies it: lease_wait_register has a Citus
+	// body (the clock in a variable, not in the DELETE's WHERE).
+	var waited int64
+	require.NoError(t, c.Pool().QueryRow(t.Context(),
+		`SELECT token FROM pgquota.lease_acquire('1 minute', 'waited', 'h', 'a')`).Scan(&waited))
+	var until time.Time
+	require.NoError(t, c.Pool().QueryRow(t.Context(),
+		`SELECT pgquota.lease_wait_register('waited', 'w1', '10 seconds')`).Scan(&until))
+	var notified bool
+	require.NoError(t, c.Pool().QueryRow(t.Context(),
+		`SELECT notified FROM pgquota.lease_release('waited', $1)`, waited).Scan(&notified))
+	require.True(t, notified, "the release notified the registered waiter")
 }

@@ -216,23 +216,7 @@ func TestCitusRebalanceOntoAddedWorkerUnderLoadKeepsLimitsAndFences(t *testing.T
 	// After the moves: a member and a lease whose shards are on the added
 	// worker.
 	member := citusValueOn(t, c, "pgquota.usage", "after", added.Port)
-	var granted atomic.Int64
-	var gw sync.WaitGroup
-	for i := range 20 {
-		gw.Add(1)
-		go func() {
-			defer gw.Done()
-			res, err := clients[i%2].Grant(ctx, quota.GrantRequest{Quota: "day", Member: member, Amount: 1})
-			if err != nil {
-				t.Errorf("grant %d: %v", i, err)
-			}
-			if res.Granted {
-				granted.Add(1)
-			}
-		}()
-	}
-	gw.Wait()
-	require.EqualValues(t, 5, granted.Load(), "20 concurrent grants at a limit of 5 on the added worker")
+	require.EqualValues(t, 5, grantRace(t, clients, "day", member), "20 concurrent grants at a limit of 5 on the added worker")
 	u, err := a.Usage(ctx, "day", member)
 	require.NoError(t, err)
 	require.EqualValues(t, 5, u.Used)

@@ -3,11 +3,7 @@
 package cli_test
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,8 +12,6 @@ import (
 	"github.com/pgquota/pgquota/internal/cituscluster"
 	"github.com/pgquota/pgquota/internal/pgcluster"
 	"github.com/pgquota/pgquota/quota"
-	"github.com/pgquota/pgquota/quota/fence"
-	"github.com/pgquota/pgquota/quota/lease"
 )
 
 // A worker with a synchronous streaming standby crashes (immediate
@@ -69,92 +63,7 @@ func TestCitusWorkerFailoverToSynchronousStandbyKeepsLimitsAndFences(t *testing.
 	}
 	resource := citusValueOn(t, c, "pgquota.lease", "job", w.Port)
 
-	type tally struct {
-		acked, unknown, failed int
-		used                   []int64 // GrantResult.Used of the acknowledged grants
-		at                     []time.Time
-	}
-	var (
-		mu       sync.Mutex
-		tallies  = map[string]*tally{}
-		failures []string
-		stop     = make(chan struct{})
-		wg       sync.WaitGroup
-	)
-	count := func(m string, res quota.GrantResult, err error) {
-		granted := res.Granted
-		mu.Lock()
-		defer mu.Unlock()
-		tl := tallies[m]
-		if tl == nil {
-			tl = &tally{}
-			tallies[m] = tl
-		}
-		switch {
-		case errors.Is(err, quota.ErrOutcomeUnknown):
-			tl.unknown++
-		case err != nil:
-			tl.failed++
-			if len(failures) < 5 {
-				failures = append(failures, err.Error())
-			}
-		case granted:
-			tl.acked++
-			tl.used = append(tl.used, res.Used)
-			tl.at = append(tl.at, time.Now())
-		}
-	}
-	for g := range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				m := members[(g+i)%len(members)]
-				cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-				res, err := clients[g%2].Grant(cctx, quota.GrantRequest{Quota: "load", Member: m, Amount: 1})
-				cancel()
-				count(m, res, err)
-				if err != nil {
-					time.Sleep(20 * time.Millisecond)
-				}
-			}
-		}()
-	}
-	var lastWritten, maxIssued atomic.Int64
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		lc, _ := lease.New(clients[1])
-		fc, _ := fence.New(clients[1])
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-			l, err := lc.Acquire(cctx, lease.AcquireRequest{Name: resource, Holder: "writer", TTL: 2 * time.Second})
-			if err == nil {
-				if l.Token > maxIssued.Load() {
-					maxIssued.Store(l.Token)
-				}
-				_, err = fc.WriteRow(cctx, fence.WriteRowRequest{Resource: resource, Key: "state", Value: fmt.Sprint(l.Token), Token: l.Token})
-				if err == nil {
-					lastWritten.Store(l.Token)
-				}
-				_, _ = lc.Release(cctx, l)
-			}
-			cancel()
-			if err != nil {
-				time.Sleep(20 * time.Millisecond)
-			}
-		}
-	}()
+	load := startCitusLoad(ctx, clients, "load", members, resource)
 
 	time.Sleep(1500 * time.Millisecond)
 	crashAt := time.Now()
@@ -174,70 +83,14 @@ func TestCitusWorkerFailoverToSynchronousStandbyKeepsLimitsAndFences(t *testing.
 	c.Coordinator.QueryValue(cituscluster.Database, `SELECT recover_prepared_transactions()`, &recovered)
 	t.Logf("recover_prepared_transactions() finished %d prepared transactions", recovered)
 	time.Sleep(2 * time.Second)
-	close(stop)
-	wg.Wait()
+	load.finish()
 	var prepared int
 	standby.QueryValue(cituscluster.Database, `SELECT count(*) FROM pg_prepared_xacts`, &prepared)
 	require.Zero(t, prepared, "no prepared transaction left on the promoted worker")
 
-	total := tally{}
-	for _, m := range members {
-		tl := tallies[m]
-		require.NotNil(t, tl, m)
-		u, err := a.Usage(ctx, "load", m)
-		require.NoError(t, err)
-		require.LessOrEqual(t, u.Used, int64(400), m)
-		if u.Used < int64(tl.acked) {
-			for i := range tl.used {
-				t.Logf("%s: acknowledged grant %d: used %d at %s", m, i, tl.used[i], tl.at[i].Format("15:04:05.000000"))
-			}
-		}
-		require.GreaterOrEqual(t, u.Used, int64(tl.acked), "%s: no acknowledged grant lost", m)
-		require.LessOrEqual(t, u.Used, int64(tl.acked+tl.unknown), "%s: a call that failed without saying its outcome is unknown did not commit", m)
-		total.acked += tl.acked
-		total.unknown += tl.unknown
-		total.failed += tl.failed
-		t.Logf("%s: used %d, acknowledged %d, outcome unknown %d, failed %d", m, u.Used, tl.acked, tl.unknown, tl.failed)
-	}
-	t.Logf("grants acknowledged %d, outcome unknown %d, failed %d; first failures: %q", total.acked, total.unknown, total.failed, failures)
-	require.Positive(t, total.acked)
-
-	require.Positive(t, lastWritten.Load(), "fenced writes were acknowledged")
-	fc, err := fence.New(a)
-	require.NoError(t, err)
-	row, err := fc.Row(ctx, resource, "state")
-	require.NoError(t, err)
-	require.GreaterOrEqual(t, row.Token, lastWritten.Load(), "the fence mark survived the failover")
-	_, err = fc.WriteRow(ctx, fence.WriteRowRequest{Resource: resource, Key: "state", Value: "stale", Token: lastWritten.Load() - 1})
-	require.ErrorIs(t, err, fence.ErrStaleToken)
-
-	lc, err := lease.New(a)
-	require.NoError(t, err)
-	// The writer's last lease may still be held (its release can have
-	// failed in the crash): it expires within its 2 s TTL.
-	var next lease.Lease
-	require.Eventually(t, func() bool {
-		next, err = lc.Acquire(ctx, lease.AcquireRequest{Name: resource, Holder: "after", TTL: time.Minute})
-		return err == nil
-	}, 10*time.Second, 100*time.Millisecond, "acquire after the failover")
-	require.Greater(t, next.Token, maxIssued.Load(), "tokens stay increasing across the worker's failover")
+	load.checkCounters(t, a, 400)
+	load.checkFence(t, a)
 
 	member := citusValueOn(t, c, "pgquota.usage", "after", standby.Port)
-	var granted atomic.Int64
-	var gw sync.WaitGroup
-	for i := range 20 {
-		gw.Add(1)
-		go func() {
-			defer gw.Done()
-			res, err := clients[i%2].Grant(ctx, quota.GrantRequest{Quota: "after", Member: member, Amount: 1})
-			if err != nil {
-				t.Errorf("grant %d: %v", i, err)
-			}
-			if res.Granted {
-				granted.Add(1)
-			}
-		}()
-	}
-	gw.Wait()
-	require.EqualValues(t, 5, granted.Load(), "on the promoted worker")
+	require.EqualValues(t, 5, grantRace(t, clients, "after", member), "20 concurrent grants at a limit of 5 on the promoted worker")
 }

@@ -74,8 +74,14 @@ func TestCitusWorkerNodeIsRefusedNamingTheCoordinator(t *testing.T) {
 	_, err = qc.Grant(ctx, quota.GrantRequest{Quota: "q", Member: "m", Amount: 1})
 	require.ErrorIs(t, err, quota.ErrCitusWorker)
 	ok(t, c.URL(), "voucher", "create", "--campaign", "launch", "--total", "5")
+	c.Exec(`CREATE TABLE public.guarded (id int PRIMARY KEY, fence_token bigint)`)
+	ok(t, c.URL(), "fence", "guard", "--table", "public.guarded", "--column", "fence_token", "--external")
+	requireError(t, runDB(t, worker, "migrate", "grant-app", "--role", "postgres"), cli.ExitError, "connect to the coordinator, "+coordinator)
 	wp := pgcluster.Pool(t, worker)
 	for _, stmt := range []string{
+		// A proof minted on a worker could match a coordinator
+		// transaction's id: none is minted there.
+		`SELECT pgquota.present_token('public.guarded', 5, NULL)`,
 		`SELECT * FROM pgquota.grant('q', 'm', 1)`,
 		`SELECT * FROM pgquota.grant_keyed('orders', 'o-1', 'q', 'm', 1)`,
 		`SELECT * FROM pgquota.revoke('q', 'm', 1)`,
@@ -106,6 +112,8 @@ func TestCitusWorkerNodeIsRefusedNamingTheCoordinator(t *testing.T) {
 	require.NoError(t, err)
 	held, err := clc.Acquire(ctx, lease.AcquireRequest{Name: "job", Holder: "c", TTL: time.Minute})
 	require.NoError(t, err)
+	_, err = lc.Renew(ctx, held, time.Hour)
+	require.True(t, errors.Is(err, quota.ErrCitusWorker), "renew on the worker: %v", err)
 	_, err = lc.Release(ctx, held)
 	require.True(t, errors.Is(err, quota.ErrCitusWorker), "release on the worker: %v", err)
 	cur, err := clc.Get(ctx, "job")

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/spf13/cobra"
 
 	"github.com/pgquota/pgquota/migrations"
@@ -77,6 +78,14 @@ func (a *app) grantRoleCommand(use, group, short, long, example string) *cobra.C
 			pool, err := a.connect(ctx)
 			if err != nil {
 				return err
+			}
+			// Roles and privileges are set on a Citus coordinator, which
+			// propagates them; a worker refuses (naming the coordinator).
+			sqlDB := stdlib.OpenDBFromPool(pool)
+			err = migrations.CheckNotCitusWorker(ctx, sqlDB)
+			_ = sqlDB.Close()
+			if err != nil {
+				return fmt.Errorf("migrate %s: %w", use, err)
 			}
 			created, err := grantRole(ctx, pool.Begin, group, role)
 			if err != nil {

@@ -714,3 +714,51 @@ BEGIN
         FROM unnest(o_i, o_lim, o_ws, o_we, o_wr, o_bef, o_aft) AS x(i, lim, ws, we, wr, bef, aft);
 END
 $fn$;
+
+-- pgquota.lease_wait_register: 00013_lease_waiter.sql (SECURITY DEFINER
+-- since 00022). The clock is read once into a variable: Citus refuses
+-- pgquota.clock() in the WHERE of a DELETE on a distributed table.
+CREATE OR REPLACE FUNCTION pgquota.lease_wait_register(p_name text, p_waiter text, p_for interval)
+RETURNS timestamptz
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pgquota, pg_temp
+    AS $fn$
+DECLARE
+    v_now   timestamptz;
+    v_until timestamptz;
+BEGIN
+    PERFORM pg_advisory_xact_lock(pgquota.lease_wait_lock_key(p_name));
+    v_now := pgquota.clock();
+    DELETE FROM pgquota.lease_waiter w WHERE w.name = p_name AND w.until <= v_now;
+    v_until := v_now + p_for;
+    INSERT INTO pgquota.lease_waiter AS w (name, waiter, until)
+    VALUES (p_name, p_waiter, v_until)
+    ON CONFLICT (name, waiter) DO UPDATE SET until = excluded.until;
+    RETURN v_until;
+END
+$fn$;
+
+-- pgquota.fence_proof: 00018_guard_binding.sql. A proof binds a token to
+-- the transaction that presented it through its transaction id, which is
+-- unique on one server only: each Citus node counts its own, and the key
+-- (pgquota.fence_secret) is a reference table, the same on every node. A
+-- proof minted on a worker would be valid on the coordinator in the
+-- transaction that gets the same id, so no proof is minted on a worker
+-- (pgquota runs on the coordinator only); the guard verifies on the
+-- coordinator, where guarded tables live (GuardTable refuses distributed
+-- and reference tables).
+CREATE OR REPLACE FUNCTION pgquota.fence_proof(p_resource text, p_token bigint, p_lease text) RETURNS text
+    LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+    AS $fn$
+BEGIN
+    IF NOT citus_is_coordinator() THEN
+        RAISE EXCEPTION USING
+            ERRCODE = 'PQ021',
+            MESSAGE = 'pgquota: present_token on a Citus worker node: pgquota runs on the coordinator only (a token is presented and checked there)';
+    END IF;
+    RETURN (SELECT encode(sha256(s.secret || sha256(s.secret || convert_to(
+               json_build_array(pg_current_xact_id()::text, p_token, p_lease, p_resource)::text, 'UTF8'))), 'hex')
+            FROM pgquota.fence_secret s);
+END
+$fn$;
