@@ -762,3 +762,162 @@ BEGIN
             FROM pgquota.fence_secret s);
 END
 $fn$;
+
+-- The lease epoch (00007, 00019): pgquota.next_lease_token and the epoch
+-- calls behind `pgquota lease epoch bump | prepare | raise` update the
+-- reference table pgquota.lease_epoch with clock_timestamp() and
+-- pgquota.system_identifier() in the SET, which Citus refuses ("functions
+-- used in UPDATE queries on distributed tables must not be VOLATILE"): on
+-- Citus the epoch could never be bumped, and after a failover or restore
+-- of the coordinator (a new timeline or system identifier), every lease
+-- acquisition failed. Their Citus bodies read both into variables first;
+-- everything else is the migrations' body.
+
+-- pgquota.next_lease_token: see above.
+CREATE OR REPLACE FUNCTION pgquota.next_lease_token()
+ RETURNS bigint
+ LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    v_citus_at  timestamptz;
+    v_citus_sys bigint := pgquota.system_identifier();
+    v_row   pgquota.lease_epoch;
+    v_epoch bigint;
+    v_sys   bigint;
+    v_tl    bigint;
+BEGIN
+    PERFORM pgquota.durable_commit();
+    v_sys := pgquota.system_identifier();
+    LOOP
+        v_tl := pgquota.wal_timeline();
+        IF v_tl IS NULL THEN
+            RAISE EXCEPTION USING ERRCODE = '25006', MESSAGE = 'pgquota: cannot issue a lease token on a standby (recovery is in progress)';
+        END IF;
+        SELECT * INTO v_row FROM pgquota.lease_epoch;
+        IF NOT FOUND THEN
+            RAISE EXCEPTION 'pgquota: pgquota.lease_epoch is empty: migrate down to version 6 and up again';
+        END IF;
+        v_epoch := greatest(pgquota.lease_epoch_for(v_row.epoch, v_row.timeline_offset, v_row.system_identifier, v_sys, v_tl),
+                            pgquota.lease_epoch_floor(v_row.pending_epoch, v_row.pending_timeline, v_row.system_identifier, v_sys, v_tl));
+        IF v_epoch > 8388607 THEN
+            RAISE EXCEPTION USING ERRCODE = '22003', MESSAGE = format('pgquota: lease token epoch %s is out of range', v_epoch);
+        END IF;
+        EXIT WHEN v_row.epoch = v_epoch AND v_row.system_identifier = v_sys AND v_row.timeline_offset = v_epoch - v_tl;
+        v_citus_at := clock_timestamp();
+        UPDATE pgquota.lease_epoch
+        SET system_identifier = v_sys, timeline_offset = v_epoch - v_tl, epoch = v_epoch, updated_at = v_citus_at,
+            pending_epoch = CASE WHEN pending_epoch > v_epoch THEN pending_epoch END,
+            pending_timeline = CASE WHEN pending_epoch > v_epoch THEN pending_timeline END
+        WHERE epoch = v_row.epoch AND system_identifier = v_row.system_identifier AND timeline_offset = v_row.timeline_offset;
+    END LOOP;
+    RETURN (v_epoch << 40) + nextval('pgquota.lease_token');
+END
+$fn$;
+
+
+-- pgquota.lease_epoch_bump: see above.
+CREATE OR REPLACE FUNCTION pgquota.lease_epoch_bump(p_min_epoch bigint)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pgquota', 'pg_temp'
+AS $fn$
+DECLARE
+    v_citus_at  timestamptz;
+    v_citus_sys bigint := pgquota.system_identifier();
+    v_epoch bigint;
+    v_tl    bigint := pgquota.wal_timeline();
+BEGIN
+    IF v_tl IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '25006', MESSAGE = 'pgquota: the lease epoch can only be raised on a primary';
+    END IF;
+    PERFORM pgquota.durable_commit();
+    PERFORM 1 FROM pgquota.lease_epoch FOR UPDATE;
+    v_epoch := greatest(pgquota.lease_epoch_now() + 1, coalesce(p_min_epoch, 0));
+    IF v_epoch > 8388607 THEN
+        RAISE EXCEPTION USING ERRCODE = '22003', MESSAGE = format('pgquota: lease token epoch %s is out of range', v_epoch);
+    END IF;
+    v_citus_at := clock_timestamp();
+    UPDATE pgquota.lease_epoch
+    SET system_identifier = v_citus_sys,
+        timeline_offset = v_epoch - v_tl, epoch = v_epoch, updated_at = v_citus_at;
+    RETURN v_epoch;
+END
+$fn$;
+
+
+-- pgquota.lease_epoch_prepare: see above.
+CREATE OR REPLACE FUNCTION pgquota.lease_epoch_prepare(p_min_epoch bigint)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pgquota', 'pg_temp'
+AS $fn$
+DECLARE
+    v_citus_at  timestamptz;
+    v_citus_sys bigint := pgquota.system_identifier();
+    v_row   pgquota.lease_epoch;
+    v_epoch bigint;
+    v_tl    bigint := pgquota.wal_timeline();
+BEGIN
+    IF v_tl IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '25006', MESSAGE = 'pgquota: the lease epoch can only be raised on a primary';
+    END IF;
+    IF p_min_epoch < 0 THEN
+        RAISE EXCEPTION USING ERRCODE = '22023', MESSAGE = format('pgquota: minimum epoch must be 0 or more, got %s', p_min_epoch);
+    END IF;
+    PERFORM set_config('synchronous_commit', 'remote_apply', true);
+    SELECT * INTO v_row FROM pgquota.lease_epoch FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgquota: pgquota.lease_epoch is empty: migrate down to version 6 and up again';
+    END IF;
+    v_epoch := greatest(pgquota.lease_epoch_now() + 1, coalesce(p_min_epoch, 0));
+    IF v_epoch > 8388607 THEN
+        RAISE EXCEPTION USING ERRCODE = '22003', MESSAGE = format('pgquota: lease token epoch %s is out of range', v_epoch);
+    END IF;
+    v_citus_at := clock_timestamp();
+    UPDATE pgquota.lease_epoch
+    SET pending_epoch = CASE WHEN pending_timeline = v_tl THEN greatest(pending_epoch, v_epoch) ELSE v_epoch END,
+        pending_timeline = v_tl,
+        updated_at = v_citus_at;
+    RETURN v_epoch;
+END
+$fn$;
+
+
+-- pgquota.lease_epoch_raise: see above.
+CREATE OR REPLACE FUNCTION pgquota.lease_epoch_raise(p_epoch bigint)
+ RETURNS bigint
+ LANGUAGE plpgsql
+ SECURITY DEFINER
+ SET search_path TO 'pg_catalog', 'pgquota', 'pg_temp'
+AS $fn$
+DECLARE
+    v_citus_at  timestamptz;
+    v_citus_sys bigint := pgquota.system_identifier();
+    v_row   pgquota.lease_epoch;
+    v_epoch bigint;
+    v_tl    bigint := pgquota.wal_timeline();
+BEGIN
+    IF v_tl IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = '25006', MESSAGE = 'pgquota: the lease epoch can only be raised on a primary';
+    END IF;
+    PERFORM pgquota.durable_commit();
+    SELECT * INTO v_row FROM pgquota.lease_epoch FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'pgquota: pgquota.lease_epoch is empty: migrate down to version 6 and up again';
+    END IF;
+    IF v_row.pending_epoch IS NULL OR v_row.pending_timeline <> v_tl OR v_row.pending_epoch < p_epoch THEN
+        RAISE EXCEPTION USING ERRCODE = '55000',
+            MESSAGE = format('pgquota: lease epoch %s was not prepared on timeline %s (pgquota.lease_epoch_prepare first)', p_epoch, v_tl);
+    END IF;
+    v_epoch := greatest(pgquota.lease_epoch_now(), p_epoch);
+    v_citus_at := clock_timestamp();
+    UPDATE pgquota.lease_epoch
+    SET system_identifier = v_citus_sys,
+        timeline_offset = v_epoch - v_tl, epoch = v_epoch, updated_at = v_citus_at,
+        pending_epoch = CASE WHEN pending_epoch > v_epoch THEN pending_epoch END,
+        pending_timeline = CASE WHEN pending_epoch > v_epoch THEN pending_timeline END;
+    RETURN v_epoch;
+END
+$fn$;
