@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/internal/cituscluster"
-	"github.com/pgquota/pgquota/internal/pgcluster"
 	"github.com/pgquota/pgquota/quota"
 )
 
@@ -28,12 +27,7 @@ func TestCitusCoordinatorCrashMidLoadKeepsLimitsAndTokens(t *testing.T) {
 	c := cituscluster.Start(t, 2)
 	ok(t, c.URL(), "migrate", "up")
 	ctx := t.Context()
-	newClient := func() *quota.Client {
-		qc, err := quota.New(pgcluster.Pool(t, c.URL()), nil)
-		require.NoError(t, err)
-		return qc
-	}
-	clients := []*quota.Client{newClient(), newClient()}
+	clients := citusClients(t, c, 2)
 	a := clients[0]
 	_, err := a.DefineQuota(ctx, quota.Definition{Name: "load", Window: quota.WindowDay, DefaultLimit: quota.Limit(400)})
 	require.NoError(t, err)

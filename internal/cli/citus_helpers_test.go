@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/internal/cituscluster"
+	"github.com/pgquota/pgquota/internal/pgcluster"
 	"github.com/pgquota/pgquota/quota"
 	"github.com/pgquota/pgquota/quota/fence"
 	"github.com/pgquota/pgquota/quota/lease"
@@ -204,4 +205,17 @@ func grantRace(t *testing.T, clients []*quota.Client, q, member string) int64 {
 	}
 	wg.Wait()
 	return granted.Load()
+}
+
+// citusClients returns n Clients (replicas) on the coordinator, each on a
+// pool of its own, with the default Config.
+func citusClients(t *testing.T, c *cituscluster.Cluster, n int) []*quota.Client {
+	t.Helper()
+	var clients []*quota.Client
+	for range n {
+		qc, err := quota.New(pgcluster.Pool(t, c.URL()), nil)
+		require.NoError(t, err)
+		clients = append(clients, qc)
+	}
+	return clients
 }

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/internal/cituscluster"
@@ -37,15 +36,8 @@ func TestCitusRebalanceOntoAddedWorkerUnderLoadKeepsLimitsAndFences(t *testing.T
 	ok(t, c.URL(), "migrate", "up")
 	ctx := t.Context()
 
-	newClient := func() (*quota.Client, *pgxpool.Pool) {
-		pool := pgcluster.Pool(t, c.URL())
-		qc, err := quota.New(pool, nil)
-		require.NoError(t, err)
-		return qc, pool
-	}
-	a, _ := newClient()
-	b, _ := newClient()
-	clients := []*quota.Client{a, b}
+	clients := citusClients(t, c, 2)
+	a := clients[0]
 	for _, d := range []quota.Definition{
 		{Name: "day", Window: quota.WindowDay, DefaultLimit: quota.Limit(5)},
 		{Name: "roll", Window: quota.WindowRolling, DefaultLimit: quota.Limit(5), Period: time.Hour},
@@ -224,7 +216,7 @@ func TestCitusRebalanceOntoAddedWorkerUnderLoadKeepsLimitsAndFences(t *testing.T
 	res := citusValueOn(t, c, "pgquota.lease", "moved-job", added.Port)
 	lc, err := lease.New(a)
 	require.NoError(t, err)
-	fc, err := fence.New(b)
+	fc, err := fence.New(clients[1])
 	require.NoError(t, err)
 	first, err := lc.Acquire(ctx, lease.AcquireRequest{Name: res, Holder: "one", TTL: time.Minute})
 	require.NoError(t, err)

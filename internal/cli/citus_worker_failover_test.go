@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/pgquota/pgquota/internal/cituscluster"
-	"github.com/pgquota/pgquota/internal/pgcluster"
 	"github.com/pgquota/pgquota/quota"
 )
 
@@ -43,12 +42,7 @@ func TestCitusWorkerFailoverToSynchronousStandbyKeepsLimitsAndFences(t *testing.
 		return state == "sync"
 	}, 30*time.Second, 50*time.Millisecond, "the standby became synchronous")
 
-	newClient := func() *quota.Client {
-		qc, err := quota.New(pgcluster.Pool(t, c.URL()), nil)
-		require.NoError(t, err)
-		return qc
-	}
-	clients := []*quota.Client{newClient(), newClient()}
+	clients := citusClients(t, c, 2)
 	a := clients[0]
 	for _, d := range []quota.Definition{
 		{Name: "load", Window: quota.WindowDay, DefaultLimit: quota.Limit(400)},

@@ -523,14 +523,13 @@ func (a *app) printResults(ctx context.Context, db *sql.DB, res []*goose.Migrati
 	// On a Citus coordinator, how many of pgquota's tables Citus knows
 	// (distributed or reference), so that the run says it distributed
 	// them; `migrate status` and `migrate tables` list how.
+	// ReadDistribution is empty without the citus extension.
 	var citus *int
-	if has, err := migrations.HasCitus(ctx, db); err != nil {
+	dist, err := migrations.ReadDistribution(ctx, db)
+	if err != nil {
 		return fmt.Errorf("migrate: %w", err)
-	} else if has {
-		dist, err := migrations.ReadDistribution(ctx, db)
-		if err != nil {
-			return fmt.Errorf("migrate: %w", err)
-		}
+	}
+	if len(dist) > 0 {
 		n := 0
 		for _, d := range dist {
 			if d.Method != migrations.Local {
